@@ -1,0 +1,129 @@
+"""Task heads on top of `BertModel`, and their losses.
+
+Pre-training: the masked-LM head (transform → tied decoder + output bias) evaluated only at
+`masked_lm_positions` — gathering 20 positions before the vocabulary projection instead of all
+128/512 is most of the head's cost saved — and the next-sentence head on the pooled output.
+Paths (`cls/predictions/...`, `cls/seq_relationship/...`) follow the original TF1 checkpoint.
+Losses are computed in float32 with the original's formulas.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.modeling import (BATCH, LENGTH, VOCAB, BertConfig, BertModel, activation_fn, dense,
+                               layer_norm)
+
+
+def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:
+  """(batch, length, hidden) at (batch, num_positions) → (batch, num_positions, hidden)."""
+  return jnp.take_along_axis(sequence, positions[..., None].astype(jnp.int32), axis=1)
+
+
+class MaskedLMTransform(nn.Module):
+  """dense → activation → LayerNorm, applied before the tied decoder (`cls/predictions/transform`)."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    x = dense(cfg, cfg.hidden_size, ("embed", "embed_out"), "dense")(x)
+    x = activation_fn(cfg.hidden_act)(x)
+    return layer_norm(cfg)(x.astype(jnp.float32)).astype(jnp.dtype(cfg.dtype))
+
+
+class MaskedLMHead(nn.Module):
+  """Vocabulary logits at the given positions; the decoder matrix is the word-embedding table."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, sequence_output, masked_lm_positions, attend):
+    x = gather_positions(sequence_output, masked_lm_positions)
+    x = MaskedLMTransform(self.config, name="transform")(x)
+    bias = self.param("output_bias",
+                      nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
+                      (self.config.vocab_size,), jnp.dtype(self.config.param_dtype))
+    logits = attend(x) + bias.astype(jnp.float32)
+    return nn.with_logical_constraint(logits, (BATCH, LENGTH, VOCAB))
+
+
+class BertForPreTraining(nn.Module):
+  """`BertModel` + masked-LM + next-sentence heads (the paper's pre-training model).
+
+  Returns `(mlm_logits (batch, max_predictions, vocab), nsp_logits (batch, 2))`, float32.
+  """
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
+               deterministic: bool = True):
+    bert = BertModel(self.config, name="bert")
+    out = bert(input_ids, input_mask, segment_ids, deterministic=deterministic)
+    return _PreTrainingHeads(self.config, name="cls")(out["sequence_output"].astype(jnp.dtype(self.config.dtype)),
+               out["pooled_output"], masked_lm_positions, bert.attend)
+
+
+class _PreTrainingHeads(nn.Module):
+  """The `cls/...` scope of the original checkpoint: `predictions` and `seq_relationship`."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, sequence_output, pooled_output, masked_lm_positions, attend):
+    mlm_logits = MaskedLMHead(self.config, name="predictions")(
+        sequence_output, masked_lm_positions, attend)
+    nsp_logits = dense(self.config, 2, ("embed", "classes"), "seq_relationship")(
+        pooled_output.astype(jnp.dtype(self.config.dtype))).astype(jnp.float32)
+    return mlm_logits, nsp_logits
+
+
+# ----------------------------------------------------------------------------------- losses
+def masked_lm_loss(logits: jax.Array, masked_lm_ids: jax.Array,
+                   masked_lm_weights: jax.Array) -> dict[str, jax.Array]:
+  """The original's weighted cross-entropy: sum(w · loss) / (sum(w) + 1e-5).
+
+  Padding predictions (weight 0) contribute nothing. Returns the loss plus the sums that make
+  exact averages over many batches (`*_sum` and `weight_sum`).
+  """
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  labels = masked_lm_ids.astype(jnp.int32)
+  per_position = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+  weights = masked_lm_weights.astype(jnp.float32)
+  loss_sum = jnp.sum(weights * per_position)
+  weight_sum = jnp.sum(weights)
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  return {
+      "loss": loss_sum / (weight_sum + 1e-5),
+      "loss_sum": loss_sum,
+      "correct_sum": jnp.sum(weights * correct),
+      "weight_sum": weight_sum,
+  }
+
+
+def next_sentence_loss(logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
+  """Mean 2-way cross-entropy; label 1 means "B is a random segment", as in the original."""
+  labels = labels.reshape(-1).astype(jnp.int32)
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  per_example = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
+  count = jnp.asarray(labels.shape[0], jnp.float32)
+  return {
+      "loss": jnp.mean(per_example),
+      "loss_sum": jnp.sum(per_example),
+      "correct_sum": jnp.sum((jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)),
+      "weight_sum": count,
+  }
+
+
+def pretraining_loss(mlm_logits: jax.Array, nsp_logits: jax.Array,
+                     batch: dict[str, Any]) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Total loss (MLM + NSP, as the original) and the sums behind every reported metric."""
+  mlm = masked_lm_loss(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
+  nsp = next_sentence_loss(nsp_logits, batch["next_sentence_labels"])
+  metrics = {f"mlm_{k}": v for k, v in mlm.items()}
+  metrics.update({f"nsp_{k}": v for k, v in nsp.items()})
+  total = mlm["loss"] + nsp["loss"]
+  metrics["loss"] = total
+  return total, metrics

