@@ -1,0 +1,158 @@
+"""Checkpoint interop edge cases: prefixes, legacy names, sharded files, mismatches, layouts."""
+
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from bert_jax import configuration, convert, file_io, heads, modeling
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  cfg = configuration.get_preset("test", num_hidden_layers=2)
+  ids = jnp.zeros((1, 8), jnp.int32)
+  params = nn.unbox(heads.BertForPreTraining(cfg).init(
+      jax.random.PRNGKey(0), ids, ids, ids, jnp.zeros((1, 2), jnp.int32))["params"])
+  params = jax.tree.map(np.asarray, params)
+  return cfg, params
+
+
+def _write(directory, cfg, state):
+  directory.mkdir(parents=True, exist_ok=True)
+  save_file(state, str(directory / "model.safetensors"))
+  (directory / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+  return str(directory)
+
+
+def test_table_covers_every_parameter_exactly_once(tiny):
+  cfg, params = tiny
+  rows = convert.name_table(cfg.num_hidden_layers)
+  assert sorted(r.ours for r in rows) == sorted(convert.flatten_params(params))
+  assert len({r.hf for r in rows}) == len({r.tf1 for r in rows}) == len(rows)
+
+
+def test_bare_and_prefixed_and_legacy_names_load_the_same(tiny, tmp_path):
+  cfg, params = tiny
+  state = convert.params_to_hf_state(params, cfg)
+  # BertModel saved bare (no "bert." prefix, no heads) with pre-2020 LayerNorm gamma/beta names.
+  bare = {k[len("bert."):].replace("LayerNorm.weight", "LayerNorm.gamma")
+          .replace("LayerNorm.bias", "LayerNorm.beta"): v
+          for k, v in state.items() if k.startswith("bert.")}
+  bare["embeddings.position_ids"] = np.arange(cfg.max_position_embeddings)[None]
+  _, loaded_bare, report = convert.load_hf_checkpoint(_write(tmp_path / "bare", cfg, bare))
+  assert report.unexpected == []
+  assert sorted(report.missing) == sorted(k for k in convert.flatten_params(params)
+                                          if k.startswith("cls/"))
+  np.testing.assert_array_equal(
+      loaded_bare["bert"]["encoder"]["layer_1"]["output"]["LayerNorm"]["scale"],
+      params["bert"]["encoder"]["layer_1"]["output"]["LayerNorm"]["scale"])
+
+  # Full pre-training checkpoint with the tied decoder written out, plus a classifier head that
+  # nothing here reads: reported, not silently dropped.
+  full = dict(state)
+  full["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"]
+  full["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
+  full["classifier.weight"] = np.zeros((2, cfg.hidden_size), np.float32)
+  _, loaded_full, report = convert.load_hf_checkpoint(_write(tmp_path / "full", cfg, full))
+  assert report.missing == [] and report.unexpected == ["classifier.weight"]
+  for a, b in zip(jax.tree.leaves(loaded_full), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(a, b)
+  assert "1 checkpoint tensors unused (classifier.weight)" in report.summary()
+
+
+def test_untied_decoder_is_reported(tiny, tmp_path):
+  cfg, params = tiny
+  state = convert.params_to_hf_state(params, cfg)
+  state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"] + 1
+  _, _, report = convert.load_hf_checkpoint(_write(tmp_path / "untied", cfg, state))
+  assert any("untied decoders are not supported" in u for u in report.unexpected)
+
+
+def test_sharded_safetensors_index(tiny, tmp_path):
+  cfg, params = tiny
+  state = convert.params_to_hf_state(params, cfg)
+  keys = sorted(state)
+  d = tmp_path / "sharded"
+  d.mkdir()
+  halves = {"model-00001-of-00002.safetensors": keys[::2],
+            "model-00002-of-00002.safetensors": keys[1::2]}
+  for name, names in halves.items():
+    save_file({k: state[k] for k in names}, str(d / name))
+  (d / "model.safetensors.index.json").write_text(json.dumps(
+      {"weight_map": {k: n for n, names in halves.items() for k in names}}))
+  (d / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+  _, loaded, report = convert.load_hf_checkpoint(str(d))
+  assert report.missing == []
+  assert len(convert.flatten_params(loaded)) == len(keys)
+
+
+def test_shape_mismatches_are_all_listed(tiny, tmp_path):
+  cfg, params = tiny
+  state = convert.params_to_hf_state(params, cfg)
+  path = _write(tmp_path / "ckpt", cfg, state)
+  # The same tensors against a config with a different vocabulary and FFN width.
+  other = cfg.replace(vocab_size=600, intermediate_size=96)
+  (tmp_path / "ckpt" / "config.json").write_text(json.dumps(other.to_hf_dict()))
+  with pytest.raises(ValueError) as err:
+    convert.load_hf_checkpoint(path)
+  message = str(err.value)
+  assert "tensor shapes disagree with the config" in message and path in message
+  assert "bert.embeddings.word_embeddings.weight: checkpoint (512, 64)" in message
+  assert "(600, 64)" in message
+  assert "bert.encoder.layer.1.intermediate.dense.weight" in message
+  assert "cls.predictions.bias" in message
+
+
+def test_missing_files_are_named(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps(configuration.get_preset("test").to_hf_dict()))
+  with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+    convert.load_hf_checkpoint(str(tmp_path))
+  (tmp_path / "pytorch_model.bin").write_bytes(b"")
+  with pytest.raises(ValueError, match="only pytorch_model.bin found"):
+    convert.load_hf_checkpoint(str(tmp_path))
+
+
+def test_scanned_config_loads_and_exports(tiny, tmp_path):
+  cfg, params = tiny
+  path = convert.save_hf_checkpoint(params, cfg, str(tmp_path / "ckpt"))
+  scan_cfg, scanned, _ = convert.load_hf_checkpoint(path, scan_layers=True)
+  assert scan_cfg.scan_layers
+  assert scanned["bert"]["encoder"]["layer"]["attention"]["self"]["query"]["kernel"].shape == (
+      2, 64, 64)
+  exported = convert.params_to_hf_state(scanned, scan_cfg)
+  original = convert.params_to_hf_state(params, cfg)
+  assert exported.keys() == original.keys()
+  for k in original:
+    np.testing.assert_array_equal(exported[k], original[k])
+
+
+def test_merge_params_fills_missing_and_rejects_mismatch(tiny):
+  cfg, params = tiny
+  encoder_only = {"bert": params["bert"]}
+  fresh = jax.tree.map(np.zeros_like, params)
+  merged = convert.merge_params(fresh, encoder_only)
+  np.testing.assert_array_equal(merged["bert"]["pooler"]["dense"]["kernel"],
+                                params["bert"]["pooler"]["dense"]["kernel"])
+  assert not merged["cls"]["seq_relationship"]["kernel"].any()
+  bad = {"bert": {"pooler": {"dense": {"kernel": np.zeros((3, 3))}}}, "extra": np.zeros(1)}
+  with pytest.raises(ValueError) as err:
+    convert.merge_params(fresh, bad, where="ckpt.safetensors")
+  assert "bert/pooler/dense/kernel: ckpt.safetensors (3, 3) vs model (64, 64)" in str(err.value)
+  assert "parameters the model does not have: extra" in str(err.value)
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path):
+  target = tmp_path / "out" / "file.bin"
+  file_io.write_bytes_atomic(str(target), b"complete")
+  assert target.read_bytes() == b"complete"
+
+  # A write that fails after the temporary file was opened: the old file stays, no debris.
+  with pytest.raises(TypeError):
+    file_io.write_bytes_atomic(str(target), object())
+  assert target.read_bytes() == b"complete"
+  assert sorted(p.name for p in target.parent.iterdir()) == ["file.bin"]
