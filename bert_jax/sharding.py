@@ -93,6 +93,17 @@ def rules_from_config(rules: Sequence[Sequence[Any]] | None) -> tuple[tuple[str,
   return tuple(out)
 
 
+def mesh_from_config(config: Any, devices: Sequence[jax.Device] | None = None
+                     ) -> tuple[Mesh, tuple[tuple[str, Any], ...]]:
+  """The mesh and rules an ml_collections config asks for.
+
+  Reads `config.mesh_shape` (data, fsdp, model; one entry may be -1) and, if present,
+  `config.logical_axis_rules` (list of [logical name, mesh axis or list of axes or None]).
+  """
+  shape = tuple(config.get("mesh_shape", (-1, 1, 1)))
+  return create_mesh(shape, devices), rules_from_config(config.get("logical_axis_rules", None))
+
+
 def logical_to_mesh_sharding(logical_specs: Any, mesh: Mesh,
                              rules: Sequence[tuple[str, Any]] = DEFAULT_LOGICAL_AXIS_RULES) -> Any:
   """A tree of logical PartitionSpecs → a tree of NamedShardings on `mesh`."""

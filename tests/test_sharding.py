@@ -138,6 +138,19 @@ def test_indivisible_dimension_is_replicated_with_a_warning(caplog):
   assert "word_embeddings: dimension 0 of size 510 is not divisible" in caplog.text
 
 
+def test_mesh_and_rules_from_an_ml_collections_config():
+  import ml_collections
+  config = ml_collections.ConfigDict({"mesh_shape": (2, -1, 2),
+                                      "logical_axis_rules": [["activation_batch", ["data", "fsdp"]],
+                                                             ["mlp", "model"], ["embed", None]]})
+  mesh, rules = sharding.mesh_from_config(config)
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "model": 2}
+  assert rules[0] == ("activation_batch", ("data", "fsdp")) and rules[2] == ("embed", None)
+  mesh, rules = sharding.mesh_from_config(ml_collections.ConfigDict())
+  assert dict(mesh.shape) == {"data": 8, "fsdp": 1, "model": 1}
+  assert rules == sharding.DEFAULT_LOGICAL_AXIS_RULES
+
+
 def test_rules_from_config_accepts_lists():
   rules = sharding.rules_from_config([["embed", ["fsdp", "model"]], ["mlp", None]])
   assert rules == (("embed", ("fsdp", "model")), ("mlp", None))
