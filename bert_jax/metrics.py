@@ -1,0 +1,108 @@
+"""Where metrics go: the console, TensorBoard and a JSONL file — written by process 0 only.
+
+Metrics arrive as flat `{name: float}` dicts grouped by prefix (`train/loss`, `eval/mlm_accuracy`,
+`perf/tokens_per_sec`). The JSONL file is the machine-readable record (one object per line with
+the step); TensorBoard gets the same scalars; the console gets one readable line per report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any, Mapping
+
+import jax
+from absl import logging
+
+from bert_jax import file_io
+
+
+class MetricWriter:
+  """Console + TensorBoard + JSONL. Does nothing on processes other than 0."""
+
+  def __init__(self, workdir: str | None, tensorboard: bool = True):
+    self.active = jax.process_index() == 0 and workdir is not None
+    self._tb = None
+    self._jsonl = None
+    if not self.active:
+      return
+    file_io.makedirs(workdir)
+    self.jsonl_path = file_io.join(workdir, "metrics.jsonl")
+    self.tensorboard_dir = file_io.join(workdir, "tensorboard")
+    if tensorboard:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      self._tb = tf.summary.create_file_writer(self.tensorboard_dir)
+    if file_io.is_remote(self.jsonl_path):
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      self._jsonl = tf.io.gfile.GFile(self.jsonl_path, "a")
+    else:
+      self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
+
+  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    if not self.active:
+      return
+    clean = {k: float(v) for k, v in scalars.items() if v is not None}
+    self._jsonl.write(json.dumps({"step": int(step), "time": time.time(), **clean}) + "\n")
+    self._jsonl.flush()
+    if self._tb is not None:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      with self._tb.as_default(step=int(step)):
+        for name, value in clean.items():
+          if math.isfinite(value):
+            tf.summary.scalar(name, value)
+      self._tb.flush()
+
+  def close(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.close()
+      self._jsonl = None
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
+
+
+def format_duration(seconds: float) -> str:
+  if not math.isfinite(seconds) or seconds < 0:
+    return "?"
+  seconds = int(round(seconds))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def console_line(step: int, total_steps: int, scalars: Mapping[str, Any]) -> str:
+  """One human-readable progress line from the grouped scalars."""
+  def get(name, fmt):
+    value = scalars.get(name)
+    return None if value is None else format(value, fmt)
+  width = len(str(total_steps))
+  parts = [f"step {step:>{width}}/{total_steps}"]
+  for name, label, fmt in (("train/loss", "loss", ".4f"), ("train/mlm_accuracy", "mlm_acc", ".3f"),
+                           ("train/nsp_accuracy", "nsp_acc", ".3f"),
+                           ("train/learning_rate", "lr", ".2e"),
+                           ("train/grad_norm", "|g|", ".3f"),
+                           ("perf/steps_per_sec", "steps/s", ".2f"),
+                           ("perf/sequences_per_sec", "seq/s", ".1f"),
+                           ("perf/tokens_per_sec", "tok/s", ",.0f"), ("perf/mfu", "mfu", ".1%")):
+    text = get(name, fmt)
+    if text is not None:
+      parts.append(f"{label} {text}")
+  if "perf/eta_seconds" in scalars:
+    parts.append(f"eta {format_duration(scalars['perf/eta_seconds'])}")
+  return " | ".join(parts)
+
+
+def log(message: str) -> None:
+  """Progress for people: printed (flushed) by process 0, and kept in the absl log."""
+  if jax.process_index() == 0:
+    print(message, flush=True)
+  logging.info(message)
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+

@@ -1,0 +1,140 @@
+"""Pre-training configs: the paper's BERT-base / BERT-large recipes and small CPU variants.
+
+    python -m bert_jax.pretrain --config=configs/pretrain.py:base --workdir=gs://BUCKET/bert_base \
+        --config.data.train_files='gs://BUCKET/data/train-*.tfrecord'
+
+Variants (after the colon):
+  base          BERT-base phase 1 (Devlin et al. 2019): 12L/768H, batch 256, length 128, Adam
+                1e-4 without bias correction, 10k warmup then linear decay over 1M steps; trains
+                the first 900k steps. Mesh (16, 1, 1): the paper's 16 TPU chips, data parallel.
+  base_phase2   continues a `base` run (same optimizer state and schedule) for the last 100k
+                steps at length 512: --config.init_checkpoint=<phase-1 workdir>.
+  large, large_phase2   the same for BERT-large (24L/1024H) on 64 chips.
+  tiny          BERT-Tiny (2L/128H) for one CPU or GPU, a few thousand steps.
+  demo          what `make demo` runs: a 4-layer, 256-wide BERT on CPU for a few minutes.
+
+Any field can be changed on the command line: `--config.global_batch_size=512`,
+`--config.mesh_shape=-1,1,1` (all devices, data parallel), `--config.model.dtype=bfloat16`,
+`--config.model.scan_layers=True --config.model.remat_policy=dots`.
+"""
+
+import ml_collections
+
+
+def get_config(variant: str = "base") -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+
+  # The encoder: a size preset from bert_jax/configuration.py plus field overrides.
+  config.model = ml_collections.ConfigDict({
+      "preset": "base",
+      # Fields of BertConfig; None keeps the preset's value.
+      "vocab_size": 30522,           # must match the vocabulary the data was written with
+      "hidden_size": None,
+      "num_hidden_layers": None,
+      "num_attention_heads": None,
+      "intermediate_size": None,
+      "max_position_embeddings": None,
+      "type_vocab_size": None,
+      "hidden_act": None,
+      "dtype": "bfloat16",           # compute dtype; parameters stay float32
+      "scan_layers": False,
+      "remat_policy": "none",
+      "attention_implementation": None,
+      "hidden_dropout_prob": 0.1,
+      "attention_probs_dropout_prob": 0.1,
+  })
+
+  config.data = ml_collections.ConfigDict({
+      "train_files": "",             # comma-separated globs of TFRecord shards (local or gs://)
+      "eval_files": "",              # held-out shards; empty: hold out the last training shards
+      "max_seq_length": 128,
+      "max_predictions_per_seq": 20,
+      "shuffle_buffer_size": 10000,
+      # Only for dynamic-masking records (data_prep --masking=dynamic): masks are drawn here.
+      "vocab_file": "",
+      "spm_model_file": "",
+      "do_lower_case": True,
+      "masked_lm_prob": 0.15,
+      "whole_word_mask": False,
+      "per_word_draw": False,
+  })
+
+  config.optimizer = ml_collections.ConfigDict({
+      "name": "adamw",               # or "lamb" for very large batches
+      "learning_rate": 1e-4,
+      "warmup_steps": 10000,
+      "weight_decay": 0.01,
+      "b1": 0.9,
+      "b2": 0.999,
+      "eps": 1e-6,
+      "bias_correction": False,      # the released BERT optimizer has none
+      "grad_clip_norm": 1.0,
+      "power": 1.0,
+      "end_learning_rate": 0.0,
+  })
+
+  config.global_batch_size = 256
+  config.grad_accum_steps = 1        # micro-batches per step (same result, less memory)
+  config.total_steps = 1_000_000     # length of the learning-rate schedule
+  config.train_until_step = 900_000  # where this phase stops (phase 1: 90% at length 128)
+  config.seed = 12345
+
+  # Initialisation when the workdir holds no checkpoint of its own (resuming always wins):
+  # a workdir or checkpoint directory of an earlier phase. init_mode "continue" takes the whole
+  # state (optimizer, step, schedule) and only the data changes; "params" takes the weights only.
+  config.init_checkpoint = ""
+  config.init_mode = "continue"
+
+  config.log_every_steps = 100
+  config.eval_every_steps = 10000
+  config.eval_steps = 100
+  config.checkpoint_every_steps = 5000
+  config.max_checkpoints_to_keep = 3
+  config.tensorboard = True
+
+  config.mesh_shape = (16, 1, 1)     # (data, fsdp, model); -1 = the remaining devices
+  config.logical_axis_rules = None   # None: bert_jax.sharding.DEFAULT_LOGICAL_AXIS_RULES
+
+  if variant in ("base", "base_phase2"):
+    pass
+  elif variant in ("large", "large_phase2"):
+    config.model.preset = "large"
+    config.mesh_shape = (64, 1, 1)
+  elif variant == "tiny":
+    config.model.preset = "tiny"
+    config.model.dtype = "float32"
+    config.global_batch_size = 64
+    config.total_steps = config.train_until_step = 20000
+    config.optimizer.learning_rate = 5e-4
+    config.optimizer.warmup_steps = 1000
+    config.mesh_shape = (-1, 1, 1)
+    config.log_every_steps = 50
+    config.eval_every_steps = 1000
+    config.eval_steps = 20
+    config.checkpoint_every_steps = 1000
+  elif variant == "demo":
+    # A few minutes on two CPU cores; see `make demo`.
+    config.model.preset = "L-4_H-256_A-4"
+    config.model.dtype = "float32"
+    config.model.vocab_size = 8000
+    config.model.max_position_embeddings = 128
+    config.data.max_seq_length = 128
+    config.global_batch_size = 32
+    config.total_steps = config.train_until_step = 1200
+    config.optimizer.learning_rate = 1e-3
+    config.optimizer.warmup_steps = 100
+    config.optimizer.bias_correction = True
+    config.mesh_shape = (-1, 1, 1)
+    config.log_every_steps = 50
+    config.eval_every_steps = 400
+    config.eval_steps = 10
+    config.checkpoint_every_steps = 400
+  else:
+    raise ValueError(f"Unknown variant {variant!r}: base, base_phase2, large, large_phase2, "
+                     "tiny, demo.")
+
+  if variant.endswith("_phase2"):
+    config.data.max_seq_length = 512
+    config.data.max_predictions_per_seq = 80
+    config.train_until_step = config.total_steps
+  return config
