@@ -16,6 +16,8 @@ INSTALL_REQUIRES = [
     "tensorflow-datasets>=4.9",
     "importlib_resources",  # tensorflow-datasets imports it without declaring it
     "sentencepiece>=0.2",
+    "tokenizers>=0.15",     # fast WordPiece (same ids as the reference) and vocabulary training
+    "google-crc32c>=1.5",   # TFRecord checksums in data_prep workers without TensorFlow
     "ml-collections>=0.1.1",
     "absl-py>=2.0",
     "numpy>=1.26",

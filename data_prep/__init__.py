@@ -1,0 +1,1 @@
+"""Offline data preparation: vocabularies, the demo corpus and pre-training TFRecords."""

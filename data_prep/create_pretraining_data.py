@@ -1,0 +1,642 @@
+r"""Raw text → pre-training TFRecords (masked LM + next sentence), in parallel and resumable.
+
+The original BERT `create_pretraining_data.py` with its flags and defaults, rebuilt to scale:
+
+    python -m data_prep.create_pretraining_data \
+      --input_file='corpus/*.txt' --vocab_file=vocab.txt --do_lower_case \
+      --output_dir=gs://bucket/pretrain_128 --num_output_shards=64 --num_workers=16 \
+      --max_seq_length=128 --max_predictions_per_seq=20 --masked_lm_prob=0.15 \
+      --dupe_factor=10 --random_seed=12345
+
+Input: one sentence per line, a blank line between documents (local paths or gs://). The run
+has two steps. (1) Documents are dealt to `--num_output_shards` shards as they stream past (by a
+seeded round robin per input file) into local bucket files. (2) Each shard, in its own worker
+process: tokenize, shuffle its documents, build `--dupe_factor` passes of NSP sentence pairs,
+shuffle the instances, mask (static) or not (dynamic), and write one TFRecord file. Memory is
+bounded by one shard per worker, not by the corpus, and the output depends on the seed and the
+number of shards only — never on `--num_workers`. NSP's "random next" segment comes from
+another document of the same shard.
+
+`--masking=static` writes the seven features of the original, masked `--dupe_factor` (10)
+times over. `--masking=dynamic` writes each instance once, unmasked, with the word starts that
+whole-word masking needs; the input pipeline draws fresh masks each time it reads a record.
+
+A shard is written under a temporary name and renamed when complete; a rerun with the same
+settings skips finished shards. Every shard leaves `<shard>.stats.json`; the run ends with a
+summary printed and written to `summary.json` in `--output_dir` (or `<output_file>.summary.json`).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import queue as queue_lib
+import random
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+if __package__ in (None, ""):  # run as a script: make `bert_jax` / `data_prep` importable
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top
+from absl import app, flags, logging
+import numpy as np
+
+from bert_jax import features as features_lib
+from bert_jax import file_io, masking, tokenization
+from data_prep import corpus_io, instances as instances_lib, records
+# pylint: enable=g-import-not-at-top
+
+FLAGS = flags.FLAGS
+
+
+
+def define_flags() -> None:
+  """Command-line flags, defined only when run as a program (importers get none)."""
+  # The original's flags, names and defaults.
+  flags.DEFINE_string("input_file", None,
+                      "Input raw text file, or comma-separated globs (local or gs://): one "
+                      "sentence per line, a blank line between documents.")
+  flags.DEFINE_string("output_file", None,
+                      "Output TFRecord file, or a comma-separated list: one shard per file. "
+                      "Alternative to --output_dir.")
+  flags.DEFINE_string("vocab_file", None, "The WordPiece vocab.txt the BERT model uses.")
+  flags.DEFINE_bool("do_lower_case", True, "Lower-case (and strip accents) for uncased models.")
+  flags.DEFINE_bool("do_whole_word_mask", False,
+                    "Mask whole words (all of a word's pieces) instead of single pieces.")
+  flags.DEFINE_integer("max_seq_length", 128, "Maximum sequence length.")
+  flags.DEFINE_integer("max_predictions_per_seq", 20, "Maximum masked-LM predictions per sequence.")
+  flags.DEFINE_integer("random_seed", 12345, "Random seed for data generation.")
+  flags.DEFINE_integer("dupe_factor", None,
+                       "Passes over the data, each with different pairs and masks. Default: 10 for "
+                       "--masking=static (the original's), 1 for --masking=dynamic.")
+  flags.DEFINE_float("masked_lm_prob", 0.15, "Masked LM probability.")
+  flags.DEFINE_float("short_seq_prob", 0.1,
+                     "Probability of a shorter target length than the maximum.")
+  # Beyond the original.
+  flags.DEFINE_string("spm_model_file", None,
+                      "A SentencePiece model (from data_prep/train_tokenizer.py) instead of "
+                      "--vocab_file.")
+  flags.DEFINE_string("output_dir", None,
+                      "Directory (local or gs://) for pretrain-XXXXX-of-NNNNN.tfrecord shards.")
+  flags.DEFINE_integer("num_output_shards", 8, "Shards to write under --output_dir.")
+  flags.DEFINE_integer("num_workers", os.cpu_count() or 1,
+                       "Worker processes. Does not change the output.")
+  flags.DEFINE_enum("masking", "static", list(features_lib.MASKING_MODES),
+                    "static: masks drawn here and written (the original). dynamic: unmasked "
+                    "instances; the input pipeline draws masks when it reads them.")
+  flags.DEFINE_bool("per_word_draw", False,
+                    "With --do_whole_word_mask, draw [MASK]/random/keep once per word instead of "
+                    "per piece (the original draws per piece).")
+  flags.DEFINE_enum("decode_errors", "strict", list(corpus_io.DECODE_ERRORS),
+                    "What to do with bytes that are not UTF-8: stop naming file and line "
+                    "(strict), drop them (ignore, what the original did) or use U+FFFD (replace).")
+  flags.DEFINE_string("tmp_dir", None, "Local directory for the split step (default: system tmp).")
+  flags.DEFINE_bool("progress", True, "Show a progress bar.")
+
+
+_CHUNK = 4096          # instances masked and serialised per vectorised step
+_TOKENIZE_BATCH = 8192  # sentences per tokenizer call
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings and file names
+
+
+def make_settings(input_file: str, vocab_file: str | None = None,
+                  spm_model_file: str | None = None, *, do_lower_case: bool = True,
+                  do_whole_word_mask: bool = False, per_word_draw: bool = False,
+                  max_seq_length: int = 128, max_predictions_per_seq: int = 20,
+                  random_seed: int = 12345, dupe_factor: int | None = None,
+                  masked_lm_prob: float = 0.15, short_seq_prob: float = 0.1,
+                  masking: str = "static", decode_errors: str = "strict") -> dict[str, Any]:
+  """Everything that decides the output, with the original's defaults (for use from Python)."""
+  if dupe_factor is None:
+    dupe_factor = 10 if masking == features_lib.STATIC else 1
+  return {
+      "input_file": input_file,
+      "vocab_file": vocab_file,
+      "spm_model_file": spm_model_file,
+      "do_lower_case": do_lower_case,
+      "do_whole_word_mask": do_whole_word_mask,
+      "per_word_draw": per_word_draw,
+      "max_seq_length": max_seq_length,
+      "max_predictions_per_seq": max_predictions_per_seq,
+      "random_seed": random_seed,
+      "dupe_factor": dupe_factor,
+      "masked_lm_prob": masked_lm_prob,
+      "short_seq_prob": short_seq_prob,
+      "masking": masking,
+      "decode_errors": decode_errors,
+  }
+
+
+def settings_from_flags() -> dict[str, Any]:
+  return make_settings(
+      FLAGS.input_file, FLAGS.vocab_file, FLAGS.spm_model_file,
+      do_lower_case=FLAGS.do_lower_case, do_whole_word_mask=FLAGS.do_whole_word_mask,
+      per_word_draw=FLAGS.per_word_draw, max_seq_length=FLAGS.max_seq_length,
+      max_predictions_per_seq=FLAGS.max_predictions_per_seq, random_seed=FLAGS.random_seed,
+      dupe_factor=FLAGS.dupe_factor, masked_lm_prob=FLAGS.masked_lm_prob,
+      short_seq_prob=FLAGS.short_seq_prob, masking=FLAGS.masking,
+      decode_errors=FLAGS.decode_errors)
+
+
+def check_settings(s: dict[str, Any]) -> None:
+  if s["max_seq_length"] < 5:
+    raise ValueError(f"--max_seq_length={s['max_seq_length']}: needs room for [CLS] A [SEP] B "
+                     "[SEP], at least 5.")
+  if s["max_predictions_per_seq"] < 1:
+    raise ValueError("--max_predictions_per_seq must be at least 1.")
+  if not 0.0 < s["masked_lm_prob"] < 1.0:
+    raise ValueError(f"--masked_lm_prob={s['masked_lm_prob']}: must lie in (0, 1).")
+  if not 0.0 <= s["short_seq_prob"] <= 1.0:
+    raise ValueError(f"--short_seq_prob={s['short_seq_prob']}: must lie in [0, 1].")
+  if s["dupe_factor"] < 1:
+    raise ValueError("--dupe_factor must be at least 1.")
+
+
+def output_paths(output_file: str | None, output_dir: str | None,
+                 num_output_shards: int) -> tuple[list[str], str]:
+  """The shard files and the summary file."""
+  if bool(output_file) == bool(output_dir):
+    raise ValueError("Give exactly one of --output_file (comma-separated files) and "
+                     "--output_dir (with --num_output_shards).")
+  if output_file:
+    paths = [p.strip() for p in output_file.split(",") if p.strip()]
+    if len(set(paths)) != len(paths):
+      raise ValueError("--output_file lists the same file twice.")
+    return paths, paths[0] + ".summary.json"
+  if num_output_shards < 1:
+    raise ValueError("--num_output_shards must be at least 1.")
+  paths = [file_io.join(output_dir, f"pretrain-{i:05d}-of-{num_output_shards:05d}.tfrecord")
+           for i in range(num_output_shards)]
+  return paths, file_io.join(output_dir, "summary.json")
+
+
+def _directory(path: str) -> str:
+  return path.rsplit("/", 1)[0] if file_io.is_remote(path) else (os.path.dirname(path) or ".")
+
+
+def check_writable(paths: list[str]) -> None:
+  """Fails before any work if an output directory cannot be created or written."""
+  for directory in sorted({_directory(p) for p in paths}):
+    probe = file_io.join(directory, f".write-test-{os.getpid()}")
+    try:
+      file_io.makedirs(directory)
+      file_io.write_bytes_atomic(probe, b"")
+      if file_io.is_remote(probe):
+        import tensorflow as tf  # pylint: disable=g-import-not-at-top
+        tf.io.gfile.remove(probe)
+      else:
+        os.remove(probe)
+    except Exception as e:  # pylint: disable=broad-except
+      raise PermissionError(f"Cannot write to output directory {directory}: {e}") from e
+
+
+def stats_path(shard_path: str) -> str:
+  return shard_path + ".stats.json"
+
+
+def finished_shards(paths: list[str], settings: dict[str, Any]) -> dict[int, dict]:
+  """Shards already complete from an earlier run with the same settings (their stats)."""
+  done = {}
+  for index, path in enumerate(paths):
+    if not (file_io.exists(path) and file_io.exists(stats_path(path))):
+      continue
+    stats = json.loads(file_io.read_text(stats_path(path)))
+    if stats.get("settings") != settings:
+      differing = sorted(k for k in set(settings) | set(stats.get("settings", {}))
+                         if settings.get(k) != stats.get("settings", {}).get(k))
+      raise ValueError(f"{path} exists from a run with other settings (differing: "
+                       f"{', '.join(differing)}). Delete it or write somewhere else.")
+    done[index] = stats
+  return done
+
+
+def remove_stale_temporaries(paths: list[str]) -> None:
+  """Half-written shards of an interrupted run (`<shard>.tmp-<pid>`) go before a rerun."""
+  for directory in sorted({_directory(p) for p in paths}):
+    if file_io.is_remote(directory):
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      names = [p for p in tf.io.gfile.glob(directory + "/*.tmp-*")]
+      for name in names:
+        if any(os.path.basename(name).startswith(os.path.basename(p) + ".tmp-") for p in paths):
+          tf.io.gfile.remove(name)
+      continue
+    if not os.path.isdir(directory):
+      continue
+    shard_names = {os.path.basename(p) for p in paths}
+    for name in os.listdir(directory):
+      base = name.split(".tmp-")[0]
+      if records.is_temporary_name(name) and (base in shard_names or
+                                              base[:-len(".stats.json")] in shard_names):
+        os.remove(os.path.join(directory, name))
+
+
+# ---------------------------------------------------------------------------------------------
+# Work done in worker processes
+
+_TOKENIZERS: dict[tuple, tokenization.Tokenizer] = {}
+_PROGRESS_QUEUE = None
+
+
+def _init_worker(progress_queue) -> None:
+  global _PROGRESS_QUEUE
+  _PROGRESS_QUEUE = progress_queue
+  os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker
+
+
+def _report(kind: str, amount: float) -> None:
+  if _PROGRESS_QUEUE is not None:
+    _PROGRESS_QUEUE.put((kind, amount))
+
+
+def get_tokenizer(settings: dict[str, Any]) -> tokenization.Tokenizer:
+  key = (settings["vocab_file"], settings["spm_model_file"], settings["do_lower_case"])
+  if key not in _TOKENIZERS:
+    # Corpus text never makes a special token: a literal "[SEP]" in a line is just text.
+    _TOKENIZERS[key] = tokenization.load_tokenizer(
+        vocab_file=settings["vocab_file"], spm_model_file=settings["spm_model_file"],
+        do_lower_case=settings["do_lower_case"], split_special_tokens=True)
+  return _TOKENIZERS[key]
+
+
+def split_task(task: dict[str, Any]) -> dict:
+  return corpus_io.split_into_buckets(
+      task["path"], task["file_index"], task["num_shards"], set(task["shards_wanted"]),
+      task["random_seed"], task["bucket_dir"], task["decode_errors"],
+      on_bytes=lambda n: _report("split", n))
+
+
+def shard_seeds(random_seed: int, shard: int) -> tuple[random.Random, np.random.Generator]:
+  """The shard's two generators: pairs (the original's `random.Random` calls) and masks."""
+  sequence = np.random.SeedSequence([random_seed, shard])
+  pair_seed = int.from_bytes(sequence.generate_state(2).tobytes(), "little")
+  return random.Random(pair_seed), np.random.default_rng(sequence.spawn(1)[0])
+
+
+def load_shard_documents(bucket_paths: list[str], tokenizer: tokenization.Tokenizer,
+                         max_num_tokens: int, stats: dict,
+                         on_bytes: Callable[[int], None]) -> list[instances_lib.Document]:
+  """Tokenized documents of one shard; empty lines and empty documents are dropped, as before."""
+  documents: list[instances_lib.Document] = []
+  batch_docs: list[list[str]] = []
+  batch_lines = 0
+
+  def flush():
+    nonlocal batch_lines
+    flat = [line for doc in batch_docs for line in doc]
+    ids = tokenizer.encode_batch(flat)
+    at = 0
+    for doc in batch_docs:
+      sentences = [s for s in ids[at:at + len(doc)] if s]
+      at += len(doc)
+      stats["lines_without_tokens"] += len(doc) - len(sentences)
+      if not sentences:
+        stats["documents_without_tokens"] += 1
+        continue
+      stats["sentences"] += len(sentences)
+      stats["sentences_longer_than_max"] += sum(len(s) > max_num_tokens for s in sentences)
+      stats["single_sentence_documents"] += len(sentences) == 1
+      documents.append(instances_lib.make_document(sentences))
+    on_bytes(sum(len(line) + 1 for line in flat) + len(batch_docs))
+    batch_docs.clear()
+    batch_lines = 0
+
+  for doc in corpus_io.read_bucket(bucket_paths):
+    batch_docs.append(doc)
+    batch_lines += len(doc)
+    if batch_lines >= _TOKENIZE_BATCH:
+      flush()
+  if batch_docs:
+    flush()
+  stats["documents"] = len(documents)
+  return documents
+
+
+def new_shard_stats() -> dict[str, Any]:
+  keys = ("documents", "sentences", "lines_without_tokens", "documents_without_tokens",
+          "single_sentence_documents", "sentences_longer_than_max", "document_passes",
+          "short_target_passes", "instances", "tokens", "maskable_tokens", "masked",
+          "masked_to_mask_token", "masked_to_random_token", "masked_kept",
+          "instances_at_max_predictions", "random_next", "slots")
+  return {k: 0 for k in keys}
+
+
+def process_shard(task: dict[str, Any]) -> dict[str, Any]:
+  """Tokenize, pair, shuffle, mask and write one shard; returns (and stores) its statistics."""
+  started = time.time()
+  settings = task["settings"]
+  shard_bytes = max(1, task["bucket_bytes"])
+  tokenizer = get_tokenizer(settings)
+  max_seq_length = settings["max_seq_length"]
+  stats = new_shard_stats()
+  documents = load_shard_documents(task["bucket_paths"], tokenizer, max_seq_length - 3, stats,
+                                   on_bytes=lambda n: _report("shard", 0.5 * n))
+  pair_rng, mask_rng = shard_seeds(settings["random_seed"], task["shard"])
+  pair_rng.shuffle(documents)
+
+  arrays = instances_lib.InstanceArrays(max_seq_length, tokenizer.cls_id, tokenizer.sep_id)
+  for _ in range(settings["dupe_factor"]):
+    for index in range(len(documents)):
+      stats["short_target_passes"] += instances_lib.add_document_instances(
+          documents, index, max_seq_length, settings["short_seq_prob"], pair_rng, arrays)
+      stats["document_passes"] += 1
+  del documents
+  order = mask_rng.permutation(arrays.size)
+
+  static = settings["masking"] == features_lib.STATIC
+  schema = features_lib.pretraining_features(max_seq_length, settings["max_predictions_per_seq"],
+                                             settings["masking"])
+  mask_config = masking.MaskingConfig.from_tokenizer(
+      tokenizer, masked_lm_prob=settings["masked_lm_prob"],
+      max_predictions_per_seq=settings["max_predictions_per_seq"],
+      whole_word_mask=settings["do_whole_word_mask"], per_word_draw=settings["per_word_draw"])
+  stats["instances"] = int(arrays.size)
+  stats["random_next"] = int(arrays.is_random_next[:arrays.size].sum())
+  stats["slots"] = int(arrays.size) * max_seq_length
+  with records.TFRecordWriter(task["output_path"]) as writer:
+    for begin in range(0, arrays.size, _CHUNK):
+      rows = order[begin:begin + _CHUNK]
+      batch = arrays.features(rows)
+      word_starts = tokenizer.word_starts(batch["input_ids"]) & (batch["input_mask"] == 1)
+      lengths = batch["input_mask"].sum(axis=1)
+      stats["tokens"] += int(lengths.sum())
+      stats["maskable_tokens"] += int((lengths - 3).sum())
+      if static:
+        masked = masking.mask_batch(batch["input_ids"], batch["input_mask"], mask_config,
+                                    mask_rng, word_starts=word_starts)
+        _count_masks(stats, batch["input_ids"], masked, tokenizer.mask_id,
+                     settings["max_predictions_per_seq"])
+        batch.update(masked)
+      else:
+        batch[features_lib.WORD_STARTS] = word_starts.astype(np.int64)
+      for record in features_lib.encode_examples(batch, schema):
+        writer.write(record)
+      _report("shard", 0.5 * shard_bytes * len(rows) / arrays.size)
+    stats["seconds"] = round(time.time() - started, 3)
+    stats["settings"] = settings
+    stats["output_path"] = task["output_path"]
+    file_io.write_text_atomic(stats_path(task["output_path"]), json.dumps(stats, indent=1))
+  if arrays.size == 0:
+    _report("shard", 0.5 * shard_bytes)
+  return stats
+
+
+def _count_masks(stats: dict, input_ids: np.ndarray, masked: dict[str, np.ndarray], mask_id: int,
+                 max_predictions: int) -> None:
+  weights = masked["masked_lm_weights"] > 0
+  new = np.take_along_axis(masked["input_ids"], masked["masked_lm_positions"], axis=1)
+  labels = masked["masked_lm_ids"]
+  to_mask = weights & (new == mask_id)
+  kept = weights & ~to_mask & (new == labels)
+  stats["masked"] += int(weights.sum())
+  stats["masked_to_mask_token"] += int(to_mask.sum())
+  stats["masked_kept"] += int(kept.sum())
+  stats["masked_to_random_token"] += int((weights & ~to_mask & ~kept).sum())
+  stats["instances_at_max_predictions"] += int((weights.sum(axis=1) == max_predictions).sum())
+  del input_ids
+
+
+# ---------------------------------------------------------------------------------------------
+# Orchestration
+
+
+class _Progress:
+  """A tqdm bar fed from worker processes through a queue (or directly, in-process)."""
+
+  def __init__(self, enabled: bool, total: float, description: str, unit: str = "B"):
+    self.bar = None
+    if enabled:
+      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+      self.bar = tqdm(total=total, desc=description, unit=unit, unit_scale=True,
+                      dynamic_ncols=True, smoothing=0.1)
+
+  def update(self, amount: float) -> None:
+    if self.bar is not None:
+      self.bar.update(amount)
+
+  def set_postfix(self, text: str) -> None:
+    if self.bar is not None:
+      self.bar.set_postfix_str(text)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+
+
+def _run_tasks(function, tasks: list[dict], pool, progress_queue, progress: _Progress,
+               on_result: Callable[[dict, Any], None]) -> None:
+  """Runs tasks in the pool (or here, without one), feeding progress, failing fast."""
+  global _PROGRESS_QUEUE
+  if pool is None:
+
+    class _Direct:  # in-process: progress goes straight to the bar
+      put = staticmethod(lambda item: progress.update(item[1]))
+
+    _PROGRESS_QUEUE = _Direct()
+    try:
+      for task in tasks:
+        on_result(task, function(task))
+    finally:
+      _PROGRESS_QUEUE = None
+    return
+  pending = {id(task): (task, pool.apply_async(function, (task,))) for task in tasks}
+  while pending:
+    try:
+      while True:
+        progress.update(progress_queue.get(timeout=0.2)[1])
+    except queue_lib.Empty:
+      pass
+    for key, (task, result) in list(pending.items()):
+      if result.ready():
+        on_result(task, result.get())  # re-raises a worker's error here
+        del pending[key]
+  try:
+    while True:
+      progress.update(progress_queue.get_nowait()[1])
+  except queue_lib.Empty:
+    pass
+
+
+def create_pretraining_data(settings: dict[str, Any], output_file: str | None = None,
+                            output_dir: str | None = None, num_output_shards: int = 8,
+                            num_workers: int = 1, tmp_dir: str | None = None,
+                            show_progress: bool = True) -> dict[str, Any]:
+  """The whole run; returns the summary (also printed and written beside the output)."""
+  started = time.time()
+  check_settings(settings)
+  paths, summary_path = output_paths(output_file, output_dir, num_output_shards)
+  num_shards = len(paths)
+  tokenizer = get_tokenizer(settings)  # fails early on a missing file or missing specials
+  input_files = corpus_io.expand_input_patterns(settings["input_file"])
+  check_writable(paths)
+  done = finished_shards(paths, settings)
+  remove_stale_temporaries(paths)
+  todo = [i for i in range(num_shards) if i not in done]
+  if done:
+    logging.info("%d of %d shards are complete from an earlier run; skipping them.", len(done),
+                 num_shards)
+
+  split_stats: list[dict] = []
+  shard_stats = dict(done)
+  bucket_dir = tempfile.mkdtemp(prefix="bert_jax_split_", dir=tmp_dir)
+  pool = progress_queue = None
+  try:
+    if todo:
+      workers = max(1, min(num_workers, max(len(todo), len(input_files))))
+      if workers > 1:
+        context = multiprocessing.get_context("spawn")
+        progress_queue = context.Queue()
+        pool = context.Pool(workers, initializer=_init_worker, initargs=(progress_queue,))
+      else:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+      total_bytes = sum(corpus_io.file_size(p) for p in input_files)
+      split_tasks = [{"path": p, "file_index": i, "num_shards": num_shards, "shards_wanted": todo,
+                      "random_seed": settings["random_seed"], "bucket_dir": bucket_dir,
+                      "decode_errors": settings["decode_errors"]}
+                     for i, p in enumerate(input_files)]
+      bar = _Progress(show_progress, total_bytes, "split into shards")
+      _run_tasks(split_task, split_tasks, pool, progress_queue, bar,
+                 lambda task, result: split_stats.append(result))
+      bar.close()
+      if not sum(s["documents_read"] for s in split_stats):
+        raise ValueError(f"--input_file {settings['input_file']}: {len(input_files)} file(s) "
+                         "hold no text (only blank lines).")
+
+      shard_tasks = []
+      for shard in todo:
+        buckets = [corpus_io.bucket_path(bucket_dir, shard, i) for i in range(len(input_files))]
+        buckets = [b for b in buckets if os.path.exists(b)]
+        shard_tasks.append({"shard": shard, "bucket_paths": buckets, "output_path": paths[shard],
+                            "bucket_bytes": sum(os.path.getsize(b) for b in buckets),
+                            "settings": settings})
+      bar = _Progress(show_progress, sum(t["bucket_bytes"] for t in shard_tasks),
+                      f"build {len(shard_tasks)} shard(s), {workers} worker(s)")
+      made = [0]
+
+      def on_shard(task, result):
+        shard_stats[task["shard"]] = result
+        made[0] += result["instances"]
+        bar.set_postfix(f"{made[0]:,} instances, "
+                        f"{made[0] / max(1e-9, time.time() - started):,.0f}/s")
+
+      _run_tasks(process_shard, shard_tasks, pool, progress_queue, bar, on_shard)
+      bar.close()
+  finally:
+    if pool is not None:
+      pool.terminate()
+      pool.join()
+    shutil.rmtree(bucket_dir, ignore_errors=True)
+
+  summary = summarize(settings, input_files, paths, shard_stats, split_stats, len(done),
+                      time.time() - started, num_workers, tokenizer)
+  file_io.write_text_atomic(summary_path, json.dumps(summary, indent=1) + "\n")
+  print_summary(summary, summary_path)
+  return summary
+
+
+def summarize(settings, input_files, paths, shard_stats, split_stats, skipped, seconds,
+              num_workers, tokenizer) -> dict[str, Any]:
+  total = new_shard_stats()
+  for stats in shard_stats.values():
+    for key in total:
+      total[key] += stats.get(key, 0)
+
+  def ratio(a, b):
+    return round(a / b, 6) if b else None
+
+  summary: dict[str, Any] = {
+      "input_files": len(input_files),
+      "input_bytes": sum(s["bytes"] for s in split_stats) if split_stats else None,
+      "input_lines_not_utf8": sum(s["bad_lines"] for s in split_stats) if split_stats else None,
+      "documents": total["documents"],
+      "sentences": total["sentences"],
+      "single_sentence_documents": total["single_sentence_documents"],
+      "documents_without_tokens_dropped": total["documents_without_tokens"],
+      "lines_without_tokens_dropped": total["lines_without_tokens"],
+      "sentences_longer_than_max": total["sentences_longer_than_max"],
+      "instances": total["instances"],
+      "tokens": total["tokens"],
+      "random_next_fraction": ratio(total["random_next"], total["instances"]),
+      "short_target_fraction": ratio(total["short_target_passes"], total["document_passes"]),
+      "padding_fraction": ratio(total["slots"] - total["tokens"], total["slots"]),
+      "mean_tokens_per_instance": ratio(total["tokens"], total["instances"]),
+  }
+  if settings["masking"] == features_lib.STATIC:
+    summary.update({
+        "masked_fraction": ratio(total["masked"], total["maskable_tokens"]),
+        "masked_per_instance": ratio(total["masked"], total["instances"]),
+        "instances_at_max_predictions": ratio(total["instances_at_max_predictions"],
+                                              total["instances"]),
+        "mask_token_fraction": ratio(total["masked_to_mask_token"], total["masked"]),
+        "random_token_fraction": ratio(total["masked_to_random_token"], total["masked"]),
+        "kept_token_fraction": ratio(total["masked_kept"], total["masked"]),
+    })
+  warnings = []
+  if total["documents"] and total["single_sentence_documents"] > 0.5 * total["documents"]:
+    warnings.append(f"{total['single_sentence_documents']:,} of {total['documents']:,} documents "
+                    "have one sentence: is the input one sentence per line with a blank line "
+                    "between documents? NSP needs sentences to pair.")
+  few = sorted(i for i, s in shard_stats.items() if s["documents"] < 2)
+  if few:
+    warnings.append(f"shard(s) {few[:10]} hold fewer than 2 documents, so 'random next' "
+                    "segments come from the same document: use fewer --num_output_shards.")
+  if total["sentences"] and total["sentences_longer_than_max"] > 0.05 * total["sentences"]:
+    warnings.append(f"{total['sentences_longer_than_max']:,} sentences are longer than "
+                    f"max_seq_length - 3 = {settings['max_seq_length'] - 3} tokens and get cut: "
+                    "are lines sentences, or whole paragraphs?")
+  summary.update({
+      "seconds": round(seconds, 2),
+      "instances_per_second": round(total["instances"] / seconds, 1) if seconds else None,
+      "num_workers": num_workers,
+      "shards": len(paths),
+      "shards_skipped_as_complete": skipped,
+      "vocab_size": tokenizer.vocab_size,
+      "output_files": paths,
+      "settings": settings,
+      "warnings": warnings,
+  })
+  return summary
+
+
+def print_summary(summary: dict[str, Any], summary_path: str) -> None:
+  lines = [f"Wrote {summary['instances']:,} instances to {summary['shards']} shard(s) "
+           f"in {summary['seconds']:,.1f} s ({summary['instances_per_second'] or 0:,.0f} "
+           "instances/s)."]
+  for key in ("documents", "sentences", "tokens", "masked_fraction", "random_next_fraction",
+              "short_target_fraction", "padding_fraction"):
+    if summary.get(key) is not None:
+      value = summary[key]
+      lines.append(f"  {key:24s} {value:,.4f}" if isinstance(value, float) else
+                   f"  {key:24s} {value:,}")
+  for warning in summary["warnings"]:
+    lines.append(f"  warning: {warning}")
+  lines.append(f"Summary: {summary_path}")
+  print("\n".join(lines), flush=True)
+
+
+def main(argv):
+  del argv
+  try:
+    create_pretraining_data(settings_from_flags(), output_file=FLAGS.output_file,
+                            output_dir=FLAGS.output_dir,
+                            num_output_shards=FLAGS.num_output_shards,
+                            num_workers=FLAGS.num_workers, tmp_dir=FLAGS.tmp_dir,
+                            show_progress=FLAGS.progress)
+  except (ValueError, FileNotFoundError, PermissionError) as e:
+    # Bad input or settings: the message names the file, line or flag; a trace adds nothing.
+    print(f"create_pretraining_data: error: {e}", file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  define_flags()
+  flags.mark_flag_as_required("input_file")
+  flags.mark_flags_as_mutual_exclusive(["vocab_file", "spm_model_file"], required=True)
+  app.run(main)

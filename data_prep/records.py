@@ -1,0 +1,112 @@
+"""Writing TFRecord files without TensorFlow, under a temporary name until complete.
+
+A TFRecord is `uint64 length, uint32 masked_crc32c(length), data, uint32 masked_crc32c(data)`,
+little-endian. Writing it here instead of through `tf.io.TFRecordWriter` keeps data-prep
+workers free of TensorFlow (~3 s and ~400 MB each to import). CRC32C comes from `google-crc32c`
+(C, and already on every Cloud TPU VM with the GCS client); if that is missing, TensorFlow's writer
+is used. A shard is written as `NAME.tmp-<pid>` and renamed to `NAME` only once it is complete,
+so a crash never leaves a half-written file under a name that a rerun or a reader would trust.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from bert_jax import file_io
+
+try:
+  import google_crc32c  # pylint: disable=g-import-not-at-top
+except ImportError:  # pragma: no cover - exercised only where the package is missing
+  google_crc32c = None
+
+_MASK_DELTA = 0xA282EAD8
+
+
+def masked_crc32c(data: bytes) -> int:
+  crc = google_crc32c.value(data)
+  return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def temporary_name(path: str) -> str:
+  return f"{path}.tmp-{os.getpid()}"
+
+
+def is_temporary_name(path: str) -> bool:
+  return ".tmp-" in os.path.basename(path)
+
+
+class TFRecordWriter:
+  """`with TFRecordWriter(path) as w: w.write(record)`; the file appears at `path` on success."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self.tmp_path = temporary_name(path)
+    self._tf_writer = None
+    if google_crc32c is None:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      self._tf_writer = tf.io.TFRecordWriter(self.tmp_path)
+    elif file_io.is_remote(path):
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      self._file = tf.io.gfile.GFile(self.tmp_path, "wb")
+    else:
+      self._file = open(self.tmp_path, "wb")  # pylint: disable=consider-using-with
+    self._pending: list[bytes] = []
+    self._pending_bytes = 0
+
+  def write(self, record: bytes) -> None:
+    if self._tf_writer is not None:
+      self._tf_writer.write(record)
+      return
+    header = struct.pack("<Q", len(record))
+    self._pending += [header, struct.pack("<I", masked_crc32c(header)), record,
+                      struct.pack("<I", masked_crc32c(record))]
+    self._pending_bytes += len(record) + 16
+    if self._pending_bytes > 1 << 22:
+      self._flush()
+
+  def _flush(self) -> None:
+    if self._pending:
+      self._file.write(b"".join(self._pending))
+      self._pending, self._pending_bytes = [], 0
+
+  def close(self, complete: bool = True) -> None:
+    """Finishes the file; renames it into place only if `complete`, else deletes it."""
+    if self._tf_writer is not None:
+      self._tf_writer.close()
+    else:
+      if complete:
+        self._flush()
+      if not file_io.is_remote(self.path) and complete:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+      self._file.close()
+    if complete:
+      _rename(self.tmp_path, self.path)
+    else:
+      _remove(self.tmp_path)
+
+  def __enter__(self) -> "TFRecordWriter":
+    return self
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    self.close(complete=exc_type is None)
+
+
+def _rename(src: str, dst: str) -> None:
+  if file_io.is_remote(dst):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.io.gfile.rename(src, dst, overwrite=True)
+  else:
+    os.replace(src, dst)
+
+
+def _remove(path: str) -> None:
+  try:
+    if file_io.is_remote(path):
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      tf.io.gfile.remove(path)
+    elif os.path.exists(path):
+      os.remove(path)
+  except (OSError, IOError):
+    pass

@@ -1,0 +1,195 @@
+"""WordPiece and SentencePiece tokenizers against transformers' BertTokenizer, on real text."""
+
+import os
+
+import numpy as np
+import pytest
+
+from bert_jax import tokenization
+from data_prep import demo_corpus, train_tokenizer
+from tests.helpers import minilm_dir
+
+# Text that real corpora rarely hold but real users' text does.
+HARD_CASES = [
+    "Héllo Wörld naïve café ÀÉÎÕÜ façade Ångström",
+    "中文字符 and 日本語のテキスト and 한국어 text",
+    "emoji 😀👍🏽 and 🇫🇷 flags",
+    "ctrl\x00a\x07b\u200bc\ufeffd\ufffde \x7fdel",
+    "tabs\tand\nnewlines\r\x0bvt\x0cff\u00a0nbsp\u2003em\u2028ls\u3000ideographic",
+    "x" * 150 + " and " + "ab" * 101 + " and " + "a" * 201,
+    "[MASK] is [SEP] and [CLS][PAD][UNK] but [mask] is not",
+    "don't stop—believing… “quoted” «guillemets» ¿qué? ¡sí!",
+    "1,000.50 $5 ^caret `tick` ~tilde",
+    "ﬁ ligature Ⅻ ½ ² ㎏ №",
+    "İstanbul ΑΘΗΝΑ σοφία",
+    "A\u0301 combining e\u0308 and precomposed é",
+    "  leading and trailing  ",
+    "",
+    "mixed123abc CamelCaseWord snake_case_word email@example.com http://x.org/a?b=c",
+]
+
+
+def vocab_path() -> str:
+  return os.path.join(minilm_dir(), "vocab.txt")
+
+
+@pytest.fixture(scope="module")
+def reference():
+  from transformers import BertTokenizer  # pylint: disable=g-import-not-at-top
+  tok = BertTokenizer.from_pretrained(minilm_dir())
+  assert tok.vocab_size == 30522  # the vocabulary really loaded (transformers 5.x pitfall)
+  return tok
+
+
+@pytest.fixture(scope="module")
+def corpus_lines():
+  text = demo_corpus.corpus_text()
+  lines = [line for line in text.split("\n") if line]
+  assert len(text) > 4_000_000 and len(lines) > 50_000
+  return lines
+
+
+def hf_ids(reference, texts):
+  return reference(list(texts), add_special_tokens=False)["input_ids"]
+
+
+def test_wordpiece_matches_transformers_on_the_whole_corpus(reference, corpus_lines):
+  ours = tokenization.WordPieceTokenizer(vocab_path(), max_input_chars_per_word=100)
+  assert ours.vocab_size == 30522 and ours.backend == "rust"
+  expected = hf_ids(reference, corpus_lines)
+  got = ours.encode_batch(corpus_lines)
+  mismatches = [i for i, (a, b) in enumerate(zip(got, expected)) if a != b]
+  assert not mismatches, [corpus_lines[i] for i in mismatches[:3]]
+  assert sum(map(len, got)) > 1_000_000
+
+
+def test_python_backend_is_the_original_algorithm(reference, corpus_lines):
+  """The plain-Python restatement (no shortcuts) agrees with transformers on real lines."""
+  ours = tokenization.WordPieceTokenizer(vocab_path(), backend="python",
+                                         max_input_chars_per_word=100)
+  lines = corpus_lines[::25]
+  expected = hf_ids(reference, lines)
+  plain = ours._python  # pylint: disable=protected-access
+  assert [plain.encode(line) for line in lines] == expected
+  assert ours.encode_batch(lines) == expected
+
+
+@pytest.mark.parametrize("backend", ["rust", "python"])
+def test_hard_cases_match_transformers(reference, backend):
+  ours = tokenization.WordPieceTokenizer(vocab_path(), backend=backend,
+                                         max_input_chars_per_word=100)
+  for text in HARD_CASES:
+    assert ours.encode(text) == hf_ids(reference, [text])[0], text
+  assert ours.encode_batch(HARD_CASES) == hf_ids(reference, HARD_CASES)
+
+
+def test_documented_differences_of_the_python_backend(reference):
+  """Private-use characters: the original keeps them as a word ([UNK]); Rust cleanup drops them."""
+  python = tokenization.WordPieceTokenizer(vocab_path(), backend="python")
+  text = "\ue000pua word"
+  assert python.tokenize(text) == ["[UNK]", "word"]
+  assert reference.convert_ids_to_tokens(hf_ids(reference, [text])[0]) == ["pu", "##a", "word"]
+
+
+def test_cased_vocabulary_matches_transformers(corpus_lines):
+  from transformers import BertTokenizer  # pylint: disable=g-import-not-at-top
+  tokens = tokenization.load_vocab(vocab_path())
+  reference = BertTokenizer(vocab={t: i for i, t in enumerate(tokens)}, do_lower_case=False)
+  assert reference.vocab_size == 30522
+  lines = corpus_lines[::40] + HARD_CASES
+  for backend in ("rust", "python"):
+    ours = tokenization.WordPieceTokenizer(vocab_path(), do_lower_case=False, backend=backend,
+                                           max_input_chars_per_word=100)
+    assert ours.encode_batch(lines) == hf_ids(reference, lines), backend
+  assert ours.tokenize("Hamlet") != ["hamlet"]
+
+
+def test_word_length_limit_is_the_originals_200():
+  word = "ab" * 75  # 150 characters that WordPiece can spell
+  ours = tokenization.WordPieceTokenizer(vocab_path())
+  assert len(ours.tokenize(word)) > 1 and "[UNK]" not in ours.tokenize(word)
+  assert ours.tokenize("ab" * 101) == ["[UNK]"]
+  capped = tokenization.WordPieceTokenizer(vocab_path(), max_input_chars_per_word=100)
+  assert capped.tokenize(word) == ["[UNK]"]  # transformers' limit
+
+
+def test_special_tokens_in_text():
+  default = tokenization.WordPieceTokenizer(vocab_path())
+  assert default.tokenize("a [MASK] b[SEP]") == ["a", "[MASK]", "b", "[SEP]"]
+  for backend in ("rust", "python"):
+    split = tokenization.WordPieceTokenizer(vocab_path(), split_special_tokens=True,
+                                            backend=backend)
+    assert split.tokenize("a [MASK] b[SEP]") == ["a", "[", "mask", "]", "b", "[", "sep", "]"]
+  assert (default.cls_id, default.sep_id, default.mask_id, default.pad_id, default.unk_id) == (
+      101, 102, 103, 0, 100)
+
+
+def test_word_starts_mark_wordpiece_continuations():
+  tok = tokenization.WordPieceTokenizer(vocab_path())
+  ids = tok.encode("unaffable presumptuousness")
+  tokens = tok.convert_ids_to_tokens(ids)
+  assert len(tokens) > 2
+  np.testing.assert_array_equal(tok.word_starts(ids), [not t.startswith("##") for t in tokens])
+  assert tok.word_start_table[[tok.cls_id, tok.sep_id, tok.mask_id]].all()
+
+
+def test_vocabulary_without_specials_is_refused(tmp_path):
+  path = tmp_path / "vocab.txt"
+  path.write_text("[PAD]\n[UNK]\nthe\nking\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"vocab.txt.*\[CLS\], \[SEP\], \[MASK\]"):
+    tokenization.WordPieceTokenizer(str(path))
+  with pytest.raises(FileNotFoundError, match="no such file"):
+    tokenization.WordPieceTokenizer(str(tmp_path / "missing.txt"))
+  with pytest.raises(ValueError, match="exactly one"):
+    tokenization.load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def training_text(tmp_path_factory):
+  path = tmp_path_factory.mktemp("tok") / "corpus.txt"
+  path.write_text(demo_corpus.corpus_text(max_bytes=300_000), encoding="utf-8")
+  return str(path)
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_sentencepiece_training_and_tokenizer(training_text, tmp_path, model_type):
+  model = train_tokenizer.train_sentencepiece([training_text], str(tmp_path / "spm"), model_type,
+                                              vocab_size=2000)
+  tok = tokenization.load_tokenizer(spm_model_file=model, do_lower_case=True)
+  assert isinstance(tok, tokenization.SentencePieceTokenizer)
+  assert tok.vocab_size == 2000
+  assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
+  lines = open(training_text, encoding="utf-8").read().split("\n")[:500]
+  ids = tok.encode_batch(lines)
+  flat = np.concatenate([np.asarray(i) for i in ids if i])
+  assert flat.size > 5000
+  assert not np.isin(flat, [0, 2, 3, 4]).any()  # text never yields [PAD]/[CLS]/[SEP]/[MASK]
+  assert (flat == tok.unk_id).mean() < 0.01
+  # Word starts: "▁" pieces; a word's continuation pieces are not starts.
+  some = tok.encode("Unfortunately, the unfathomable king")
+  pieces = tok.convert_ids_to_tokens(some)
+  np.testing.assert_array_equal(tok.word_starts(some), [p.startswith("\u2581") for p in pieces])
+  assert not tok.word_starts(some).all() and tok.word_starts(some)[0]
+  # Literal specials in text: one token by default, plain text when split.
+  assert tok.encode("a [MASK] b").count(tok.mask_id) == 1
+  split = tokenization.SentencePieceTokenizer(model, do_lower_case=True, split_special_tokens=True)
+  assert tok.mask_id not in split.encode("a [MASK] b")
+
+
+def test_wordpiece_training_gives_a_bert_vocab(training_text, tmp_path):
+  path = train_tokenizer.train_wordpiece([training_text], str(tmp_path / "wp"), vocab_size=3000)
+  lines = open(path, encoding="utf-8").read().split("\n")
+  assert lines[:5] == list(tokenization.SPECIAL_TOKENS)
+  assert any(t.startswith("##") for t in lines)
+  tok = tokenization.WordPieceTokenizer(path)
+  assert tok.vocab_size <= 3000
+  ids = tok.encode_batch(open(training_text, encoding="utf-8").read().split("\n")[:2000])
+  flat = np.concatenate([np.asarray(i) for i in ids if i])
+  assert (flat == tok.unk_id).mean() < 0.01
+
+
+def test_sentencepiece_model_errors(tmp_path):
+  junk = tmp_path / "junk.model"
+  junk.write_bytes(b"not a model")
+  with pytest.raises(ValueError, match="junk.model: not a SentencePiece model"):
+    tokenization.SentencePieceTokenizer(str(junk))
