@@ -164,7 +164,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: nn.Modu
   params = optax.apply_updates(state.params, updates)
   metrics = dict(sums)
   metrics["loss"] = sums["mlm_loss_sum"] / mlm_den + sums["nsp_loss_sum"] / nsp_den
-  metrics["grad_norm"] = optax.global_norm(grads)
+  metrics["grad_norm"] = optax.tree.norm(grads)
   metrics["learning_rate"] = schedule(state.step)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, metrics

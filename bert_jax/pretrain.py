@@ -1,0 +1,325 @@
+"""Pre-training entry point: MLM + NSP on TFRecords, sharded over a device mesh.
+
+    python -m bert_jax.pretrain --config=configs/pretrain.py:base --workdir=gs://BUCKET/run \
+        --config.data.train_files='gs://BUCKET/data/train-*.tfrecord'
+
+The run resumes by itself: if `workdir` holds a checkpoint, training continues from it (state,
+RNG and data position), so a preempted job is simply started again with the same command.
+Otherwise it starts from `config.init_checkpoint` (a previous phase) or from scratch.
+
+`main` only parses flags; `train_and_evaluate(config, workdir)` is the testable loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from bert_jax import (checkpointing, configuration, convert, features, file_io, heads,
+                      input_pipeline, masking, metrics, optimizer, sharding, train_lib)
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Pre-training config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, TensorBoard logs, metrics.jsonl.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 for multi-process runs outside Cloud "
+    "TPU (on TPU VMs the runtime provides it).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (0-based).")
+
+
+def bert_config_from(config: ml_collections.ConfigDict) -> configuration.BertConfig:
+  """The model section of a run config → BertConfig (preset, then the non-None fields)."""
+  fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
+  return configuration.get_preset(config.model.preset, **fields)
+
+
+def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None):
+  """Joins a multi-process run. On Cloud TPU VM slices with several workers the TPU runtime
+  describes the slice and `jax.distributed.initialize()` needs no arguments."""
+  if coordinator_address:
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)
+    return
+  hostnames = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+  if len([h for h in hostnames.split(",") if h]) > 1:
+    jax.distributed.initialize()
+
+
+class _StopSignal:
+  """Turns SIGTERM (TPU preemption, `kill`, a scheduler) into 'save and exit at the next step'."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread: no signal handling
+      self._previous = None
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+    return False
+
+
+def _gather_positions(position: dict[str, int]) -> dict[str, Any]:
+  """Every process's data position (hosts read different files, so positions can differ)."""
+  local = np.asarray([position.get("epoch", 0), position.get("batch", 0)], np.int64)
+  if jax.process_count() == 1:
+    return {"per_process": [local.tolist()]}
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  gathered = np.asarray(multihost_utils.process_allgather(local))
+  return {"per_process": gathered.reshape(-1, 2).tolist()}
+
+
+def _own_position(data_state: dict[str, Any]) -> dict[str, int]:
+  per_process = data_state.get("per_process") or []
+  if len(per_process) != jax.process_count():
+    raise ValueError(f"The checkpoint's data position is for {len(per_process)} processes; this "
+                     f"run has {jax.process_count()}. Resume with the same number of hosts.")
+  epoch, batch = per_process[jax.process_index()]
+  return {"epoch": int(epoch), "batch": int(batch)}
+
+
+def _any_process(flag: bool) -> bool:
+  if jax.process_count() == 1:
+    return flag
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(np.asarray(multihost_utils.process_allgather(np.asarray([int(flag)]))).any())
+
+
+def _masking_config(config, files) -> masking.MaskingConfig | None:
+  """Dynamic-masking records need the vocabulary's special ids; static ones carry masks."""
+  if input_pipeline.detect_masking(files[0]) != features.DYNAMIC:
+    return None
+  from bert_jax import tokenization  # pylint: disable=g-import-not-at-top
+  if not (config.data.vocab_file or config.data.spm_model_file):
+    raise ValueError(f"{files[0]} holds dynamic-masking records: set config.data.vocab_file "
+                     "or config.data.spm_model_file so masks can be drawn.")
+  tokenizer = tokenization.load_tokenizer(
+      vocab_file=config.data.vocab_file or None, spm_model_file=config.data.spm_model_file or None,
+      do_lower_case=config.data.do_lower_case)
+  return masking.MaskingConfig.from_tokenizer(
+      tokenizer, masked_lm_prob=config.data.masked_lm_prob,
+      max_predictions_per_seq=config.data.max_predictions_per_seq,
+      whole_word_mask=config.data.whole_word_mask, per_word_draw=config.data.per_word_draw)
+
+
+def _extend_positions(loaded: dict, fresh: dict) -> dict:
+  """Phase 2 with a longer position table than phase 1 had: keep the trained rows, and take the
+  remaining rows from the fresh initialisation."""
+  old = np.asarray(loaded["bert"]["embeddings"]["position_embeddings"])
+  new = np.asarray(fresh["bert"]["embeddings"]["position_embeddings"])
+  if old.shape[0] < new.shape[0]:
+    logging.warning("Extending position embeddings from %d to %d rows.", old.shape[0],
+                    new.shape[0])
+    merged = new.copy()
+    merged[:old.shape[0]] = old
+    loaded["bert"]["embeddings"]["position_embeddings"] = merged
+  return loaded
+
+
+def _initial_state(config, model, tx, mesh, rules, example, ckpt):
+  """Init order: this workdir's latest checkpoint, else `init_checkpoint`, else from scratch.
+  Returns `(state, state_shardings, data_position, origin)`."""
+  abstract, state_sh = train_lib.abstract_train_state(model, tx, mesh, rules, example)
+  if ckpt.latest_step() is not None:
+    state, data_state, _ = ckpt.restore(abstract)
+    return state, state_sh, _own_position(data_state), f"resumed from step {int(state.step)}"
+  if config.init_checkpoint:
+    source = config.init_checkpoint
+    if file_io.exists(file_io.join(source, "checkpoints")):
+      source = file_io.join(source, "checkpoints")
+    if config.init_mode == "continue":
+      other = checkpointing.CheckpointManager(source, max_to_keep=None, async_save=False)
+      state, _, _ = other.restore(abstract)
+      return state, state_sh, None, f"continuing {source} from step {int(state.step)}"
+    if config.init_mode != "params":
+      raise ValueError(f"init_mode={config.init_mode!r}; expected 'continue' or 'params'.")
+    state, state_sh = train_lib.create_train_state(model, tx, mesh, rules, config.seed, example)
+    loaded, _ = checkpointing.load_params(source)
+    fresh = jax.device_get(state.params)
+    merged = convert.merge_params(fresh, _extend_positions(loaded, fresh), where=source)
+    params = jax.device_put(merged, state_sh.params)
+    return state.replace(params=params), state_sh, None, f"weights from {source}"
+  state, state_sh = train_lib.create_train_state(model, tx, mesh, rules, config.seed, example)
+  return state, state_sh, None, "initialised from scratch"
+
+
+def evaluate(eval_step, params, data: input_pipeline.PretrainingData, num_steps: int
+             ) -> dict[str, float]:
+  """Average metrics over the first `num_steps` batches of the held-out stream."""
+  sums = []
+  for i, (batch, _) in enumerate(data.global_batches()):
+    if i >= num_steps:
+      break
+    sums.append(eval_step(params, batch))
+  if not sums:
+    return {}
+  total = jax.tree.map(lambda *x: float(np.sum(x)), *jax.device_get(sums))
+  return {f"eval/{k}": v for k, v in train_lib.summarize(total).items()}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Runs (or resumes) pre-training; returns the last logged train and eval metrics."""
+  bert_config = bert_config_from(config)
+  mesh, rules = sharding.mesh_from_config(config)
+  sharding.check_batch_divisible(config.global_batch_size, mesh)
+  model = heads.BertForPreTraining(bert_config)
+  opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
+  opt_config.total_steps = config.total_steps
+  tx, schedule = optimizer.create_optimizer(opt_config)
+  seq_len, max_pred = config.data.max_seq_length, config.data.max_predictions_per_seq
+  if seq_len > bert_config.max_position_embeddings:
+    raise ValueError(f"data.max_seq_length={seq_len} exceeds the model's "
+                     f"max_position_embeddings={bert_config.max_position_embeddings}.")
+
+  files = input_pipeline.list_files(config.data.train_files)
+  eval_files = input_pipeline.list_files(config.data.eval_files) if config.data.eval_files else None
+  train_files, eval_files = input_pipeline.split_train_eval(files, eval_files)
+  mask_cfg = _masking_config(config, train_files)
+  batch_sh = sharding.batch_sharding(mesh)
+  data_kwargs = dict(global_batch_size=config.global_batch_size, max_seq_length=seq_len,
+                     max_predictions_per_seq=max_pred, sharding=batch_sh,
+                     masking_config=mask_cfg)
+  train_data = input_pipeline.PretrainingData(
+      None, files=train_files, seed=config.seed,
+      shuffle_buffer_size=config.data.shuffle_buffer_size, **data_kwargs)
+  eval_data = input_pipeline.PretrainingData(None, files=eval_files, seed=config.seed + 1,
+                                             shuffle=False, repeat=False, **data_kwargs)
+
+  writer = metrics.MetricWriter(workdir, tensorboard=config.tensorboard)
+  ckpt = checkpointing.CheckpointManager(file_io.join(workdir, "checkpoints"),
+                                         max_to_keep=config.max_checkpoints_to_keep)
+  example = train_lib.example_batch(config.global_batch_size, seq_len, max_pred)
+  state, state_sh, position, origin = _initial_state(config, model, tx, mesh, rules, example,
+                                                     ckpt)
+  start_step = int(state.step)
+  if jax.process_index() == 0:
+    file_io.write_text_atomic(file_io.join(workdir, "config.json"), config.to_json_best_effort(
+        indent=2) + "\n")
+    bert_config.to_json_file(file_io.join(workdir, "bert_config.json"))
+  n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state.params))
+  metrics.log(f"BERT {n_params / 1e6:.1f}M parameters | mesh {dict(mesh.shape)} on "
+              f"{jax.device_count()} {jax.devices()[0].platform} devices, {jax.process_count()} "
+              f"processes | {origin} | train {len(train_files)} files, eval {len(eval_files)} "
+              f"files ({train_data.masking_mode} masking) | workdir {workdir}")
+
+  train_step = train_lib.jit_train_step(model, tx, schedule, state_sh, batch_sh, mesh, rules,
+                                        config.grad_accum_steps)
+  eval_step = train_lib.jit_eval_step(model, state_sh.params, batch_sh, mesh, rules)
+  flops = train_lib.pretraining_flops_per_step(bert_config, config.global_batch_size, seq_len,
+                                               max_pred)
+  peak = train_lib.peak_flops_per_device(jax.devices()[0])
+  meta = {"bert_config": bert_config.to_hf_dict(), "run": config.to_dict()}
+
+  last: dict[str, float] = {}
+  window: list[dict[str, jax.Array]] = []
+  window_start, window_first_step = time.time(), start_step
+  last_good_step = ckpt.latest_step()
+  step = start_step
+  batches = train_data.global_batches(position)
+
+  def save(at_step, pos):
+    nonlocal last_good_step
+    ckpt.save(at_step, state, _gather_positions(pos), meta)
+    last_good_step = at_step
+
+  def check_finite(window_metrics, first, last_step):
+    losses = [float(m["loss"]) for m in window_metrics]
+    bad = [i for i, x in enumerate(losses) if not math.isfinite(x)]
+    if bad:
+      ckpt.wait_until_finished()
+      raise FloatingPointError(
+          f"Loss became {losses[bad[0]]} at step {first + bad[0] + 1} (steps {first + 1}-"
+          f"{last_step}). Training stopped; the last good checkpoint is step {last_good_step} in "
+          f"{ckpt.directory}. Lower optimizer.learning_rate or check the data, then restart.")
+
+  with _StopSignal() as stop:
+    pos = position or {"epoch": 0, "batch": 0}
+    compile_start = time.time()
+    while step < config.train_until_step:
+      batch, pos = next(batches)
+      state, step_metrics = train_step(state, batch)
+      step += 1
+      window.append(step_metrics)
+      if step == start_step + 1:
+        jax.block_until_ready(step_metrics["loss"])
+        metrics.log(f"first step (compilation included) took {time.time() - compile_start:.1f}s")
+        window_start, window_first_step = time.time(), step
+        window = []
+      is_log = step % config.log_every_steps == 0 or step == config.train_until_step
+      is_ckpt = step % config.checkpoint_every_steps == 0 or step == config.train_until_step
+      stopping = _any_process(stop.requested) if (is_log or jax.process_count() == 1) else False
+      stopping = stopping or ckpt.reached_preemption(step)
+      if (is_log or is_ckpt or stopping) and window:
+        fetched = jax.device_get(window)
+        check_finite(fetched, window_first_step, step)
+        elapsed = max(time.time() - window_start, 1e-9)
+        steps_per_sec = len(fetched) / elapsed
+        sums = {k: float(np.sum([m[k] for m in fetched])) for k in fetched[0]
+                if k.endswith("_sum") or k == "nsp_count"}
+        scalars = {f"train/{k}": v for k, v in train_lib.summarize(sums).items()}
+        scalars.update({"train/learning_rate": float(fetched[-1]["learning_rate"]),
+                        "train/grad_norm": float(fetched[-1]["grad_norm"]),
+                        "perf/steps_per_sec": steps_per_sec,
+                        "perf/sequences_per_sec": steps_per_sec * config.global_batch_size,
+                        "perf/tokens_per_sec": steps_per_sec * config.global_batch_size * seq_len,
+                        "perf/eta_seconds": (config.train_until_step - step) / steps_per_sec})
+        if peak:
+          scalars["perf/mfu"] = flops * steps_per_sec / (peak * jax.device_count())
+        writer.write(step, scalars)
+        metrics.log(metrics.console_line(step, config.train_until_step, scalars))
+        last.update(scalars)
+        window, window_start, window_first_step = [], time.time(), step
+      if step % config.eval_every_steps == 0 or step == config.train_until_step:
+        eval_scalars = evaluate(eval_step, state.params, eval_data, config.eval_steps)
+        writer.write(step, eval_scalars)
+        metrics.log(f"eval at step {step}: " + ", ".join(
+            f"{k.split('/')[1]} {v:.4f}" for k, v in eval_scalars.items()))
+        last.update(eval_scalars)
+      if is_ckpt or stopping:
+        save(step, pos)
+      if is_ckpt or step % config.eval_every_steps == 0:
+        window_start = time.time()  # evaluation and saving are not training throughput
+      if stopping:
+        ckpt.wait_until_finished()
+        metrics.log(f"Stop requested: saved step {step} to {ckpt.directory}; run the same "
+                    "command again to resume.")
+        break
+  ckpt.close()
+  writer.close()
+  last["step"] = step
+  return last
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _WORKDIR.value is None or _CONFIG.value is None:
+    raise app.UsageError("--config and --workdir are required.")
+  initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

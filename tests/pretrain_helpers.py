@@ -1,0 +1,68 @@
+"""Shared pieces of the pre-training tests: record files and a small run config."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from bert_jax import features
+from tests import helpers
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEQ, PRED, VOCAB = 32, 5, 512
+
+
+def write_records(directory: str, num_files: int = 4, per_file: int = 48, seed: int = 0,
+                  masking: str = "static") -> str:
+  """TFRecord shards in the pre-training schema (token ids drawn at random); returns a glob."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  rng = np.random.RandomState(seed)
+  os.makedirs(directory, exist_ok=True)
+  for shard in range(num_files):
+    batch = helpers.random_pretraining_batch(rng, per_file, SEQ, PRED, VOCAB)
+    if masking == "dynamic":
+      batch = {k: batch[k] for k in ("input_ids", "input_mask", "segment_ids",
+                                     "next_sentence_labels")}
+      batch["input_ids"][:, 0] = 2  # [CLS]
+      batch["word_starts"] = (rng.rand(per_file, SEQ) < 0.7).astype(np.int64)
+    records = features.encode_examples(batch, features.pretraining_features(SEQ, PRED, masking))
+    with tf.io.TFRecordWriter(os.path.join(directory, f"train-{shard:05d}.tfrecord")) as w:
+      for r in records:
+        w.write(r)
+  return os.path.join(directory, "train-*.tfrecord")
+
+
+def run_config(train_files: str, **overrides):
+  """The `tiny` variant shrunk to the `test` model on 8 fake devices."""
+  sys.path.insert(0, os.path.join(REPO, "configs"))
+  try:
+    import pretrain as pretrain_configs  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  config = pretrain_configs.get_config("tiny")
+  config.model.preset = "test"
+  config.model.vocab_size = VOCAB
+  config.data.train_files = train_files
+  config.data.max_seq_length = SEQ
+  config.data.max_predictions_per_seq = PRED
+  config.data.shuffle_buffer_size = 64
+  config.global_batch_size = 16
+  config.total_steps = 40
+  config.train_until_step = 8
+  config.optimizer.warmup_steps = 3
+  config.optimizer.learning_rate = 1e-3
+  config.log_every_steps = 1
+  config.eval_every_steps = 1000
+  config.eval_steps = 2
+  config.checkpoint_every_steps = 4
+  config.mesh_shape = (8, 1, 1)
+  config.tensorboard = False
+  for key, value in overrides.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config

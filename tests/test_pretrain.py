@@ -1,0 +1,279 @@
+"""The pre-training loop: sharded steps, accumulation, exact resume, preemption, faults."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from bert_jax import (checkpointing, heads, input_pipeline, metrics, optimizer, pretrain,
+                      sharding, train_lib)
+from tests import pretrain_helpers as ph
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+  return ph.write_records(str(tmp_path_factory.mktemp("records")))
+
+
+def _losses(workdir):
+  rows = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+
+def _setup(config):
+  bert_config = pretrain.bert_config_from(config)
+  model = heads.BertForPreTraining(bert_config)
+  opt = ml_collections.ConfigDict(config.optimizer.to_dict())
+  opt.total_steps = config.total_steps
+  tx, schedule = optimizer.create_optimizer(opt)
+  return model, tx, schedule
+
+
+def _batches(records, n, seed=0):
+  data = input_pipeline.PretrainingData(records, global_batch_size=16, max_seq_length=ph.SEQ,
+                                        max_predictions_per_seq=ph.PRED, sharding=None, seed=seed)
+  it = data.host_batches()
+  return [next(it)[0] for _ in range(n)]
+
+
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
+def test_sharded_steps_equal_one_device(records, mesh_shape):
+  """3 train steps (dropout on) on 8 devices give one device's losses and parameters."""
+  config = ph.run_config(records)
+  model, tx, schedule = _setup(config)
+  batches = _batches(records, 3)
+  example = train_lib.example_batch(16, ph.SEQ, ph.PRED)
+  results = {}
+  for name, shape, devices in (("one", (1, 1, 1), jax.devices()[:1]),
+                               ("many", mesh_shape, None)):
+    mesh = sharding.create_mesh(shape, devices)
+    rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
+    state, state_sh = train_lib.create_train_state(model, tx, mesh, rules, 0, example)
+    batch_sh = sharding.batch_sharding(mesh)
+    step = train_lib.jit_train_step(model, tx, schedule, state_sh, batch_sh, mesh, rules)
+    losses = []
+    for b in batches:
+      state, m = step(state, jax.device_put(b, batch_sh))
+      losses.append(float(m["loss"]))
+    results[name] = (losses, jax.device_get(state.params))
+  np.testing.assert_allclose(results["many"][0], results["one"][0], atol=1e-5, rtol=0)
+  diffs = [np.abs(a - b).max() for a, b in zip(jax.tree.leaves(results["many"][1]),
+                                               jax.tree.leaves(results["one"][1]))]
+  assert max(diffs) <= 1e-5
+  assert results["one"][0][0] != results["one"][0][2]  # training moved
+
+
+def test_gradient_accumulation_equals_one_big_batch(records):
+  config = ph.run_config(records, **{"model.hidden_dropout_prob": 0.0,
+                                     "model.attention_probs_dropout_prob": 0.0})
+  model, tx, schedule = _setup(config)
+  batch = _batches(records, 1)[0]
+  mesh = sharding.create_mesh((4, 1, 1), jax.devices()[:4])
+  rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
+  batch_sh = sharding.batch_sharding(mesh)
+  out = {}
+  for k in (1, 4):
+    state, state_sh = train_lib.create_train_state(model, tx, mesh, rules, 0,
+                                                   train_lib.example_batch(16, ph.SEQ, ph.PRED))
+    step = train_lib.jit_train_step(model, tx, schedule, state_sh, batch_sh, mesh, rules, k)
+    for _ in range(2):  # the second step sees non-zero learning rate and moved parameters
+      state, m = step(state, jax.device_put(batch, batch_sh))
+    out[k] = (jax.device_get(m), jax.device_get(state.params))
+  for key in ("loss", "grad_norm", "mlm_correct_sum", "mlm_weight_sum", "nsp_loss_sum"):
+    assert abs(float(out[1][0][key]) - float(out[4][0][key])) <= 1e-5, key
+  assert max(np.abs(a - b).max() for a, b in zip(jax.tree.leaves(out[1][1]),
+                                                 jax.tree.leaves(out[4][1]))) <= 1e-5
+
+
+def test_resume_continues_exactly(records, tmp_path):
+  """8 steps, stop, resume to 16 == 16 uninterrupted steps: same losses, same parameters."""
+  straight = str(tmp_path / "straight")
+  pretrain.train_and_evaluate(ph.run_config(records, train_until_step=16), straight)
+  resumed = str(tmp_path / "resumed")
+  pretrain.train_and_evaluate(ph.run_config(records, train_until_step=8), resumed)
+  first = _losses(resumed)
+  pretrain.train_and_evaluate(ph.run_config(records, train_until_step=16), resumed)
+  a, b = _losses(straight), _losses(resumed)
+  assert max(first) == 8 and max(b) == 16
+  for s in range(10, 17):  # steps after the restart (the first post-restart step is compile)
+    assert a[s] == b[s], (s, a[s], b[s])
+  pa, _ = checkpointing.load_params(os.path.join(straight, "checkpoints"))
+  pb, _ = checkpointing.load_params(os.path.join(resumed, "checkpoints"))
+  for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert sorted(os.listdir(os.path.join(resumed, "checkpoints"))) == ["12", "16", "8"]
+
+
+def test_checkpoint_restores_onto_another_mesh(records, tmp_path):
+  workdir = str(tmp_path / "run")
+  pretrain.train_and_evaluate(ph.run_config(records, train_until_step=4, mesh_shape=(2, 2, 2)),
+                              workdir)
+  config = ph.run_config(records, train_until_step=6, mesh_shape=(1, 8, 1))
+  out = pretrain.train_and_evaluate(config, workdir)
+  assert out["step"] == 6 and np.isfinite(out["train/loss"])
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _cli_args(records, workdir, **overrides):
+  args = [sys.executable, "-m", "bert_jax.pretrain",
+          f"--config={os.path.join(ph.REPO, 'configs', 'pretrain.py')}:tiny",
+          f"--workdir={workdir}", "--config.model.preset=test",
+          f"--config.model.vocab_size={ph.VOCAB}", f"--config.data.train_files={records}",
+          f"--config.data.max_seq_length={ph.SEQ}", f"--config.data.max_predictions_per_seq={ph.PRED}",
+          "--config.data.shuffle_buffer_size=64", "--config.global_batch_size=16",
+          "--config.total_steps=40", "--config.optimizer.warmup_steps=3",
+          "--config.optimizer.learning_rate=0.001", "--config.log_every_steps=1",
+          "--config.eval_steps=2", "--config.checkpoint_every_steps=4", "--config.tensorboard=False"]
+  args += [f"--config.{k}={v}" for k, v in overrides.items()]
+  return args
+
+
+def _env(devices):
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["PYTHONPATH"] = ph.REPO + os.pathsep + env.get("PYTHONPATH", "")
+  return env
+
+
+def test_two_processes_match_one(records, tmp_path):
+  """2 local JAX processes × 4 CPU devices train like one process on 8 devices fed the same
+  global batches (each host reads its own files)."""
+  workdir = str(tmp_path / "multi")
+  port = _free_port()
+  procs = [subprocess.Popen(
+      _cli_args(records, workdir, train_until_step=5, mesh_shape="(8, 1, 1)") +
+      [f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
+      env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for i in range(2)]
+  outputs = [p.communicate(timeout=300)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+  multi = _losses(workdir)
+
+  # The same global batches in one process: host 0's rows, then host 1's.
+  config = ph.run_config(records)
+  model, tx, schedule = _setup(config)
+  files = input_pipeline.list_files(records)
+  train_files, _ = input_pipeline.split_train_eval(files, None)
+  streams = [input_pipeline.PretrainingData(
+      None, files=train_files, global_batch_size=16, max_seq_length=ph.SEQ,
+      max_predictions_per_seq=ph.PRED, sharding=None, seed=config.seed, shuffle_buffer_size=64,
+      process_index=i, process_count=2).host_batches() for i in range(2)]
+  mesh = sharding.create_mesh((8, 1, 1))
+  rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
+  state, state_sh = train_lib.create_train_state(model, tx, mesh, rules, config.seed,
+                                                 train_lib.example_batch(16, ph.SEQ, ph.PRED))
+  batch_sh = sharding.batch_sharding(mesh)
+  step = train_lib.jit_train_step(model, tx, schedule, state_sh, batch_sh, mesh, rules)
+  single = {}
+  for s in range(1, 6):
+    parts = [next(st)[0] for st in streams]
+    batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    state, m = step(state, jax.device_put(batch, batch_sh))
+    single[s] = train_lib.summarize(jax.device_get(m))["loss"]
+  for s in range(2, 6):
+    assert abs(multi[s] - single[s]) <= 1e-5, (s, multi[s], single[s])
+
+
+def test_sigterm_saves_and_resume_continues(records, tmp_path):
+  workdir = str(tmp_path / "preempted")
+  proc = subprocess.Popen(_cli_args(records, workdir, train_until_step=100000,
+                                    total_steps=200000, checkpoint_every_steps=100000,
+                                    mesh_shape="(8, 1, 1)"),
+                          env=_env(8), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+  metrics_file = os.path.join(workdir, "metrics.jsonl")
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.exists(metrics_file) and len(metrics.read_jsonl(metrics_file)) >= 3:
+      break
+    time.sleep(0.5)
+  proc.send_signal(signal.SIGTERM)
+  output = proc.communicate(timeout=120)[0]
+  assert proc.returncode == 0, output[-3000:]
+  assert "Stop requested: saved step" in output
+  steps = checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints")).all_steps()
+  assert len(steps) == 1 and 3 <= steps[0] < 100000
+  saved = steps[0]
+  out = pretrain.train_and_evaluate(ph.run_config(records, train_until_step=saved + 2,
+                                                  total_steps=200000), workdir)
+  assert out["step"] == saved + 2
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(records, tmp_path):
+  workdir = str(tmp_path / "nan")
+  pretrain.train_and_evaluate(ph.run_config(records, train_until_step=4), workdir)
+  # An absurd learning rate blows the weights up within a few steps.
+  config = ph.run_config(records, train_until_step=40, **{"optimizer.learning_rate": 1e30,
+                                                          "optimizer.warmup_steps": 0})
+  with pytest.raises(FloatingPointError) as err:
+    pretrain.train_and_evaluate(config, workdir)
+  message = str(err.value)
+  assert "Loss became" in message and "last good checkpoint is step 4" in message
+  assert checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints")).all_steps() == [4]
+
+
+def test_record_shape_mismatch_names_feature_and_sizes(records, tmp_path):
+  config = ph.run_config(records, **{"data.max_seq_length": 64})
+  with pytest.raises(ValueError, match=r"feature 'input_ids' has 32 values per record but the "
+                                       r"config expects 64 \(max_seq_length=64\)"):
+    pretrain.train_and_evaluate(config, str(tmp_path / "w"))
+
+
+def test_corrupt_record_names_file_and_offset(tmp_path):
+  pattern = ph.write_records(str(tmp_path / "data"), num_files=2, per_file=40)
+  files = input_pipeline.list_files(pattern)
+  data = open(files[0], "rb").read()
+  with open(files[0], "wb") as f:
+    f.write(data[:len(data) // 2] + b"\x00" * 7 + data[len(data) // 2 + 7:])
+  stream = input_pipeline.PretrainingData(pattern, global_batch_size=8, max_seq_length=ph.SEQ,
+                                          max_predictions_per_seq=ph.PRED, sharding=None,
+                                          shuffle=False, repeat=False)
+  with pytest.raises(ValueError, match=r"Corrupt pre-training record: .*train-00000.tfrecord.*"
+                                       r"corrupted record at \d+"):
+    list(stream.host_batches())
+
+
+def test_dynamic_masking_draws_fresh_masks_each_epoch(tmp_path):
+  from bert_jax import masking
+  pattern = ph.write_records(str(tmp_path / "dyn"), num_files=2, per_file=64, masking="dynamic")
+  cfg = masking.MaskingConfig(vocab_size=ph.VOCAB, mask_id=4, cls_id=2, sep_id=3,
+                              max_predictions_per_seq=ph.PRED)
+  stream = input_pipeline.PretrainingData(pattern, global_batch_size=32, max_seq_length=ph.SEQ,
+                                          max_predictions_per_seq=ph.PRED, sharding=None,
+                                          masking_config=cfg, shuffle=False, seed=5)
+  assert stream.masking_mode == "dynamic"
+  it = stream.host_batches()
+  epoch0 = [next(it) for _ in range(4)]
+  epoch1 = [next(it) for _ in range(4)]
+  assert epoch0[-1][1] == {"epoch": 0, "batch": 4} and epoch1[0][1] == {"epoch": 1, "batch": 1}
+  for (a, _), (b, _) in zip(epoch0, epoch1):
+    np.testing.assert_array_equal(a["segment_ids"], b["segment_ids"])   # same records
+    assert not np.array_equal(a["masked_lm_positions"], b["masked_lm_positions"])  # new masks
+  # Reproducible from the position: a fresh stream resumed at epoch 1 draws the same masks.
+  again = next(stream.host_batches({"epoch": 1, "batch": 0}))[0]
+  np.testing.assert_array_equal(again["masked_lm_positions"], epoch1[0][0]["masked_lm_positions"])
+  # Statistics: min(max_pred, max(1, round(0.15·len))) predictions per row; 80/10/10.
+  rows = [b for b, _ in epoch0 + epoch1]
+  weights = np.concatenate([b["masked_lm_weights"] for b in rows])
+  lengths = np.concatenate([b["input_mask"].sum(1) for b in rows])
+  expected = np.minimum(ph.PRED, np.maximum(1, np.rint(lengths * 0.15)))
+  np.testing.assert_array_equal(weights.sum(1), expected)
+  masked = np.concatenate([np.take_along_axis(b["input_ids"], b["masked_lm_positions"], 1)
+                           for b in rows])[weights > 0]
+  labels = np.concatenate([b["masked_lm_ids"] for b in rows])[weights > 0]
+  frac_mask = np.mean(masked == 4)
+  frac_same = np.mean(masked == labels)
+  assert 0.75 < frac_mask < 0.85 and 0.06 < frac_same < 0.16, (frac_mask, frac_same)
