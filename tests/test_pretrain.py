@@ -109,7 +109,14 @@ def test_resume_continues_exactly(records, tmp_path):
   pb, _ = checkpointing.load_params(os.path.join(resumed, "checkpoints"))
   for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  assert sorted(os.listdir(os.path.join(resumed, "checkpoints"))) == ["12", "16", "8"]
+  assert sorted(os.listdir(os.path.join(resumed, "checkpoints"))) == ["12", "16", "8"]  # keep 3
+  # The encoder alone, as fine-tuning loads it: no optimizer state, no pre-training heads.
+  encoder, meta = checkpointing.load_params(os.path.join(resumed, "checkpoints"),
+                                            subtree="params/bert")
+  assert sorted(encoder) == ["embeddings", "encoder", "pooler"]
+  np.testing.assert_array_equal(np.asarray(encoder["pooler"]["dense"]["kernel"]),
+                                np.asarray(pb["bert"]["pooler"]["dense"]["kernel"]))
+  assert meta["bert_config"]["num_hidden_layers"] == 2
 
 
 def test_checkpoint_restores_onto_another_mesh(records, tmp_path):
@@ -296,7 +303,7 @@ def test_real_text_dynamic_masking_end_to_end(tmp_path):
   tokenizer = tokenization.load_tokenizer(vocab_file=vocab)
   config = ph.run_config(str(tmp_path / "data" / "*.tfrecord"), train_until_step=60,
                          total_steps=60, eval_every_steps=60, checkpoint_every_steps=60,
-                         log_every_steps=10, mesh_shape=(2, 2, 2),
+                         log_every_steps=10, mesh_shape=(2, 2, 2), tensorboard=True,
                          **{"model.vocab_size": tokenizer.vocab_size,
                             "model.hidden_dropout_prob": 0.0,
                             "data.max_seq_length": 64, "data.max_predictions_per_seq": 10,
@@ -306,6 +313,8 @@ def test_real_text_dynamic_masking_end_to_end(tmp_path):
   rows = [r for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
           if "train/mlm_loss" in r]
   assert rows[-1]["train/mlm_loss"] < rows[0]["train/mlm_loss"] - 0.5
+  events = os.listdir(os.path.join(workdir, "tensorboard"))
+  assert any(name.startswith("events.out.tfevents") for name in events)
   # Held-out masked-LM loss well below a uniform guess over the vocabulary.
   assert out["eval/mlm_loss"] < np.log(tokenizer.vocab_size) - 0.5
   bert_config, params = predict.load_pretraining_model(workdir)
