@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
-from bert_jax import file_io
+from bert_jax import checkpointing, file_io
 from bert_jax.configuration import BertConfig
 
 # --------------------------------------------------------------------------------- the table
@@ -361,3 +361,56 @@ def merge_params(base: Mapping, loaded: Mapping, where: str = "checkpoint") -> d
   merged = dict(base_flat)
   merged.update(loaded_flat)
   return unflatten_params(merged)
+
+
+# ------------------------------------------------------------------- any checkpoint, one call
+# Our pre-training workdir (bert_config.json + checkpoints/), an Orbax checkpoint directory, or a
+# Hugging Face directory: the commands accept all of them through these two functions.
+def _is_hf_dir(path: str) -> bool:
+  return file_io.exists(file_io.join(path, "model.safetensors")) or file_io.exists(
+      file_io.join(path, "model.safetensors.index.json"))
+
+
+def _load_orbax(path: str, subtree: str) -> tuple[BertConfig, Any, str]:
+  """A subtree of a workdir's (or checkpoint directory's) latest checkpoint, with its config."""
+  workdir_config = file_io.join(path, "bert_config.json")
+  ckpt_dir = (file_io.join(path, "checkpoints")
+              if file_io.exists(file_io.join(path, "checkpoints")) else path)
+  tree, meta = checkpointing.load_params(ckpt_dir, subtree=subtree)
+  config = (BertConfig.from_json_file(workdir_config) if file_io.exists(workdir_config)
+            else BertConfig.from_dict(meta["bert_config"], source=ckpt_dir))
+  return config, _to_numpy(tree), ckpt_dir
+
+
+def load_pretraining_model(path: str) -> tuple[BertConfig, Any]:
+  """`(config, params)` of a pre-training model (encoder + cls heads) from any checkpoint."""
+  if _is_hf_dir(path):
+    config, params, report = load_hf_checkpoint(path)
+    if any(m.startswith("cls/") for m in report.missing):
+      raise ValueError(f"{path}: the checkpoint has no pre-training heads (cls.*); fill-mask "
+                       "needs a BertForPreTraining / BertForMaskedLM checkpoint.")
+    return config, params
+  config, params, _ = _load_orbax(path, "params")
+  return config.replace(scan_layers="layer" in params["bert"]["encoder"]), params
+
+
+def load_encoder(init_checkpoint: str | None, bert_config_file: str | None = None
+                 ) -> tuple[BertConfig, Any | None, str]:
+  """`(config, encoder params in the unrolled layout or None, where they came from)`.
+
+  `bert_config_file`, when given, is the config (and must fit the checkpoint).
+  """
+  config = BertConfig.from_json_file(bert_config_file) if bert_config_file else None
+  if not init_checkpoint:
+    if config is None:
+      raise ValueError("Give --init_checkpoint or --bert_config_file.")
+    return config, None, "encoder initialised from scratch (no --init_checkpoint)"
+  if _is_hf_dir(init_checkpoint):
+    hf_config, params, _ = load_hf_checkpoint(init_checkpoint)
+    return config or hf_config, params["bert"], f"Hugging Face checkpoint {init_checkpoint}"
+  ckpt_config, encoder, ckpt_dir = _load_orbax(init_checkpoint, "params/bert")
+  config = config or ckpt_config
+  if "layer" in encoder.get("encoder", {}):  # scanned layout → the unrolled layout
+    from bert_jax import modeling  # pylint: disable=g-import-not-at-top
+    encoder = modeling.unstack_layers(encoder, config.num_hidden_layers)
+  return config, encoder, f"checkpoint {ckpt_dir}"

@@ -99,7 +99,7 @@ def main(argv):
 
   sys.path.insert(0, os.path.join(REPO, "configs"))
   import pretrain as pretrain_configs  # pylint: disable=g-import-not-at-top
-  from bert_jax import input_pipeline, predict, pretrain, tokenization  # pylint: disable=g-import-not-at-top
+  from bert_jax import convert, input_pipeline, predict, pretrain, tokenization  # pylint: disable=g-import-not-at-top
   config = pretrain_configs.get_config("demo")
   config.data.train_files = os.path.join(data_dir, "*.tfrecord")
   if FLAGS.steps:
@@ -115,7 +115,7 @@ def main(argv):
   print(f"\n=== 5/5 fill-in-the-[MASK]: python -m bert_jax.predict --checkpoint={run_dir} "
         f"--vocab_file={vocab} --text='...'", flush=True)
   tokenizer = tokenization.load_tokenizer(vocab_file=vocab, do_lower_case=True)
-  bert_config, params = predict.load_pretraining_model(run_dir)
+  bert_config, params = convert.load_pretraining_model(run_dir)
   for text, preds in zip(FILL_MASK_TEXTS,
                          predict.fill_mask(bert_config, params, tokenizer, FILL_MASK_TEXTS)):
     print(predict.format_fill_mask(text, preds))

@@ -127,3 +127,50 @@ def pretraining_loss(mlm_logits: jax.Array, nsp_logits: jax.Array,
   total = mlm["loss"] + nsp["loss"]
   metrics["loss"] = total
   return total, metrics
+
+
+# ------------------------------------------------------------------------- fine-tuning heads
+class BertForSequenceClassification(nn.Module):
+  """`BertModel` + dropout + a dense layer on the pooled [CLS] vector (`run_classifier.py`).
+
+  `num_labels` classes, or one output for regression (STS-B). Returns float32 logits
+  (batch, num_labels). Serves GLUE and any custom single-sentence or sentence-pair task.
+  """
+  config: BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+    cfg = self.config
+    out = BertModel(cfg, name="bert")(input_ids, input_mask, segment_ids,
+                                      deterministic=deterministic)
+    pooled = nn.Dropout(cfg.hidden_dropout_prob)(out["pooled_output"],
+                                                 deterministic=deterministic)
+    logits = dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(
+        pooled.astype(jnp.dtype(cfg.dtype)))
+    return logits.astype(jnp.float32)
+
+
+def classification_loss(logits: jax.Array, labels: jax.Array,
+                        weights: jax.Array) -> dict[str, jax.Array]:
+  """Weighted softmax cross-entropy; weight 0 marks padding examples of a partial batch."""
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  labels = labels.astype(jnp.int32)
+  per_example = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
+  weights = weights.astype(jnp.float32)
+  weight_sum = jnp.sum(weights)
+  loss_sum = jnp.sum(weights * per_example)
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
+          "correct_sum": jnp.sum(weights * correct), "weight_sum": weight_sum}
+
+
+def regression_loss(predictions: jax.Array, targets: jax.Array,
+                    weights: jax.Array) -> dict[str, jax.Array]:
+  """Weighted mean squared error of a one-output head (as transformers does for STS-B)."""
+  predictions = predictions.reshape(-1).astype(jnp.float32)
+  weights = weights.astype(jnp.float32)
+  loss_sum = jnp.sum(weights * jnp.square(predictions - targets.astype(jnp.float32)))
+  weight_sum = jnp.sum(weights)
+  return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
+          "weight_sum": weight_sum}

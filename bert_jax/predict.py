@@ -17,27 +17,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from bert_jax import checkpointing, configuration, convert, file_io, heads, tokenization
-
-
-def load_pretraining_model(path: str) -> tuple[configuration.BertConfig, Any]:
-  """`(config, params)` of a pre-training model from a workdir, checkpoint dir or HF dir."""
-  if file_io.exists(file_io.join(path, "model.safetensors")) or file_io.exists(
-      file_io.join(path, "model.safetensors.index.json")):
-    config, params, report = convert.load_hf_checkpoint(path)
-    if any(m.startswith("cls/") for m in report.missing):
-      raise ValueError(f"{path}: the checkpoint has no pre-training heads (cls.*); fill-mask "
-                       "needs a BertForPreTraining / BertForMaskedLM checkpoint.")
-    return config, params
-  workdir_config = file_io.join(path, "bert_config.json")
-  ckpt_dir = file_io.join(path, "checkpoints") if file_io.exists(workdir_config) else path
-  params, meta = checkpointing.load_params(ckpt_dir)
-  if file_io.exists(workdir_config):
-    config = configuration.BertConfig.from_json_file(workdir_config)
-  else:
-    config = configuration.BertConfig.from_dict(meta["bert_config"], source=ckpt_dir)
-  config = config.replace(scan_layers="layer" in params["bert"]["encoder"])
-  return config, params
+from bert_jax import configuration, convert, file_io, heads, tokenization
 
 
 def fill_mask(config: configuration.BertConfig, params: Any, tokenizer: tokenization.Tokenizer,
@@ -103,7 +83,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not FLAGS.checkpoint or not FLAGS.text:
     raise app.UsageError("--checkpoint and at least one --text are required.")
-  config, params = load_pretraining_model(FLAGS.checkpoint)
+  config, params = convert.load_pretraining_model(FLAGS.checkpoint)
   vocab = FLAGS.vocab_file
   if not vocab and not FLAGS.spm_model_file:
     for candidate in ("vocab.txt",):

@@ -14,7 +14,7 @@ and example counts, so k micro-batches give exactly the gradient of one k-times-
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax
 import flax.linen as nn
@@ -25,9 +25,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bert_jax import heads, sharding
 from bert_jax.configuration import BertConfig
-
-PRETRAINING_FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
-                        "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
 
 
 @flax.struct.dataclass
@@ -51,15 +48,21 @@ def example_batch(batch_size: int, seq_length: int, max_predictions: int) -> dic
           "next_sentence_labels": i32(batch_size, 1)}
 
 
-def _init_params_fn(model: nn.Module, batch: dict[str, Any]):
+# The batch features a model's __call__ takes, in order.
+PRETRAINING_INPUTS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
+CLASSIFICATION_INPUTS = ("input_ids", "input_mask", "segment_ids")
+
+
+def _init_params_fn(model: nn.Module, batch: dict[str, Any], input_keys: Sequence[str]):
   def init_params(rng):
-    return model.init(rng, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-                      batch["masked_lm_positions"])["params"]
+    return model.init(rng, *(batch[k] for k in input_keys))["params"]
   return init_params
 
 
 def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
-                         rules, batch: dict[str, Any]) -> tuple[TrainState, TrainState]:
+                         rules, batch: dict[str, Any],
+                         input_keys: Sequence[str] = PRETRAINING_INPUTS
+                         ) -> tuple[TrainState, TrainState]:
   """`(abstract_state, state_shardings)`: shapes, dtypes and shardings, nothing allocated.
 
   Parameters take the shardings of their logical names; optimizer moments those of their
@@ -67,7 +70,7 @@ def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mes
   shardings) is also the restore target for checkpoints.
   """
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    boxed = jax.eval_shape(_init_params_fn(model, batch), jax.random.PRNGKey(0))
+    boxed = jax.eval_shape(_init_params_fn(model, batch, input_keys), jax.random.PRNGKey(0))
     param_sh = sharding.param_shardings(boxed, mesh, rules)
     abstract_params = jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) else x,
                                    boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
@@ -85,15 +88,16 @@ def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mes
 
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
-                       rules, seed: int, batch: dict[str, Any]
+                       rules, seed: int, batch: dict[str, Any],
+                       input_keys: Sequence[str] = PRETRAINING_INPUTS
                        ) -> tuple[TrainState, TrainState]:
   """`(state, state_shardings)` with every array created directly in its shards.
 
   Parameters come from `PRNGKey(seed)` split once (parameters, dropout), so a model's initial
   weights depend only on the seed, never on the mesh.
   """
-  _, state_sh = abstract_train_state(model, tx, mesh, rules, batch)
-  init_params = _init_params_fn(model, batch)
+  _, state_sh = abstract_train_state(model, tx, mesh, rules, batch, input_keys)
+  init_params = _init_params_fn(model, batch, input_keys)
 
   def init_state(seed_array):
     param_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed_array))
@@ -186,16 +190,16 @@ def jit_train_step(model, tx, schedule, state_shardings, batch_sharding, mesh, r
                            grad_accum_steps=grad_accum_steps)
   jitted = jax.jit(step, in_shardings=(state_shardings, batch_sharding),
                    out_shardings=(state_shardings, None), donate_argnums=(0,))
-  return _with_mesh(jitted, mesh, rules)
+  return with_mesh(jitted, mesh, rules)
 
 
 def jit_eval_step(model, param_shardings, batch_sharding, mesh, rules):
   step = functools.partial(eval_step, model=model)
   jitted = jax.jit(step, in_shardings=(param_shardings, batch_sharding), out_shardings=None)
-  return _with_mesh(jitted, mesh, rules)
+  return with_mesh(jitted, mesh, rules)
 
 
-def _with_mesh(fn, mesh, rules):
+def with_mesh(fn, mesh, rules):
   """Traces (and runs) `fn` with the mesh and logical rules in scope, so the model's
   activation constraints resolve to this mesh."""
   @functools.wraps(fn)

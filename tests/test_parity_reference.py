@@ -199,3 +199,37 @@ def test_export_round_trip_loads_in_transformers(random_pretraining_checkpoint, 
                                               batch["input_mask"], batch["segment_ids"])
   real = batch["input_mask"].astype(bool)
   assert np.abs(np.asarray(ours_seq["sequence_output"]) - ref_seq)[real].max() <= TOL
+
+
+def test_extract_features_layers_match_reference_hidden_states(minilm, tmp_path):
+  """`python -m bert_jax.extract_features` on the MiniLM directory: the .npz layers equal
+  transformers' hidden states (embeddings output = layer 0, last layer = -1)."""
+  import subprocess
+  import sys
+  path, tokenizer, torch_model, _, _, _ = minilm
+  lines = ["The cat sat on the mat.", "Where is it? ||| It is under the table, next to the door."]
+  (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+  out = tmp_path / "features.npz"
+  env = dict(os.environ)
+  env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run(
+      [sys.executable, "-m", "bert_jax.extract_features", f"--input_file={tmp_path / 'in.txt'}",
+       f"--output_file={out}", f"--init_checkpoint={path}",
+       f"--vocab_file={os.path.join(path, 'vocab.txt')}", "--layers=-1,-2,-4,0",
+       "--max_seq_length=32"], env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  arrays = np.load(out)
+  assert arrays["layer_-1"].shape == (2, 32, 384)
+  with torch.no_grad():
+    ref = torch_model(input_ids=torch.tensor(arrays["input_ids"]).long(),
+                      attention_mask=torch.tensor(arrays["input_mask"]).long(),
+                      token_type_ids=torch.tensor(arrays["segment_ids"]).long(),
+                      output_hidden_states=True).hidden_states
+  real = arrays["input_mask"].astype(bool)
+  assert arrays["segment_ids"][1].max() == 1  # the pair line became two segments
+  for layer in (-1, -2, -4, 0):
+    diff = np.abs(arrays[f"layer_{layer}"] - ref[layer].numpy())[real].max()
+    assert diff <= TOL, (layer, diff)
+  # Our token ids are the reference tokenizer's.
+  expected = tokenizer(lines[0], padding="max_length", max_length=32)["input_ids"]
+  np.testing.assert_array_equal(arrays["input_ids"][0], expected)

@@ -290,7 +290,7 @@ def test_real_text_dynamic_masking_end_to_end(tmp_path):
   """Shakespeare → WordPiece vocab → dynamic-masking TFRecords → pre-training → fill-mask.
 
   The vocabulary for drawing masks is found through data_prep's summary.json."""
-  from bert_jax import predict, tokenization
+  from bert_jax import convert, predict, tokenization
   from data_prep import create_pretraining_data as cpd
   from data_prep import demo_corpus, train_tokenizer
   corpus = tmp_path / "corpus.txt"
@@ -317,7 +317,7 @@ def test_real_text_dynamic_masking_end_to_end(tmp_path):
   assert any(name.startswith("events.out.tfevents") for name in events)
   # Held-out masked-LM loss well below a uniform guess over the vocabulary.
   assert out["eval/mlm_loss"] < np.log(tokenizer.vocab_size) - 0.5
-  bert_config, params = predict.load_pretraining_model(workdir)
+  bert_config, params = convert.load_pretraining_model(workdir)
   preds = predict.fill_mask(bert_config, params, tokenizer, ["and so [MASK] the king ."],
                             top_k=3)
   assert len(preds[0]) == 1 and len(preds[0][0]) == 3
