@@ -399,6 +399,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if FLAGS.workdir is None or FLAGS.config is None:
     raise app.UsageError("--config and --workdir are required.")
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # progress is printed; keep library INFO chatter out
   initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   if FLAGS.compile_only:
     out = compile_train_step(FLAGS.config)

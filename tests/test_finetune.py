@@ -1,0 +1,159 @@
+"""Fine-tuning end to end: learning, counting every dev example, regression, MNLI outputs, CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import configuration, finetune, tokenization
+from bert_jax.tasks import glue
+from tests import helpers
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = os.path.join(helpers.minilm_dir(), "vocab.txt")
+POSITIVE = ["a moving and beautiful film", "funny , warm and wise", "a triumph of acting",
+            "great fun from start to finish", "a smart and tender story", "simply wonderful",
+            "an absolute delight", "brilliant and touching"]
+NEGATIVE = ["a dull and lifeless mess", "tedious , boring and long", "a waste of good actors",
+            "painfully unfunny", "the plot makes no sense", "flat and forgettable",
+            "an ugly , stupid movie", "badly written and worse acted"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+  return tokenization.load_tokenizer(vocab_file=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def bert_config_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("cfg") / "bert_config.json"
+  configuration.get_preset("test", vocab_size=30522, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0).to_json_file(str(path))
+  return str(path)
+
+
+def _sst2_dir(path, dev_size=None):
+  """An SST-2 directory in the official layout; dev = the training sentences (odd count)."""
+  os.makedirs(path, exist_ok=True)
+  rows = [(s, 1) for s in POSITIVE] + [(s, 0) for s in NEGATIVE]
+  with open(os.path.join(path, "train.tsv"), "w") as f:
+    f.write("sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows))
+  dev = rows[:dev_size] if dev_size else rows
+  with open(os.path.join(path, "dev.tsv"), "w") as f:
+    f.write("sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in dev))
+  with open(os.path.join(path, "test.tsv"), "w") as f:
+    f.write("index\tsentence\n" + "".join(f"{i}\t{s}\n" for i, (s, _) in enumerate(rows[:5])))
+  return str(path)
+
+
+def test_tiny_model_learns_a_tiny_task_and_counts_every_dev_example(tokenizer, bert_config_file,
+                                                                     tmp_path):
+  data = _sst2_dir(tmp_path / "sst2", dev_size=13)  # 13 dev rows: not a multiple of 8 devices
+  out = finetune.run(glue.get_task("SST-2"), data_dir=data, tokenizer=tokenizer,
+                     init_checkpoint=None, bert_config_file=bert_config_file,
+                     output_dir=str(tmp_path / "out"), max_seq_length=16, train_batch_size=16,
+                     eval_batch_size=8, learning_rate=1e-3, num_train_epochs=100,
+                     warmup_proportion=0.1, do_train=True, do_eval=True, do_predict=True)
+  assert out["dev"]["num_examples"] == 13
+  assert out["dev"]["accuracy"] == 1.0          # memorised: the dev rows are training rows
+  lines = open(os.path.join(tmp_path, "out", "SST-2.tsv")).read().splitlines()
+  assert lines[0] == "index\tprediction" and len(lines) == 6
+  assert [l.split("\t")[1] for l in lines[1:]] == ["1"] * 5
+  saved = json.load(open(os.path.join(tmp_path, "out", "eval_results.json")))
+  assert saved["dev"]["accuracy"] == 1.0
+  # Evaluating later from the fine-tuned output directory gives the same numbers.
+  again = finetune.run(glue.get_task("SST-2"), data_dir=data, tokenizer=tokenizer,
+                       init_checkpoint=None, output_dir=str(tmp_path / "out"),
+                       max_seq_length=16, eval_batch_size=8, do_eval=True)
+  assert again["dev"] == out["dev"]
+
+
+def test_padded_batches_do_not_change_predictions(tokenizer, bert_config_file, tmp_path):
+  """Every example's logits are the same whatever batch it lands in and however it is padded."""
+  task = glue.get_task("SST-2")
+  config = configuration.BertConfig.from_json_file(bert_config_file)
+  from bert_jax import heads, sharding, train_lib
+  model = heads.BertForSequenceClassification(config, 2)
+  examples = [glue.Example(str(i), s, None, "1") for i, s in enumerate(POSITIVE + NEGATIVE[:5])]
+  feats = finetune.featurize(task, examples, tokenizer, 32)
+  params = model.init(jax.random.PRNGKey(0), feats["input_ids"][:1], feats["input_mask"][:1],
+                      feats["segment_ids"][:1])["params"]
+  import flax.linen as nn
+  params = nn.unbox(params)
+  direct = np.asarray(model.apply({"params": params}, feats["input_ids"], feats["input_mask"],
+                                  feats["segment_ids"]))
+  mesh = sharding.create_mesh((8, 1, 1))
+  batch_sh = sharding.batch_sharding(mesh)
+  param_sh = jax.tree.map(lambda _: sharding.replicated(mesh), params)
+  step = finetune.make_predict_step(model, param_sh, batch_sh, mesh,
+                                    sharding.DEFAULT_LOGICAL_AXIS_RULES)
+  batched = finetune.predict_all(step, params, feats, 8, batch_sh)
+  assert batched.shape == direct.shape == (13, 2)
+  np.testing.assert_allclose(batched, direct, atol=1e-5)
+
+
+def test_regression_task(tokenizer, bert_config_file, tmp_path):
+  d = tmp_path / "stsb"
+  d.mkdir()
+  header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+  rows = [(a, b, float(i % 6)) for i, (a, b) in enumerate(zip(POSITIVE, NEGATIVE))]
+  body = "".join(f"{i}\tmain\tf\t2012\t{i}\ts\ts\t{a}\t{b}\t{s}\n" for i, (a, b, s) in
+                 enumerate(rows))
+  (d / "train.tsv").write_text(header + body)
+  (d / "dev.tsv").write_text(header + body)
+  out = finetune.run(glue.get_task("STS-B"), data_dir=str(d), tokenizer=tokenizer,
+                     init_checkpoint=None, bert_config_file=bert_config_file,
+                     output_dir=str(tmp_path / "out"), max_seq_length=32, train_batch_size=8,
+                     eval_batch_size=8, learning_rate=1e-3, num_train_epochs=150,
+                     do_train=True, do_eval=True)
+  assert out["dev"]["num_examples"] == 8
+  assert out["dev"]["pearson"] > 0.9  # fits its training pairs
+
+
+def test_cli_mnli_from_a_hugging_face_checkpoint(tmp_path):
+  """The packaged MiniLM as --init_checkpoint; MNLI's two dev sets and three prediction files."""
+  d = tmp_path / "MNLI"
+  d.mkdir()
+  cols = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse",
+          "sentence2_binary_parse", "sentence1_parse", "sentence2_parse", "sentence1",
+          "sentence2"]
+  pairs = [("A man plays a guitar.", "A person makes music.", "entailment"),
+           ("A dog runs in the park.", "The cat sleeps.", "neutral"),
+           ("The room is empty.", "The room is full of people.", "contradiction")] * 4
+
+  def write(name, labelled, n):
+    extra = ["label1", "gold_label"] if labelled else []
+    lines = ["\t".join(cols + extra)]
+    for i, (a, b, label) in enumerate(pairs[:n]):
+      row = [str(i), "1", f"{i}e", "fiction", "( x )", "( y )", "(ROOT x)", "(ROOT y)", a, b]
+      lines.append("\t".join(row + ([label, label] if labelled else [])))
+    (d / name).write_text("\n".join(lines) + "\n")
+
+  write("train.tsv", True, 12)
+  write("dev_matched.tsv", True, 5)
+  write("dev_mismatched.tsv", True, 7)
+  write("test_matched.tsv", False, 3)
+  write("test_mismatched.tsv", False, 4)
+  (d / "diagnostic.tsv").write_text("index\tsentence1\tsentence2\n0\tA b.\tC d.\n1\tE f.\tG h.\n")
+  env = dict(os.environ)
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  minilm = helpers.minilm_dir()
+  proc = subprocess.run(
+      [sys.executable, "-m", "bert_jax.finetune", "--task_name=MNLI", f"--data_dir={d}",
+       f"--init_checkpoint={minilm}", f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'o'}",
+       "--do_train", "--do_eval", "--do_predict", "--max_seq_length=32",
+       "--train_batch_size=8", "--eval_batch_size=8", "--predict_batch_size=8",
+       "--num_train_epochs=1", "--config.mesh_shape=(8, 1, 1)"],
+      env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  results = json.load(open(tmp_path / "o" / "eval_results.json"))
+  assert results["dev_matched"]["num_examples"] == 5
+  assert results["dev_mismatched"]["num_examples"] == 7
+  for name, n in (("MNLI-m.tsv", 3), ("MNLI-mm.tsv", 4), ("AX.tsv", 2)):
+    lines = (tmp_path / "o" / name).read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == n + 1
+    assert {l.split("\t")[1] for l in lines[1:]} <= {"entailment", "neutral", "contradiction"}
