@@ -23,7 +23,7 @@ and little-endian float32, the proto wire format).
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -138,22 +138,24 @@ def _varint_slots(values: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarra
 _TABLES: dict = {}
 
 
-def _varint_tables(high: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """For 0..n (n > high, high < 2**21): varint bytes packed little-endian in a uint32, the
-  used slots as a uint32 of 0/1 bytes, and the size. A lookup is then one gather per value."""
-  tables = _TABLES.get("small")
-  if tables is None or len(tables[2]) <= high:
+def _varint_table(high: int) -> np.ndarray:
+  """For each of 0..n (n > high, high < 2**21), one uint64 whose little-endian bytes are: the
+  varint in bytes 0-2, its size in byte 3 (a slot never used), and in bytes 4-6 a 1 for each
+  slot used. One gather per value then gives a value's bytes, which of them count, and the
+  size."""
+  table = _TABLES.get("varint")
+  if table is None or len(table) <= high:
     n = 1 << max(15, int(high).bit_length())
-    v = np.arange(n, dtype=np.uint32)
-    sizes = (1 + (v >= 1 << 7) + (v >= 1 << 14)).astype(np.int8)
-    packed = np.zeros(n, "<u4")
-    used = np.zeros(n, "<u4")
+    v = np.arange(n, dtype=np.uint64)
+    sizes = 1 + (v >= 1 << 7).astype(np.uint64) + (v >= 1 << 14).astype(np.uint64)
+    table = sizes << np.uint64(24)
     for k in range(3):
-      more = (sizes > k + 1).astype(np.uint32)
-      packed |= (((v >> (7 * k)) & 0x7F) | (more << 7)) << (8 * k)
-      used |= (sizes > k).astype(np.uint32) << (8 * k)
-    tables = _TABLES["small"] = (packed, used, sizes)
-  return tables
+      more = (sizes > k + 1).astype(np.uint64)
+      group = ((v >> np.uint64(7 * k)) & np.uint64(0x7F)) | (more << np.uint64(7))
+      table |= group << np.uint64(8 * k)
+      table |= (sizes > k).astype(np.uint64) << np.uint64(32 + 8 * k)
+    table = _TABLES["varint"] = table.astype("<u8")
+  return table
 
 
 class _RecordLayout:
@@ -170,6 +172,8 @@ class _RecordLayout:
       self.pieces.append(data)
 
   def matrix(self, data: np.ndarray, used: np.ndarray | None = None) -> None:
+    """(rows, n) values of any fixed-size dtype (their bytes, little-endian), and for each of
+    those bytes whether it counts (`used`, same shape and dtype, bytes of 0 or 1)."""
     self.pieces.append((data, used))
 
   def varint(self, values) -> None:
@@ -183,70 +187,66 @@ class _RecordLayout:
     if sizes.min() == width:
       self.matrix(data)
     else:
-      self.matrix(data, np.arange(width) < sizes[:, None])
+      self.matrix(data, (np.arange(width) < sizes[:, None]).view(np.uint8))
 
   def assemble(self) -> np.ndarray:
-    widths = [len(p) if isinstance(p, bytes) else p[0].shape[1] for p in self.pieces]
-    out = np.empty((self.rows, sum(widths)), np.uint8)
+    widths = [len(p) if isinstance(p, bytes) else p[0].shape[1] * p[0].itemsize
+              for p in self.pieces]
+    # Every constant piece at once: one row of them (zeros elsewhere), copied to every row.
+    template = b"".join(p if isinstance(p, bytes) else bytes(w)
+                        for p, w in zip(self.pieces, widths))
+    out = np.empty((self.rows, len(template)), np.uint8)
+    out[:] = np.frombuffer(template, np.uint8)
     used = None
     column = 0
     for piece, width in zip(self.pieces, widths):
-      block = slice(column, column + width)
-      if isinstance(piece, bytes):
-        out[:, block] = np.frombuffer(piece, np.uint8)
-      else:
-        out[:, block] = piece[0]
-        if piece[1] is not None:
+      if not isinstance(piece, bytes):
+        data, piece_used = piece
+        out[:, column:column + width].view(data.dtype)[...] = data
+        if piece_used is not None:
           if used is None:
-            used = np.ones(out.shape, bool)
-          used[:, block] = piece[1]
+            used = np.ones(out.shape, np.uint8)
+          used[:, column:column + width].view(piece_used.dtype)[...] = piece_used
       column += width
     if used is None:
       return out.reshape(-1)
-    return np.compress(used.reshape(-1), out.reshape(-1))
+    return np.compress(used.reshape(-1).view(bool), out.reshape(-1))
 
 
 def _int_payload(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | int]:
-  """Packed varints of each row: (byte slots, used slots or None, bytes per row)."""
+  """Packed varints of each row: (value bytes, which bytes count or None, bytes per row)."""
   v = np.asarray(values)
-  if v.dtype == bool:
-    v = v.view(np.uint8)
   rows, length = v.shape
+  if v.dtype == bool:  # masks, segment ids, labels: one byte each
+    return v.view(np.uint8), None, length
   if not v.size:
     return np.zeros((rows, 0), np.uint8), None, 0
   low, high = int(v.min()), int(v.max())
   if low < 0 or high >= _MAX_VALUE:
     raise ValueError("int64 features must lie in [0, 2**35) here (token ids, positions, flags).")
-  if high < 0x80:  # masks, segment ids, labels, short positions: one byte each
+  if high < 0x80:  # flags, short positions: one byte each
     return v.astype(np.uint8, copy=False), None, length
-  if high < 1 << 21:  # token ids and positions: look the bytes up
-    packed, used, sizes = _varint_tables(high)
-    size = sizes[v]
-    row_bytes = size.sum(axis=1, dtype=np.int64)
-    width = int(size.max())
-    if width <= 2:  # two slots: the low half of the packed words
-      data = packed.astype("<u2")[v].view(np.uint8).reshape(rows, 2 * length)
-      slots = used.astype("<u2")[v].view(bool).reshape(rows, 2 * length)
-    else:
-      data = packed[v].view(np.uint8).reshape(rows, 4 * length)
-      slots = used[v].view(bool).reshape(rows, 4 * length)
-    if int(size.min()) == width and width <= 2:
-      slots = None
-    return data, slots, row_bytes
+  if high < 1 << 21:  # token ids and positions: look the bytes up, four slots a value
+    looked_up = _varint_table(high)[v]
+    halves = looked_up.view("<u4").reshape(rows, length, 2)
+    sizes = looked_up.view(np.uint8).reshape(rows, length, 8)[:, :, 3]
+    return halves[:, :, 0], halves[:, :, 1], sizes.sum(axis=1, dtype=np.int64)
   data, sizes = _varint_slots(v, 5)
-  slots = np.arange(5) < sizes[..., None]
+  slots = (np.arange(5) < sizes[..., None]).view(np.uint8)
   return (data.reshape(rows, 5 * length), slots.reshape(rows, 5 * length),
           sizes.sum(axis=1, dtype=np.int64))
 
 
 def encode_examples_flat(batch: Mapping[str, np.ndarray], features: Sequence[Feature], *,
-                         reserve_before: int = 0,
+                         prefix: Callable[[np.ndarray], np.ndarray] | None = None,
                          reserve_after: int = 0) -> tuple[np.ndarray, np.ndarray]:
   """Serialised `tf.train.Example`s back to back in one buffer, and each one's end offset.
 
-  `reserve_before` / `reserve_after` leave that many zero bytes around every record (counted
-  in the offsets), so that a container format can frame the records in place (TFRecord puts a
-  length and a checksum there) instead of copying every record once more.
+  For a container format that frames each record (TFRecord: its length and a checksum of that
+  before it, a checksum of the record after it), the framing can be made in the same pass
+  instead of copying every record once more: `prefix(lengths)` gives the (rows, k) bytes to put
+  before each record from the records' lengths, and `reserve_after` leaves that many zero bytes
+  after each (for what can only be computed from the finished record). Offsets include both.
   """
   rows = check_batch(batch, features)
   if not rows:
@@ -269,7 +269,11 @@ def encode_examples_flat(batch: Mapping[str, np.ndarray], features: Sequence[Fea
     entry_len = len(key) + _varint_size(feature_len) + feature_len
     body = body + 1 + _varint_size(entry_len) + entry_len
     entries.append((f, key, entry_len, feature_len, values_len, payload_len, payload, used))
-  layout.constant(b"\x00" * reserve_before + b"\x0a")
+  record_len = 1 + _varint_size(body) + body
+  if prefix is not None:
+    before = np.ascontiguousarray(prefix(record_len), np.uint8)
+    layout.matrix(before)
+  layout.constant(b"\x0a")
   layout.varint(body)
   for f, key, entry_len, feature_len, values_len, payload_len, payload, used in entries:
     kind = b"\x12" if f.dtype == "float32" else b"\x1a"  # Feature oneof: float_list 2, int64_list 3
@@ -283,7 +287,7 @@ def encode_examples_flat(batch: Mapping[str, np.ndarray], features: Sequence[Fea
     layout.varint(payload_len)
     layout.matrix(payload, used)
   layout.constant(b"\x00" * reserve_after)
-  row_bytes = reserve_before + 1 + _varint_size(body) + body + reserve_after
+  row_bytes = (before.shape[1] if prefix is not None else 0) + record_len + reserve_after
   flat = layout.assemble()
   ends = np.cumsum(np.broadcast_to(row_bytes, (rows,)))
   assert flat.size == ends[-1], (flat.size, ends[-1])

@@ -9,8 +9,9 @@ What the original `create_pretraining_data.py` does, and so what this does:
 * `num_to_predict = min(max_predictions_per_seq, max(1, round(length * masked_lm_prob)))`,
   where `length` counts [CLS] and [SEP] too (Python's round: halves go to even);
 * candidates are visited in a uniformly random order and taken until `num_to_predict` are
-  chosen; with whole-word masking the units are words (a word-start piece and the non-start
-  pieces after it) and a word that would overshoot `num_to_predict` is skipped, not cut;
+  chosen — a uniformly random subset, which `sample_positions` draws directly; with whole-word
+  masking the units are words (a word-start piece and the non-start pieces after it) and a word
+  that would overshoot `num_to_predict` is skipped, not cut;
 * each chosen position becomes [MASK] with probability 0.8, stays itself with 0.1, and becomes a
   uniformly random id of the whole vocabulary with 0.1 (special and unused ids included, as in
   the original);
@@ -86,9 +87,10 @@ def sample_positions(candidates: np.ndarray, targets: np.ndarray,
   steps = int(k.max(initial=0))
   step = np.arange(steps)
   live = step < k[:, None]
-  # All draws at once; a step past a row's k draws nothing and lands in a spare column.
+  # All draws at once (t = floor(u * (j + 1)) for a uniform u in [0, 1): uniform on [0, j] to
+  # within 2**-44); a step past a row's k draws nothing and lands in a spare column.
   top = np.where(live, (n - k)[:, None] + step, length)
-  draw = np.where(live, rng.integers(0, np.where(live, top, 0) + 1), length)
+  draw = np.where(live, (rng.random((rows, steps)) * (top + 1)).astype(np.int64), length)
   taken = np.zeros((rows, length + 1), bool)
   flat_taken = taken.reshape(-1)
   row_base = np.arange(rows) * (length + 1)

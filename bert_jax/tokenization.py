@@ -17,7 +17,11 @@ original's limit) becomes [UNK]. Two backends give the same ids on real text:
   missing and as the readable reference the tests hold the fast one to.
 
 Either way, lines of printable ASCII (most English text) take a shortcut that gives the same
-ids: one regex splits words and punctuation, and a cache maps each distinct word to its pieces.
+ids, since on them the basic tokenizer reduces to "runs of letters and digits, and every other
+non-space character alone": one text at a time, a regex and a word cache; many lines at once
+(`encode_batch`, `encode_lines`: what bulk users like data preparation call), array operations
+over the bytes of a whole block of lines and a numpy hash table of the words seen before, with
+no Python work per word — several times faster than the Rust backend.
 
 They differ only where the original and transformers differ, on text unlike any real corpus:
 private-use and unassigned code points (the original keeps them as [UNK]-bound words, the Rust
@@ -307,15 +311,17 @@ class _AsciiLinesEncoder:
 
   On such text the basic tokenizer is: words are runs of letters and digits, every other
   non-space character is a token of its own, spaces and tabs separate. So token boundaries come
-  from a byte-class table, and each token's bytes (up to 16, packed into two uint64 keys exactly)
-  are looked up in an open-addressing hash table of the tokens seen before, built in numpy; only
-  tokens never seen before (a few tens of thousands in a corpus) and tokens over 16 bytes go
-  through the Python WordPiece. The cost per token is a handful of array operations instead of a
-  regex match, a string object and a dict lookup each — what makes tokenizing a large corpus
-  several times faster than even the Rust backend.
+  from a byte-class table, and each token is looked up by its bytes in an open-addressing hash
+  table of the tokens seen before, built in numpy: a token of up to 8 bytes is its own uint64
+  key, one of 9 to 16 bytes is two (the first with its top bit set, which ASCII never sets, so
+  that the two kinds cannot be confused). Only tokens never seen before (a few tens of thousands
+  in a corpus) and tokens over 16 bytes go through the Python WordPiece. The cost per token is a
+  handful of array operations instead of a regex match, a string object and a dict lookup each —
+  what makes tokenizing a large corpus several times faster than even the Rust backend.
   """
 
   _MAX_ENTRIES = 1 << 19  # distinct tokens kept; the table starts afresh beyond that
+  _TWO_KEYS = np.uint64(1 << 63)
 
   def __init__(self, wordpiece: "_PythonWordPiece"):
     self.wordpiece = wordpiece
@@ -333,43 +339,40 @@ class _AsciiLinesEncoder:
     self._add(np.array([ord("\n")], np.uint64), np.zeros(1, np.uint64), [[]])  # ends a line
 
   @staticmethod
-  def _mix(key_lo: np.ndarray, key_hi: np.ndarray) -> np.ndarray:
-    return key_lo * np.uint64(0x9E3779B97F4A7C15) ^ key_hi * np.uint64(0xC2B2AE3D27D4EB4F)
+  def _mix(key_lo: np.ndarray, key_hi: np.ndarray | None) -> np.ndarray:
+    mixed = key_lo * np.uint64(0x9E3779B97F4A7C15)
+    return mixed if key_hi is None else mixed ^ key_hi * np.uint64(0xC2B2AE3D27D4EB4F)
 
-  def _slots(self, key_lo: np.ndarray, key_hi: np.ndarray) -> np.ndarray:
+  def _slots(self, key_lo: np.ndarray, key_hi: np.ndarray | None) -> np.ndarray:
     bits = len(self.key_lo).bit_length() - 1
     return (self._mix(key_lo, key_hi) >> np.uint64(64 - bits)).astype(np.int64)
 
-  def _find(self, key_lo: np.ndarray, key_hi: np.ndarray) -> np.ndarray:
-    """Entry of each key, -1 where the table does not hold it."""
+  def _find(self, key_lo: np.ndarray, key_hi: np.ndarray | None = None) -> np.ndarray:
+    """Entry of each key, -1 where the table does not hold it. Without `key_hi` the keys are
+    one-key tokens (top bit clear), for which the first key alone decides."""
     slot = self._slots(key_lo, key_hi)
     held = self.key_lo[slot]
-    hit = (held == key_lo) & (self.key_hi[slot] == key_hi)
+    hit = held == key_lo
+    if key_hi is not None:
+      hit &= self.key_hi[slot] == key_hi
     found = np.where(hit, self.entry[slot], -1).astype(np.int32)
     todo = np.flatnonzero(~hit & (held != 0))  # a collision: probe the next slots
     mask = len(self.key_lo) - 1
     slot = (slot[todo] + 1) & mask
     while todo.size:
       held = self.key_lo[slot]
-      hit = (held == key_lo[todo]) & (self.key_hi[slot] == key_hi[todo])
+      hit = held == key_lo[todo]
+      if key_hi is not None:
+        hit &= self.key_hi[slot] == key_hi[todo]
       found[todo[hit]] = self.entry[slot[hit]]
       going = ~hit & (held != 0)
       todo, slot = todo[going], (slot[going] + 1) & mask
     return found
 
-  def _find_tokens(self, key_lo: np.ndarray, key_hi: np.ndarray, short: np.ndarray,
-                   any_long: bool) -> np.ndarray:
-    if not any_long:
-      return self._find(key_lo, key_hi)
-    entries = np.full(key_lo.size, -1, np.int32)
-    which = np.flatnonzero(short)
-    entries[which] = self._find(key_lo[which], key_hi[which])
-    return entries
-
   def _insert(self, key_lo: np.ndarray, key_hi: np.ndarray, entries: np.ndarray) -> None:
     """Places distinct keys that the table does not hold (linear probing, all keys at once)."""
     todo = np.arange(key_lo.size)
-    slot = self._slots(key_lo, key_hi)
+    slot = self._slots(key_lo, key_hi)  # key_hi is 0 for one-key tokens: as `_find` hashes them
     mask = len(self.key_lo) - 1
     while todo.size:
       free = np.flatnonzero(self.key_lo[slot] == 0)
@@ -407,6 +410,14 @@ class _AsciiLinesEncoder:
     self.size += n
     self.num_pieces += flat.size
 
+  def _lookup(self, key_lo: np.ndarray, two_keys: np.ndarray, key_hi: np.ndarray,
+              too_long: np.ndarray) -> np.ndarray:
+    entries = self._find(key_lo)  # right for one-key tokens; the others are redone below
+    if two_keys.size:
+      entries[two_keys] = self._find(key_lo[two_keys], key_hi)
+    entries[too_long] = -1
+    return entries
+
   def encode(self, data: np.ndarray, byte_class: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Ids and per-line counts of `data`: uint8 bytes of lines that each end with "\n", already
     lower-cased where the vocabulary is uncased, holding only classes 0-3 (`byte_class`), and
@@ -423,37 +434,56 @@ class _AsciiLinesEncoder:
 
     windows = np.ndarray((n + 8,), "<u8", buffer=data, strides=(1,))
     key_lo = windows[starts] & _LOW_BYTES[np.minimum(lengths, 8)]
-    key_hi = windows[starts + 8] & _LOW_BYTES[np.clip(lengths - 8, 0, 8)]
-    short = lengths <= _KEY_BYTES
-    long_tokens = np.flatnonzero(~short)
-    entries = self._find_tokens(key_lo, key_hi, short, long_tokens.size > 0)
-    new = np.flatnonzero(entries < 0)
-    if long_tokens.size:
-      new = new[short[new]]
-    while new.size:  # tokens not seen before: one of each (by hash; a clash waits a round)
-      _, first = np.unique(self._mix(key_lo[new], key_hi[new]), return_index=True)
-      if self.size + first.size > self._MAX_ENTRIES:
+    too_long = np.flatnonzero(lengths > _KEY_BYTES)
+    two_keys = np.flatnonzero(lengths > 8)
+    if too_long.size:
+      two_keys = two_keys[lengths[two_keys] <= _KEY_BYTES]
+    key_lo[two_keys] |= self._TWO_KEYS
+    key_hi = windows[starts[two_keys] + 8] & _LOW_BYTES[lengths[two_keys] - 8]
+    entries = self._lookup(key_lo, two_keys, key_hi, too_long)
+
+    def unknown(entries):
+      """Tokens to add (not those over 16 bytes), their second keys, and which have one."""
+      new = np.flatnonzero(entries < 0)
+      if too_long.size:
+        new = new[lengths[new] <= _KEY_BYTES]
+      has_two = key_lo[new] >= self._TWO_KEYS
+      new_hi = np.zeros(new.size, np.uint64)
+      new_hi[has_two] = key_hi[np.searchsorted(two_keys, new[has_two])]
+      return new, new_hi, has_two
+
+    new, new_hi, has_two = unknown(entries)
+    if new.size:  # tokens not seen before: their pieces from the Python WordPiece
+      # One of each (told apart by hash; a clash waits for the next round).
+      _, first = np.unique(self._mix(key_lo[new], new_hi), return_index=True)
+      if self.size + first.size > self._MAX_ENTRIES:  # start afresh: every token is new
         self._reset(1 << 16)
-        entries = self._find_tokens(key_lo, key_hi, short, long_tokens.size > 0)
-        new = np.flatnonzero((entries < 0) & short)
-        continue
-      words = [(lo.to_bytes(8, "little") + hi.to_bytes(8, "little")).rstrip(b"\0").decode("ascii")
-               for lo, hi in zip(key_lo[new[first]].tolist(), key_hi[new[first]].tolist())]
-      self._add(key_lo[new[first]], key_hi[new[first]],
-                [self.wordpiece._greedy_pieces(w) for w in words])
-      entries[new] = found = self._find(key_lo[new], key_hi[new])
-      new = new[found < 0]
+        entries = self._lookup(key_lo, two_keys, key_hi, too_long)
+        new, new_hi, has_two = unknown(entries)
+        _, first = np.unique(self._mix(key_lo[new], new_hi), return_index=True)
+      raw = data.tobytes()
+      while first.size:
+        words = [raw[s:s + l].decode("ascii")
+                 for s, l in zip(starts[new[first]].tolist(), lengths[new[first]].tolist())]
+        self._add(key_lo[new[first]], new_hi[first],
+                  [self.wordpiece._greedy_pieces(w) for w in words])
+        found = self._find(key_lo[new])
+        if has_two.any():
+          found[has_two] = self._find(key_lo[new[has_two]], new_hi[has_two])
+        entries[new] = found
+        new, new_hi, has_two = new[found < 0], new_hi[found < 0], has_two[found < 0]
+        _, first = np.unique(self._mix(key_lo[new], new_hi), return_index=True)
 
     counts = self.piece_count[entries].astype(np.int64)
     source_start = self.piece_start[entries]
     source = self.pieces[:self.num_pieces]
-    if long_tokens.size:  # their pieces come from the Python WordPiece (and its cache)
+    if too_long.size:  # their pieces come from the Python WordPiece (and its cache)
       raw = data.tobytes()
       extra = [self.wordpiece.word_ids(raw[s:s + l].decode("ascii"))
-               for s, l in zip(starts[long_tokens].tolist(), lengths[long_tokens].tolist())]
+               for s, l in zip(starts[too_long].tolist(), lengths[too_long].tolist())]
       extra_counts = np.array([len(p) for p in extra], np.int64)
-      counts[long_tokens] = extra_counts
-      source_start[long_tokens] = source.size + np.cumsum(extra_counts) - extra_counts
+      counts[too_long] = extra_counts
+      source_start[too_long] = source.size + np.cumsum(extra_counts) - extra_counts
       source = np.concatenate([source, np.array([i for p in extra for i in p], np.int32)])
     total = np.cumsum(counts)
     ids = source[np.repeat(source_start - (total - counts), counts) +

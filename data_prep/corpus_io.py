@@ -19,6 +19,7 @@ import numpy as np
 from bert_jax import file_io
 
 DECODE_ERRORS = ("strict", "ignore", "replace")
+_READ_BLOCK = 1 << 22  # bytes read (and decoded) at a time
 
 
 def expand_input_patterns(spec: str) -> list[str]:
@@ -60,6 +61,8 @@ def iter_documents(path: str, decode_errors: str = "strict", stats: dict | None 
 
   Bytes that are not UTF-8 stop the run with the file and line (the original dropped them
   silently); `decode_errors="ignore"` or `"replace"` lets them through and counts the lines.
+  The file is read and decoded in blocks of whole lines; only a block that holds bytes that are
+  not UTF-8 is gone through line by line, to find them.
   """
   if decode_errors not in DECODE_ERRORS:
     raise ValueError(f"decode_errors must be one of {DECODE_ERRORS}, not {decode_errors!r}.")
@@ -67,34 +70,57 @@ def iter_documents(path: str, decode_errors: str = "strict", stats: dict | None 
   for key in ("bytes", "lines", "bad_lines"):
     stats.setdefault(key, 0)
   document: list[str] = []
-  pending_bytes = 0
-  with _open_binary(path) as f:
-    for line_number, raw in enumerate(f, start=1):
-      stats["lines"] += 1
-      stats["bytes"] += len(raw)
-      pending_bytes += len(raw)
-      if on_bytes is not None and pending_bytes > 1 << 20:
-        on_bytes(pending_bytes)
-        pending_bytes = 0
+  lines_before = 0  # lines of the file before the current block
+
+  def decode(block: bytes) -> list[str]:
+    raw_lines = block.split(b"\n")
+    if not raw_lines[-1]:  # the block ends with a newline
+      raw_lines.pop()
+    stats["lines"] += len(raw_lines)
+    stats["bytes"] += len(block)
+    try:
+      return block.decode("utf-8").split("\n")[:len(raw_lines)]
+    except UnicodeDecodeError:
+      pass
+    lines = []
+    for number, raw in enumerate(raw_lines, start=lines_before + 1):
       try:
-        line = raw.decode("utf-8")
+        lines.append(raw.decode("utf-8"))
       except UnicodeDecodeError as e:
         if decode_errors == "strict":
           raise ValueError(
-              f"{path}: line {line_number}: bytes are not valid UTF-8 ({e.reason} at byte "
+              f"{path}: line {number}: bytes are not valid UTF-8 ({e.reason} at byte "
               f"{e.start} of the line: {raw[max(0, e.start - 10):e.start + 10]!r}). Fix the "
               "file, or pass --decode_errors=ignore to drop such bytes (what the original "
               "script did) or --decode_errors=replace.") from None
         stats["bad_lines"] += 1
-        line = raw.decode("utf-8", errors=decode_errors)
-      line = line.strip()
-      if line:
-        document.append(line)
-      elif document:
-        yield document
-        document = []
-  if on_bytes is not None and pending_bytes:
-    on_bytes(pending_bytes)
+        lines.append(raw.decode("utf-8", errors=decode_errors))
+    return lines
+
+  with _open_binary(path) as f:
+    carry: list[bytes] = []  # the start of a line that goes on in the next read
+    while True:
+      chunk = f.read(_READ_BLOCK)
+      cut = chunk.rfind(b"\n") + 1
+      if chunk and not cut:
+        carry.append(chunk)
+        continue
+      block = b"".join(carry) + chunk[:cut] if chunk else b"".join(carry)
+      carry = [chunk[cut:]] if chunk else []
+      if block:
+        lines = decode(block)
+        lines_before += len(lines)
+        for line in lines:
+          line = line.strip()
+          if line:
+            document.append(line)
+          elif document:
+            yield document
+            document = []
+        if on_bytes is not None:
+          on_bytes(len(block))
+      if not chunk:
+        break
   if document:
     yield document
 
@@ -147,17 +173,26 @@ def split_into_buckets(path: str, file_index: int, num_shards: int, shards_wante
   return stats
 
 
-def read_bucket(paths: list[str]) -> Iterator[list[str]]:
-  """Documents back from a shard's bucket files (written by `split_into_buckets`)."""
+def read_bucket_blocks(paths: list[str], block_chars: int = 1 << 20) -> Iterator[str]:
+  """A shard's documents back from its bucket files (written by `split_into_buckets`), as
+  blocks of about `block_chars` characters that hold whole documents: lines separated by "\n",
+  a blank line after each document. Blocks let the tokenizer work on many lines at once.
+  (Only "\n" ends a line, as in the input: a "\r" inside a line stays there, as whitespace.)"""
   for path in paths:
-    with open(path, encoding="utf-8") as f:
-      document: list[str] = []
-      for line in f:
-        line = line.rstrip("\n")
-        if line:
-          document.append(line)
-        elif document:
-          yield document
-          document = []
-      if document:
-        yield document
+    with open(path, encoding="utf-8", newline="") as f:
+      pending: list[str] = []  # the start of a document that goes on in the next read
+      while True:
+        chunk = f.read(block_chars)
+        if not chunk:
+          break
+        tail = pending[-1][-1:] if pending else ""  # a blank line may span two reads
+        cut = (tail + chunk).rfind("\n\n")
+        if cut < 0:
+          pending.append(chunk)
+          continue
+        cut += 2 - len(tail)
+        yield "".join(pending) + chunk[:cut]
+        pending = [chunk[cut:]]
+      rest = "".join(pending)
+      if rest.strip("\n"):
+        yield rest

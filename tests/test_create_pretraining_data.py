@@ -97,6 +97,47 @@ def unmasked_ids(r):
   return ids
 
 
+def test_records_are_tensorflows_bytes(tmp_path):
+  """The array encoder and the in-place TFRecord framing against TensorFlow itself: values of
+  every varint width, rows whose lengths need varints of different widths, float weights."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from data_prep import records  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(3)
+  rows, length, predictions = 300, 40, 6
+  schema = features.pretraining_features(length, predictions)
+  widths = np.array([0, 1, 127, 128, 16383, 16384, 2**21 - 1, 2**21, 2**28, 2**35 - 1])
+  ids = rng.choice(widths, (rows, length))
+  ids[: rows // 2] = rng.integers(0, 30522, (rows // 2, length))
+  ids[::7] = 0  # short records next to long ones
+  batch = {"input_ids": ids, "input_mask": rng.random((rows, length)) < 0.5,
+           "segment_ids": rng.integers(0, 2, (rows, length)),
+           "masked_lm_positions": rng.integers(0, 300, (rows, predictions)),
+           "masked_lm_ids": rng.integers(0, 30522, (rows, predictions)).astype(np.int32),
+           "masked_lm_weights": rng.random((rows, predictions)).astype(np.float32),
+           "next_sentence_labels": rng.integers(0, 2, (rows, 1))}
+  path = str(tmp_path / "x.tfrecord")
+  with records.TFRecordWriter(path) as writer:
+    for part in (slice(0, 100), slice(100, rows)):
+      buffer, ends = features.encode_examples_flat(
+          {k: v[part] for k, v in batch.items()}, schema, prefix=records.frame_header,
+          reserve_after=records.FRAME_AFTER)
+      writer.write_framed(buffer, ends)
+  serialized = [r.numpy() for r in tf.data.TFRecordDataset(path)]  # checks both checksums
+  assert serialized == features.encode_examples(batch, schema)
+  for row in (0, 7, rows - 1):
+    example = tf.train.Example(features=tf.train.Features(feature={
+        f.name: tf.train.Feature(float_list=tf.train.FloatList(value=batch[f.name][row]))
+        if f.dtype == "float32" else
+        tf.train.Feature(int64_list=tf.train.Int64List(value=np.asarray(batch[f.name][row],
+                                                                         np.int64)))
+        for f in schema}))
+    assert tf.train.Example.FromString(serialized[row]) == example
+    assert len(serialized[row]) == example.ByteSize()  # canonical: no longer than TF's own
+  parsed = tf.io.parse_example(serialized, features.tf_feature_spec(length, predictions))
+  for f in schema:
+    np.testing.assert_array_equal(parsed[f.name].numpy(), np.asarray(batch[f.name], f.dtype))
+
+
 def test_instance_layout(static_run):
   _, _, r = static_run
   # A masked position may hold any random id, [SEP] and [CLS] too (as in the original): the

@@ -80,6 +80,26 @@ def test_masking_statistics(tokenizer, rows):
   assert not (changed & ~chosen).any()
 
 
+def test_sampled_positions_are_uniform_subsets():
+  """Each k-subset of a row's candidates is equally likely, wherever the candidates lie."""
+  rng = np.random.default_rng(5)
+  rows = 60_000
+  candidates = np.zeros((rows, 9), bool)
+  candidates[:, [1, 2, 4, 5, 7]] = True  # gaps, as [CLS]/[SEP] make them
+  candidates[::2] = False
+  candidates[::2, [0, 8]] = True  # rows with two candidates, at both ends
+  targets = np.where(np.arange(rows) % 2, 2, 5)  # more than the candidates in even rows
+  positions, count = masking.sample_positions(candidates, targets, rng)
+  assert positions.shape == (rows, 2) and (count == 2).all()
+  np.testing.assert_array_equal(positions[::2], [[0, 8]] * (rows // 2))
+  picked = positions[1::2]
+  assert (picked[:, 0] < picked[:, 1]).all() and candidates[1::2][0, picked].all()
+  subsets, counts = np.unique(picked, axis=0, return_counts=True)
+  assert len(subsets) == 10  # 5 choose 2
+  expected = len(picked) / 10
+  assert (np.abs(counts - expected) < 5 * np.sqrt(expected)).all(), counts
+
+
 def test_cap_and_tiny_rows(tokenizer, rows):
   input_ids, input_mask, _ = rows
   out = masking.mask_batch(input_ids, input_mask,

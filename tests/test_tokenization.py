@@ -74,6 +74,34 @@ def test_python_backend_is_the_original_algorithm(reference, corpus_lines):
   assert ours.encode_batch(lines) == expected
 
 
+def test_array_path_is_the_plain_one(corpus_lines, monkeypatch):
+  """The array tokenizer of printable-ASCII lines gives `encode`'s ids line by line: across
+  blocks, with its table of known tokens starting afresh, with other lines mixed in (they go
+  through the per-text path), and for tokens of 8, 9, 16, 17 and over 200 bytes."""
+  lines = corpus_lines[:3000] + [
+      "abcdefgh abcdefghi abcdefghijklmnop abcdefghijklmnopq", "x" * 250 + " y", "",
+      "tab\tseparated\twords", "caf\u00e9 au lait", "[MASK] stays text", "\x7fdel", "  "]
+  lines = lines[::2] + lines[1::2]
+  for split in (True, False):
+    tok = tokenization.WordPieceTokenizer(vocab_path(), split_special_tokens=split)
+    expected = [tok.encode(line) for line in lines]
+    assert tok.encode_batch(lines) == expected
+    ids, counts = tok.encode_lines("\n".join(lines))
+    assert ids.dtype == np.int32 and counts.tolist() == [len(e) for e in expected]
+    assert ids.tolist() == [i for e in expected for i in e]
+    # A small table of known tokens and small blocks: the table starts afresh many times.
+    table = tokenization._AsciiLinesEncoder  # pylint: disable=protected-access
+    monkeypatch.setattr(table, "_MAX_ENTRIES", 500)
+    fresh = tokenization.WordPieceTokenizer(vocab_path(), split_special_tokens=split)
+    monkeypatch.setattr(fresh, "_BLOCK_CHARS", 4000)
+    assert fresh.encode_batch(lines) == expected
+    assert fresh.encode_batch(lines[::-1]) == expected[::-1]
+    monkeypatch.undo()
+  # Texts that span lines are encoded whole, as `encode` does.
+  assert tok.encode_batch(["one\ntwo", "three"]) == [tok.encode("one\ntwo"), tok.encode("three")]
+  assert tok.encode_batch([]) == []
+
+
 @pytest.mark.parametrize("backend", ["rust", "python"])
 def test_hard_cases_match_transformers(reference, backend):
   ours = tokenization.WordPieceTokenizer(vocab_path(), backend=backend,
