@@ -121,15 +121,15 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
     config.model.max_position_embeddings = 128
     config.data.max_seq_length = 128
     config.global_batch_size = 32
-    config.total_steps = config.train_until_step = 1500
-    config.optimizer.learning_rate = 2e-3
+    config.total_steps = config.train_until_step = 1200
+    config.optimizer.learning_rate = 1e-3
     config.optimizer.warmup_steps = 100
     config.optimizer.bias_correction = True
     config.mesh_shape = (-1, 1, 1)
     config.log_every_steps = 50
-    config.eval_every_steps = 500
-    config.eval_steps = 20
-    config.checkpoint_every_steps = 500
+    config.eval_every_steps = 400
+    config.eval_steps = 10
+    config.checkpoint_every_steps = 400
   else:
     raise ValueError(f"Unknown variant {variant!r}: base, base_phase2, large, large_phase2, "
                      "tiny, demo.")
