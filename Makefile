@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 PIP_QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 PYTEST_ARGS ?=
 
-.PHONY: demo test env lock clean bench-env bench-model finetune-example
+.PHONY: demo test env lock clean bench-env bench-model bench-pretrain finetune-example
 
 env: $(STAMP)
 
@@ -86,6 +86,10 @@ $(BENCH_STAMP): setup.py requirements/lock.txt
 # BENCH_ARGS passes flags through, e.g. make bench-model BENCH_ARGS='--configs=tiny --steps=50'.
 bench-model: $(BENCH_STAMP)
 	$(BENCH_PY) benchmarks/model_step.py $(BENCH_ARGS)
+
+# The production train step (sharded state, the paper's optimizer) against the same peer.
+bench-pretrain: $(BENCH_STAMP)
+	$(BENCH_PY) benchmarks/pretrain_step.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-bench .pytest_cache build *.egg-info
