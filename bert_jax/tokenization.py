@@ -37,6 +37,8 @@ original did. Pre-training data uses the latter so that corpus text can never fo
 
 from __future__ import annotations
 
+import abc
+
 import itertools
 import re
 import unicodedata
@@ -52,7 +54,7 @@ SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 SPM_WORD_START = "\u2581"
 
 
-class Tokenizer:
+class Tokenizer(abc.ABC):
   """Text → ids, the special ids, and the word-start table used by whole-word masking."""
 
   vocab_size: int
@@ -67,8 +69,9 @@ class Tokenizer:
   def tokenize(self, text: str) -> list[str]:
     return self.convert_ids_to_tokens(self.encode(text))
 
+  @abc.abstractmethod
   def encode(self, text: str) -> list[int]:
-    raise NotImplementedError
+    """Implemented by each kind of tokenizer."""
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return [self.encode(t) for t in texts]
@@ -82,11 +85,13 @@ class Tokenizer:
     """`encode_batch_flat` of the "\n"-separated lines of `text`."""
     return self.encode_batch_flat(text.split("\n"))
 
+  @abc.abstractmethod
   def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
-    raise NotImplementedError
+    """Implemented by each kind of tokenizer."""
 
+  @abc.abstractmethod
   def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
-    raise NotImplementedError
+    """Implemented by each kind of tokenizer."""
 
   def word_starts(self, ids) -> np.ndarray:
     """Boolean array: which of `ids` begin a word (special tokens count as starts)."""
