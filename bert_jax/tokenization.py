@@ -38,7 +38,6 @@ original did. Pre-training data uses the latter so that corpus text can never fo
 from __future__ import annotations
 
 import abc
-
 import itertools
 import re
 import unicodedata
