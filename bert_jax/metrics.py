@@ -34,8 +34,9 @@ class MetricWriter:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       self._tb = tf.summary.create_file_writer(self.tensorboard_dir)
     if file_io.is_remote(self.jsonl_path):
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      self._jsonl = tf.io.gfile.GFile(self.jsonl_path, "a")
+      # Buckets cannot append: keep the file's text and rewrite it whole at each report.
+      self._remote_text = (file_io.read_text(self.jsonl_path)
+                           if file_io.exists(self.jsonl_path) else "")
     else:
       self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
 
@@ -43,8 +44,13 @@ class MetricWriter:
     if not self.active:
       return
     clean = {k: float(v) for k, v in scalars.items() if v is not None}
-    self._jsonl.write(json.dumps({"step": int(step), "time": time.time(), **clean}) + "\n")
-    self._jsonl.flush()
+    line = json.dumps({"step": int(step), "time": time.time(), **clean}) + "\n"
+    if self._jsonl is None:
+      self._remote_text += line
+      file_io.write_text_atomic(self.jsonl_path, self._remote_text)
+    else:
+      self._jsonl.write(line)
+      self._jsonl.flush()
     if self._tb is not None:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       with self._tb.as_default(step=int(step)):

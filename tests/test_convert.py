@@ -167,3 +167,16 @@ def test_checkpoint_manager_accepts_relative_paths(tmp_path, monkeypatch):
   tree, meta = checkpointing.load_params("relative/ckpts", subtree="w")
   np.testing.assert_array_equal(np.asarray(tree), np.ones(3))
   assert meta == {"note": "x"}
+
+
+def test_metric_writer_on_a_filesystem_without_append(tmp_path):
+  """Buckets (gs://) cannot append; the writer rewrites the file. `ram://` takes the same
+  tf.io.gfile route as gs:// here."""
+  from bert_jax import metrics
+  path = "ram://metrics_test/run"
+  for step in (1, 2):
+    writer = metrics.MetricWriter(path, tensorboard=False)
+    writer.write(step, {"train/loss": 1.0 / step})
+    writer.close()
+  rows = [json.loads(l) for l in file_io.read_text(path + "/metrics.jsonl").splitlines()]
+  assert [r["step"] for r in rows] == [1, 2] and rows[1]["train/loss"] == 0.5
