@@ -60,7 +60,13 @@ class CheckpointManager:
     return list(self._manager.all_steps())
 
   def reached_preemption(self, step: int) -> bool:
-    """True on every host once the TPU runtime announced a preemption (a sync point)."""
+    """True on every host once the TPU runtime announced a preemption (a sync point).
+
+    The notice travels through the multi-process coordination service, so a single process
+    has none to ask (and asking every step would raise every step).
+    """
+    if jax.process_count() == 1:
+      return False
     try:
       return bool(self._manager.reached_preemption(step))
     except Exception:  # pylint: disable=broad-except  # no preemption service (CPU, tests)

@@ -41,6 +41,14 @@ def minilm():
   return path, tokenizer, torch_model, config, params, report
 
 
+def _reference(torch_model, batch, **kwargs):
+  """The reference model on a batch in our layout (no gradients)."""
+  with torch.no_grad():
+    return torch_model(input_ids=torch.tensor(batch["input_ids"]),
+                       attention_mask=torch.tensor(batch["input_mask"]),
+                       token_type_ids=torch.tensor(batch["segment_ids"]), **kwargs)
+
+
 def _encode(tokenizer, texts):
   enc = tokenizer(texts, padding=True, return_tensors="np")
   return enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]
@@ -108,10 +116,7 @@ def test_pretraining_heads_match_reference(random_pretraining_checkpoint):
   assert report.missing == [] and report.unexpected == []
   batch = helpers.random_pretraining_batch(np.random.RandomState(0), batch=4, length=32,
                                            max_predictions=6, vocab_size=config.vocab_size)
-  with torch.no_grad():
-    ref = torch_model(input_ids=torch.tensor(batch["input_ids"]),
-                      attention_mask=torch.tensor(batch["input_mask"]),
-                      token_type_ids=torch.tensor(batch["segment_ids"]))
+  ref = _reference(torch_model, batch)
   ref_mlm_all = ref.prediction_logits.numpy()
   ref_mlm = np.take_along_axis(ref_mlm_all, batch["masked_lm_positions"][..., None], axis=1)
   ref_nsp = ref.seq_relationship_logits.numpy()
@@ -147,11 +152,8 @@ def test_pretraining_heads_match_reference(random_pretraining_checkpoint):
                         batch["masked_lm_weights"][b]):
       if wt > 0:
         labels[b, p] = i
-  with torch.no_grad():
-    hf = torch_model(input_ids=torch.tensor(batch["input_ids"]),
-                     attention_mask=torch.tensor(batch["input_mask"]),
-                     token_type_ids=torch.tensor(batch["segment_ids"]),
-                     labels=torch.tensor(labels), next_sentence_label=nsp_labels)
+  hf = _reference(torch_model, batch, labels=torch.tensor(labels),
+                  next_sentence_label=nsp_labels)
   count = float(batch["masked_lm_weights"].sum())
   ours_total = float(metrics["mlm_loss"]) * (count + 1e-5) / count + float(metrics["nsp_loss"])
   assert abs(float(hf.loss) - ours_total) <= 2 * TOL
@@ -176,10 +178,7 @@ def test_export_round_trip_loads_in_transformers(random_pretraining_checkpoint, 
   reloaded.eval()
   batch = helpers.random_pretraining_batch(np.random.RandomState(1), batch=3, length=20,
                                            max_predictions=4, vocab_size=config.vocab_size)
-  with torch.no_grad():
-    ref = reloaded(input_ids=torch.tensor(batch["input_ids"]),
-                   attention_mask=torch.tensor(batch["input_mask"]),
-                   token_type_ids=torch.tensor(batch["segment_ids"]))
+  ref = _reference(reloaded, batch)
   mlm_logits, nsp_logits = heads.BertForPreTraining(config).apply(
       {"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
       batch["masked_lm_positions"])
@@ -191,10 +190,7 @@ def test_export_round_trip_loads_in_transformers(random_pretraining_checkpoint, 
   # The encoder alone exports as a bare BertModel, as most hub checkpoints are.
   enc_dir = convert.save_hf_checkpoint({"bert": params["bert"]}, config, str(tmp_path / "enc"))
   bare = transformers.BertModel.from_pretrained(enc_dir, attn_implementation="eager").eval()
-  with torch.no_grad():
-    ref_seq = bare(input_ids=torch.tensor(batch["input_ids"]),
-                   attention_mask=torch.tensor(batch["input_mask"]),
-                   token_type_ids=torch.tensor(batch["segment_ids"])).last_hidden_state.numpy()
+  ref_seq = _reference(bare, batch).last_hidden_state.numpy()
   ours_seq = modeling.BertModel(config).apply({"params": params["bert"]}, batch["input_ids"],
                                               batch["input_mask"], batch["segment_ids"])
   real = batch["input_mask"].astype(bool)
