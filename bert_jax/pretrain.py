@@ -5,7 +5,9 @@
 
 The run resumes by itself: if `workdir` holds a checkpoint, training continues from it (state,
 RNG and data position), so a preempted job is simply started again with the same command.
-Otherwise it starts from `config.init_checkpoint` (a previous phase) or from scratch.
+Otherwise it starts from `config.init_checkpoint` (a previous phase; or, with
+`init_mode="params"`, the weights of Google's TF1 release `.../bert_model.ckpt` or a Hugging Face
+directory) or from scratch.
 
 `main` only parses flags; `train_and_evaluate(config, workdir)` is the testable loop.
 """
@@ -167,16 +169,25 @@ def _initial_state(config, model, tx, mesh, rules, example, ckpt):
     return state, state_sh, _own_position(data_state), f"resumed from step {int(state.step)}"
   if config.init_checkpoint:
     source = config.init_checkpoint
-    if file_io.exists(file_io.join(source, "checkpoints")):
+    kind, location = convert.checkpoint_kind(source)
+    if kind == "orbax" and file_io.exists(file_io.join(source, "checkpoints")):
       source = file_io.join(source, "checkpoints")
     if config.init_mode == "continue":
+      if kind != "orbax":
+        raise ValueError(f"init_checkpoint={source} is {convert.KIND_NAMES[kind]}: weights, but "
+                         "no state of this trainer to continue; set init_mode='params' to start "
+                         "from its weights.")
       other = checkpointing.CheckpointManager(source, max_to_keep=None, async_save=False)
       state, _, _ = other.restore(abstract)
       return state, state_sh, None, f"continuing {source} from step {int(state.step)}"
     if config.init_mode != "params":
       raise ValueError(f"init_mode={config.init_mode!r}; expected 'continue' or 'params'.")
     state, state_sh = train_lib.create_train_state(model, tx, mesh, rules, config.seed, example)
-    loaded, _ = checkpointing.load_params(source)
+    if kind == "orbax":
+      loaded, _ = checkpointing.load_params(source)
+    else:  # Google's TF1 release or a Hugging Face directory; absent heads start fresh
+      _, loaded = convert.load_pretraining_model(location, require_heads=False,
+                                                 scan_layers=model.config.scan_layers)
     fresh = jax.device_get(state.params)
     merged = convert.merge_params(fresh, _extend_positions(loaded, fresh), where=source)
     params = jax.device_put(merged, state_sh.params)
