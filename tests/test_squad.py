@@ -438,3 +438,48 @@ def test_cli_overfits_a_handful_of_questions_v2(tmp_path):
   assert set(nbest) == set(gold)
   # 20 candidates, plus the null answer where it did not make the 20 (as the original does).
   assert all(len(v) <= 21 and {x["text"] for x in v} >= {""} for v in nbest.values())
+
+
+# ------------------------------------------------------------------------ tensorflow-datasets
+def _as_tfds_records(examples, version_2):
+  """The examples in the feature layout of tfds `squad/v1.1` / `squad/v2.0`."""
+  records = []
+  for e in examples:
+    record = {"id": e.qas_id, "title": e.title, "context": e.context, "question": e.question,
+              "answers": {"text": np.asarray([a.text for a in e.answers], object),
+                          "answer_start": np.asarray([a.start for a in e.answers], np.int32)}}
+    if version_2:
+      record["is_impossible"] = e.is_impossible
+      record["plausible_answers"] = {"text": np.zeros(0, object),
+                                     "answer_start": np.zeros(0, np.int32)}
+    records.append(record)
+  return records
+
+
+@pytest.mark.parametrize("version_2", [False, True])
+def test_tfds_squad_reads_like_the_json_files(tmp_path, version_2):
+  import tensorflow as tf
+  import tensorflow_datasets as tfds
+  data = _overfit_set() if version_2 else OFFICIAL
+  from_json = squad.read_squad_json(_write(tmp_path / "dev.json", data))
+  records = _as_tfds_records(from_json, version_2)[::-1]  # tfds stores records shuffled
+
+  def as_dataset(self, split, *args, **kwargs):
+    assert self.name == "squad" and self.builder_config.name == ("v2.0" if version_2 else "v1.1")
+    assert split == "validation"
+    text, texts = tf.TensorSpec((), tf.string), tf.TensorSpec((None,), tf.string)
+    spans = {"text": texts, "answer_start": tf.TensorSpec((None,), tf.int32)}
+    signature = {"id": text, "title": text, "context": text, "question": text, "answers": spans}
+    if version_2:
+      signature.update(is_impossible=tf.TensorSpec((), tf.bool), plausible_answers=spans)
+    return tf.data.Dataset.from_generator(lambda: iter(records), output_signature=signature)
+
+  with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+    from_tfds = squad.read_squad_tfds(str(tmp_path), "dev", version_2)
+  key = lambda e: (e.qas_id, e.question, e.context, e.answers, e.is_impossible, e.title)
+  assert sorted(map(key, from_tfds)) == sorted(map(key, from_json))
+
+
+def test_tfds_squad_that_is_not_prepared_says_how_to_prepare_it(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"tfds build squad/v1.1 --data_dir=DIR"):
+    squad.read_squad_tfds(str(tmp_path), "train", False)
