@@ -1,0 +1,172 @@
+"""Checks, on a TPU VM worker, that a run's inputs are readable and its output directory writable.
+
+    python3 launch/preflight.py --glob='gs://BUCKET/data128/*.tfrecord' \
+        --exists=gs://BUCKET/vocab.txt --writable=gs://BUCKET/bert_base
+
+tpu_pretrain.sh and tpu_finetune.sh run this on every worker before the trainer, because the
+commonest way to lose an hour of a pod slice is a run that compiles for minutes and then finds
+that the bucket path has a typo, or that the VMs' service account (not the user's own account,
+which may well have access) cannot read the data or write the workdir. Every problem is reported
+at once, naming the path and the account, and the exit status is 1 if there is any.
+
+gs:// paths go through `tf.io.gfile` (gsutil is not on every TPU VM image; TensorFlow is a
+dependency of the package); local paths through plain Python, so that TensorFlow is only
+imported where a bucket is involved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import socket
+import sys
+import urllib.request
+import uuid
+
+_METADATA = ("http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/"
+             "default/email")
+
+
+def _is_remote(path: str) -> bool:
+  return "://" in path
+
+
+def _gfile():
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.io.gfile
+
+
+def service_account() -> str | None:
+  """The identity the VM reaches Cloud Storage with: its service account, from the metadata
+  server (None off Google Cloud, where the local credentials are used)."""
+  request = urllib.request.Request(_METADATA, headers={"Metadata-Flavor": "Google"})
+  try:
+    with urllib.request.urlopen(request, timeout=3) as response:
+      return response.read().decode().strip()
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def _first_line(error: Exception) -> str:
+  text = str(getattr(error, "message", "") or error).strip()
+  return text.splitlines()[0] if text else type(error).__name__
+
+
+def check_glob(patterns: str) -> list[str]:
+  """Each comma-separated pattern must match at least one file (not only a directory)."""
+  problems = []
+  for pattern in [p.strip() for p in patterns.split(",") if p.strip()]:
+    try:
+      if _is_remote(pattern):
+        gfile = _gfile()
+        matched = gfile.glob(pattern)
+        directories = [m for m in matched if gfile.isdir(m)]
+      else:
+        matched = glob.glob(pattern)
+        directories = [m for m in matched if os.path.isdir(m)]
+    except Exception as e:  # pylint: disable=broad-except
+      problems.append(f"cannot list {pattern}: {_first_line(e)}")
+      continue
+    if not matched:
+      problems.append(f"no files match {pattern}")
+    elif len(directories) == len(matched):
+      problems.append(f"{pattern} names a directory, not files: give a glob such as "
+                      f"{pattern.rstrip('/')}/*.tfrecord")
+    else:
+      print(f"  ok: {len(matched) - len(directories)} files match {pattern}")
+  return problems
+
+
+def check_exists(path: str) -> list[str]:
+  """A file or directory (a checkpoint, a vocabulary, a GLUE task directory) must exist, or be
+  the prefix of a TF1 checkpoint (`bert_model.ckpt` is `bert_model.ckpt.index` and `.data-*`)."""
+  try:
+    if _is_remote(path):
+      gfile = _gfile()
+      found = gfile.exists(path) or bool(gfile.glob(path + ".*"))
+    else:
+      found = os.path.exists(path) or bool(glob.glob(glob.escape(path) + ".*"))
+  except Exception as e:  # pylint: disable=broad-except
+    return [f"cannot read {path}: {_first_line(e)}"]
+  if not found:
+    return [f"{path} does not exist"]
+  print(f"  ok: {path} exists")
+  return []
+
+
+def check_writable(directory: str) -> list[str]:
+  """Creates the directory, writes a probe object into it, reads it back and deletes it."""
+  probe = directory.rstrip("/") + f"/.preflight-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+  payload = b"bert_jax preflight probe\n"
+  try:
+    if _is_remote(directory):
+      gfile = _gfile()
+      gfile.makedirs(directory)
+      with gfile.GFile(probe, "wb") as f:
+        f.write(payload)
+      with gfile.GFile(probe, "rb") as f:
+        ok = f.read() == payload
+      gfile.remove(probe)
+    else:
+      os.makedirs(directory, exist_ok=True)
+      with open(probe, "wb") as f:
+        f.write(payload)
+      with open(probe, "rb") as f:
+        ok = f.read() == payload
+      os.remove(probe)
+  except Exception as e:  # pylint: disable=broad-except
+    return [f"cannot write to {directory}: {_first_line(e)}"]
+  if not ok:
+    return [f"{directory}: a probe object read back different from what was written"]
+  print(f"  ok: {directory} is writable")
+  return []
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--glob", action="append", default=[],
+                      help="comma-separated glob patterns that must each match files")
+  parser.add_argument("--exists", action="append", default=[],
+                      help="a file or directory that must exist")
+  parser.add_argument("--writable", action="append", default=[],
+                      help="a directory that must be writable (created if missing)")
+  args = parser.parse_args(argv)
+
+  host = socket.gethostname()
+  print(f"preflight on {host}:")
+  problems = []
+  for patterns in args.glob:
+    problems += check_glob(patterns)
+  for path in args.exists:
+    problems += check_exists(path)
+  for directory in args.writable:
+    problems += check_writable(directory)
+  if not problems:
+    return 0
+
+  paths = args.glob + args.exists + args.writable
+  lines = [f"preflight on {host} FAILED; nothing was started:"] + [f"  - {p}" for p in problems]
+  if any(_is_remote(p) for p in paths):
+    account = service_account()
+    buckets = sorted({p.split("://", 1)[1].split("/", 1)[0] for p in paths if _is_remote(p)})
+    if account is None:
+      lines.append("Check the paths and that the credentials of this machine can use them.")
+      buckets = []
+    else:
+      lines += [
+          f"The TPU VMs use Cloud Storage as the service account {account}, not as your own",
+          "account. Check the paths, then give that service account access, e.g.",
+      ]
+    for bucket in buckets:
+      lines.append(f"  gcloud storage buckets add-iam-policy-binding gs://{bucket} "
+                   f"--member=serviceAccount:{account} --role=roles/storage.objectUser")
+    if buckets:
+      lines.append("(roles/storage.objectViewer is enough for buckets that are only read.)")
+  print("\n".join(lines), file=sys.stderr)
+  return 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
