@@ -23,7 +23,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import app, flags, logging
@@ -53,18 +52,6 @@ def bert_config_from(config: ml_collections.ConfigDict) -> configuration.BertCon
   """The model section of a run config → BertConfig (preset, then the non-None fields)."""
   fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
   return configuration.get_preset(config.model.preset, **fields)
-
-
-def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None):
-  """Joins a multi-process run. On Cloud TPU VM slices with several workers the TPU runtime
-  describes the slice and `jax.distributed.initialize()` needs no arguments."""
-  if coordinator_address:
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id)
-    return
-  hostnames = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-  if len([h for h in hostnames.split(",") if h]) > 1:
-    jax.distributed.initialize()
 
 
 class _StopSignal:
@@ -412,7 +399,8 @@ def main(argv):
     raise app.UsageError("--config and --workdir are required.")
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # progress is printed; keep library INFO chatter out
-  initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  train_lib.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
+                                   FLAGS.process_id)
   if FLAGS.compile_only:
     out = compile_train_step(FLAGS.config)
     gib = out.get("bytes_per_device", float("nan")) / 2**30

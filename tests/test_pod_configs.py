@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests import pretrain_helpers as ph
 
 SCRIPT = r"""
@@ -55,3 +57,25 @@ def test_base_compiles_for_16_chips_and_large_lowers_for_64():
   assert out["large"]["params"] > 335_000_000 and out["large"]["partitions"]
   # Phase 2: length 512, the last 10% of the 1M steps, continuing the phase-1 state.
   assert out["phase2"] == [512, 80, 1_000_000, 1_000_000, "continue"]
+
+
+@pytest.mark.parametrize("coordinator,hostnames,tpu_vm,expected", [
+    ("10.0.0.1:1234", "", False, {"coordinator_address": "10.0.0.1:1234", "num_processes": 2,
+                                  "process_id": 1}),
+    (None, "", True, {}),                  # Cloud TPU VM: the slice comes from TPU metadata
+    (None, "w-0,w-1", False, {}),          # GKE TPU pods list their workers
+    (None, "w-0", False, None),            # one worker, no TPU chips here: nothing to join
+    (None, "", False, None),               # a CPU or single-GPU machine
+])
+def test_distributed_initialisation_is_called_where_there_is_a_slice(monkeypatch, coordinator,
+                                                                      hostnames, tpu_vm,
+                                                                      expected):
+  from bert_jax import train_lib
+  calls = []
+  monkeypatch.setattr(train_lib.jax.distributed, "initialize",
+                      lambda **kwargs: calls.append(kwargs))
+  monkeypatch.setattr(train_lib, "_on_tpu_vm", lambda: tpu_vm)
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", hostnames)
+  train_lib.initialize_distributed(coordinator, 2 if coordinator else None,
+                                   1 if coordinator else None)
+  assert calls == ([] if expected is None else [expected])
