@@ -204,11 +204,13 @@ def _shakespeare_squad(num_contexts, seed=0):
   five words, stripped of surrounding punctuation as SQuAD's annotators did, and questions made
   from the sentence around the answer. Whitespace varies (spaces, newlines, doubled spaces)."""
   rng = np.random.default_rng(seed)
-  sentences = [line for line in demo_corpus.corpus_text(max_bytes=1_500_000).split("\n") if line]
+  sentences = [line for line in demo_corpus.corpus_text(max_bytes=40_000 * num_contexts).split("\n") if line]
   paragraphs, qid, at = [], 0, 0
   while len(paragraphs) < num_contexts:
     k = int(rng.integers(6, 40))
     chunk, at = sentences[at:at + k], at + k
+    if not chunk:
+      raise ValueError(f"the corpus holds fewer than {num_contexts} passages")
     separator = [" ", "\n", "  ", " \n"][int(rng.integers(0, 4))]
     context = separator.join(chunk)
     words = list(re.finditer(r"\S+", context))
@@ -483,3 +485,48 @@ def test_tfds_squad_reads_like_the_json_files(tmp_path, version_2):
 def test_tfds_squad_that_is_not_prepared_says_how_to_prepare_it(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"tfds build squad/v1.1 --data_dir=DIR"):
     squad.read_squad_tfds(str(tmp_path), "train", False)
+
+
+# ------------------------------------------------------------------------- span head parity
+def test_span_head_and_loss_match_the_reference(tmp_path, tokenizer):
+  """MiniLM + a span head against transformers' PyTorch BertForQuestionAnswering with the same
+  weights, on real SQuAD windows: logits at every real token and the loss within 1e-5."""
+  import jax.numpy as jnp
+  import torch
+  import transformers
+  from bert_jax import convert, heads
+  torch.manual_seed(0)
+  reference = transformers.BertForQuestionAnswering.from_pretrained(
+      helpers.minilm_dir(), attn_implementation="eager").eval()
+  config, params, _ = convert.load_hf_checkpoint(helpers.minilm_dir())
+  weight = reference.qa_outputs.weight.detach().numpy()
+  bias = reference.qa_outputs.bias.detach().numpy()
+  model = heads.BertForQuestionAnswering(config)
+  ours = {"bert": {k: v for k, v in params["bert"].items() if k != "pooler"},
+          "qa_outputs": {"kernel": weight.T, "bias": bias}}
+  examples = squad.read_squad_json(_write(tmp_path / "t.json", OFFICIAL))
+  feats = squad.convert_examples_to_features(examples, tokenizer, max_seq_length=48,
+                                             doc_stride=16, is_training=True).arrays
+  start, end = model.apply({"params": ours}, feats["input_ids"], feats["input_mask"],
+                           feats["segment_ids"])
+  with torch.no_grad():
+    out = reference(input_ids=torch.tensor(feats["input_ids"]),
+                    attention_mask=torch.tensor(feats["input_mask"]),
+                    token_type_ids=torch.tensor(feats["segment_ids"]))
+  real = feats["input_mask"].astype(bool)
+  assert abs(np.asarray(start) - out.start_logits.numpy())[real].max() < 1e-5
+  assert abs(np.asarray(end) - out.end_logits.numpy())[real].max() < 1e-5
+  # The loss: windows without padding, where the softmax runs over the same positions.
+  full = np.flatnonzero(real.all(axis=1))
+  assert len(full) >= 3
+  with torch.no_grad():
+    loss = reference(input_ids=torch.tensor(feats["input_ids"][full]),
+                     attention_mask=torch.tensor(feats["input_mask"][full]),
+                     token_type_ids=torch.tensor(feats["segment_ids"][full]),
+                     start_positions=torch.tensor(feats["start_positions"][full]).long(),
+                     end_positions=torch.tensor(feats["end_positions"][full]).long()).loss
+  weights = np.zeros(len(feats["weight"]), np.float32)
+  weights[full] = 1.0  # weight 0 rows (padding of a partial batch) must not count
+  ours_loss = heads.span_loss(start, end, jnp.asarray(feats["start_positions"]),
+                              jnp.asarray(feats["end_positions"]), jnp.asarray(weights))
+  assert abs(float(ours_loss["loss"]) - float(loss)) < 1e-5
