@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 from typing import Any
 
@@ -363,12 +364,22 @@ def _train(job: _Job, state, train_step, feats, num_steps, batch_size, seed, tri
   return state
 
 
-def _save(job: _Job, state, num_steps: int, metadata: dict[str, Any]) -> None:
+def _save(job: _Job, state, num_steps: int, tokenizer, metadata: dict[str, Any]) -> None:
+  """The fine-tuned model with what serving it needs: its config, its vocabulary (copied to
+  `vocab.txt` / `spm.model` beside it) and, in the metadata, the task and input settings."""
   manager = checkpointing.CheckpointManager(job.ckpt_dir, max_to_keep=1)
-  manager.save(num_steps, state, {}, {"bert_config": job.bert_config.to_hf_dict(), **metadata})
+  manager.save(num_steps, state, {}, {"bert_config": job.bert_config.to_hf_dict(),
+                                      "do_lower_case": bool(tokenizer.do_lower_case),
+                                      **metadata})
   manager.close()
   if jax.process_index() == 0:
     job.bert_config.to_json_file(file_io.join(job.output_dir, "bert_config.json"))
+    source = getattr(tokenizer, "vocab_file", None) or getattr(tokenizer, "model_file", None)
+    if source:
+      name = "vocab.txt" if getattr(tokenizer, "vocab_file", None) else "spm.model"
+      target = file_io.join(job.output_dir, name)
+      if os.path.abspath(source) != os.path.abspath(target):
+        file_io.write_bytes_atomic(target, file_io.read_bytes(source))
 
 
 def _finish(job: _Job, results: dict[str, Any]) -> dict[str, Any]:
@@ -430,7 +441,9 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
                 f"({num_train_epochs} epochs of {len(train_examples) // train_batch_size}), "
                 f"batch {train_batch_size}")
     state = _train(job, state, train_step, feats, num_steps, train_batch_size, seed, trim=True)
-    _save(job, state, num_steps, {"task": task.name, "num_labels": num_labels})
+    _save(job, state, num_steps, tokenizer, {
+        "task": task.name, "num_labels": num_labels, "max_seq_length": max_seq_length,
+        "label_list": None if task.is_regression else list(task.label_list)})
     results["train_steps"] = num_steps
     results["train_seconds"] = time.time() - job.started
 
@@ -526,7 +539,7 @@ def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
                                  job.mesh, job.rules)
     # No length trimming: the original's softmax runs over every position, padding included.
     state = _train(job, state, train_step, feats, num_steps, train_batch_size, seed, trim=False)
-    _save(job, state, num_steps, {"task": f"squad {version}"})
+    _save(job, state, num_steps, tokenizer, {"task": f"squad {version}", **window})
     results["train_steps"] = num_steps
     results["train_seconds"] = time.time() - job.started
 

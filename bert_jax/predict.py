@@ -1,25 +1,259 @@
-"""Inference from any of our checkpoints: fill-in-the-[MASK].
+r"""Inference from any of our checkpoints: fill-in-the-[MASK], classification, question answering.
 
     python -m bert_jax.predict --checkpoint=WORKDIR --vocab_file=vocab.txt \
         --text="to be or not to [MASK], that is the question" --top_k=5
 
-`--checkpoint` is a pre-training workdir (it holds `bert_config.json` and `checkpoints/`), an
-Orbax checkpoint directory, or a Hugging Face BERT directory (`config.json` +
-`model.safetensors`, with the `cls.*` heads).
+    python -m bert_jax.predict --checkpoint=out/sst2 --vocab_file=vocab.txt \
+        --text="a moving and beautiful film" --text="premise ||| hypothesis"
+
+    python -m bert_jax.predict --checkpoint=out/squad --vocab_file=vocab.txt \
+        --question="Who won?" --context_file=article.txt
+
+`--mode` says what to do; `auto` (the default) reads it from the checkpoint: a fine-tuned
+output directory of `bert_jax.finetune` records its task in the checkpoint metadata (a SQuAD
+task → `qa`, any other task → `classify`); everything else — a pre-training workdir, an Orbax
+checkpoint directory, a Hugging Face BERT directory (`config.json` + `model.safetensors`, with
+the `cls.*` heads) or Google's TF1 checkpoint (`.../bert_model.ckpt`) — is a pre-training model,
+so `fill_mask`.
+
+- `fill_mask`: the `--top_k` tokens, with probabilities, for every [MASK] of each `--text`.
+- `classify`: per input, the label with its probability and every class's probability (a
+  regression model: its score). Inputs are `--text` (repeatable; a pair as
+  `--text="premise ||| hypothesis"` or with `--text_b`) or `--input_file` (TSV without header:
+  `text` or `text<TAB>text_b` per line). Label names come from the task recorded in the
+  checkpoint (GLUE tasks know theirs); a custom task's labels are not recorded, so give
+  `--label_list` (otherwise class indices are shown).
+- `qa`: the best answer span of `--context` (or `--context_file`) for each `--question`, or for
+  every question of an `--input_file` in the official SQuAD JSON layout, with its probability and
+  the `--n_best` best candidates; for a SQuAD 2.0 model also the no-answer decision (null score
+  − best span score against `--null_score_diff_threshold`). The features and the post-processing
+  are fine-tuning's own (sliding windows over long contexts), so an `--input_file` gets exactly
+  the answers of fine-tuning's `predictions.json` (given the window flags it was trained with:
+  `--max_seq_length`, `--doc_stride`, `--max_query_length`).
+
+The vocabulary is `--vocab_file`, else the `vocab.txt` beside the checkpoint (in the directory
+of a TF1 prefix). `--output_file` writes one JSON object per input; `--json` prints them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+import os
+import sys
 from typing import Any, Sequence
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 
-from bert_jax import configuration, convert, file_io, heads, tokenization
+from bert_jax import (checkpointing, configuration, convert, file_io, finetune, heads, sharding,
+                      tokenization)
+from bert_jax.tasks import text_features
+
+MODES = ("fill_mask", "classify", "qa")
+# What each mode needs, for messages that say why a checkpoint does not fit.
+_NEEDS = {"fill_mask": "a pre-training model (masked-LM head)",
+          "classify": "a fine-tuned classifier (the --output_dir of `finetune --task_name=SST-2` "
+                      "or another GLUE / custom task)",
+          "qa": "a fine-tuned SQuAD model (the --output_dir of `finetune --task_name=squad`)"}
+# Separates the two texts of a pair inside one --text.
+PAIR_SEPARATOR = "|||"
+# Candidates per question that post-processing searches and keeps: fine-tuning's --n_best_size
+# default, so that the answer (and its probability) is the one in fine-tuning's files however
+# few candidates are shown.
+_SQUAD_CANDIDATES = 20
 
 
+class PredictError(ValueError):
+  """A checkpoint, vocabulary or input that does not fit the request; the message says why."""
+
+
+# ------------------------------------------------------------------------------ checkpoints
+@dataclasses.dataclass
+class CheckpointInfo:
+  """What `--checkpoint` is, read without loading any weights."""
+  path: str
+  kind: str                 # "tf1", "hf" or "orbax" (`convert.checkpoint_kind`)
+  where: str                # the TF1 prefix, or the directory
+  metadata: dict[str, Any]  # an Orbax checkpoint's metadata; {} for the other kinds
+
+  @property
+  def task(self) -> str | None:
+    task = self.metadata.get("task")
+    return str(task) if task else None
+
+  @property
+  def mode(self) -> str:
+    """The mode this checkpoint serves: fine-tuning records its task, pre-training none."""
+    if self.task is None:
+      return "fill_mask"
+    return "qa" if self.task.lower().startswith("squad") else "classify"
+
+  def describe(self) -> str:
+    if self.kind != "orbax":
+      return f"{convert.KIND_NAMES[self.kind]} ({self.where}), a pre-training model"
+    if self.mode == "fill_mask":
+      return "a pre-training checkpoint (its metadata names no fine-tuned task)"
+    if self.mode == "qa":
+      return f"a fine-tuned SQuAD model (task {self.task!r})"
+    labels = self.metadata.get("num_labels")
+    return (f"a fine-tuned classifier (task {self.task!r}"
+            + (f", {labels} outputs)" if labels else ")"))
+
+
+def inspect_checkpoint(path: str) -> CheckpointInfo:
+  """The kind of `path` and, for an Orbax checkpoint, its metadata (a small JSON item)."""
+  try:
+    kind, where = convert.checkpoint_kind(path)
+  except (ValueError, FileNotFoundError) as e:
+    raise PredictError(str(e)) from e
+  metadata: dict[str, Any] = {}
+  if kind == "orbax":
+    ckpt_dir = (file_io.join(where, "checkpoints")
+                if file_io.exists(file_io.join(where, "checkpoints")) else where)
+    manager = checkpointing.CheckpointManager(ckpt_dir, max_to_keep=None, async_save=False)
+    try:
+      if manager.latest_step() is None:
+        raise PredictError(f"{path}: no saved checkpoint in {ckpt_dir} (did the run save one?).")
+      metadata = manager.restore_metadata()
+    finally:
+      manager.close()
+  return CheckpointInfo(path, kind, where, metadata)
+
+
+def check_mode(info: CheckpointInfo, mode: str) -> None:
+  """Refuses a checkpoint of another kind, naming the path, what it is and what would fit."""
+  if info.mode == mode:
+    return
+  hint = f" Use --mode={info.mode} (or --mode=auto) for this checkpoint."
+  raise PredictError(f"--mode={mode} needs {_NEEDS[mode]}, but {info.path} is "
+                     f"{info.describe()}.{hint}")
+
+
+def _load(info: CheckpointInfo, require_heads: bool) -> tuple[configuration.BertConfig, Any]:
+  """`convert.load_pretraining_model`, whose errors (no heads, shapes that do not fit the config,
+  no config beside a TF1 checkpoint) are about the checkpoint, so are reported as such."""
+  try:
+    return convert.load_pretraining_model(info.where, require_heads=require_heads)
+  except (ValueError, FileNotFoundError) as e:
+    raise PredictError(str(e)) from e
+
+
+@dataclasses.dataclass
+class FinetunedModel:
+  """A fine-tuning output directory, loaded: the head, its weights and what fine-tuning saved."""
+  info: CheckpointInfo
+  config: configuration.BertConfig
+  params: Any
+  module: Any  # heads.BertForSequenceClassification or heads.BertForQuestionAnswering
+
+  @property
+  def num_labels(self) -> int:
+    return int(np.shape(self.params["classifier"]["kernel"])[-1])
+
+  @property
+  def version_2_with_negative(self) -> bool:
+    return "v2" in (self.info.task or "")  # fine-tuning records "squad v1.1" / "squad v2.0"
+
+
+def load_finetuned(info: CheckpointInfo, mode: str) -> FinetunedModel:
+  """The model behind a fine-tuned output directory, for `mode` ("classify" or "qa").
+
+  The weights are read by the same loader as every other Orbax tree (encoder + the task's head,
+  with the config it was trained with); only the head module differs by task.
+  """
+  check_mode(info, mode)
+  config, params = _load(info, require_heads=False)
+  head = "classifier" if mode == "classify" else "qa_outputs"
+  if head not in params:
+    raise PredictError(f"{info.path}: the checkpoint records task {info.task!r} but holds no "
+                       f"'{head}' parameters (it has {sorted(params)}).")
+  if mode == "classify":  # as many outputs as the stored head has
+    module = heads.BertForSequenceClassification(config, int(np.shape(params[head]["kernel"])[-1]))
+  else:
+    module = heads.BertForQuestionAnswering(config)
+  return FinetunedModel(info, config, params, module)
+
+
+def vocab_candidates(info: CheckpointInfo) -> list[str]:
+  """Where a checkpoint's `vocab.txt` is looked for: the directory of a TF1 prefix (Google's
+  release keeps it beside `bert_model.ckpt`), else the checkpoint directory (and the workdir
+  above an Orbax `checkpoints/`)."""
+  directory = (os.path.dirname(info.where) or ".") if info.kind == "tf1" else info.where
+  candidates = [file_io.join(directory, "vocab.txt")]
+  if info.kind == "orbax" and os.path.basename(directory.rstrip("/")) == "checkpoints":
+    candidates.append(file_io.join(os.path.dirname(directory.rstrip("/")) or ".", "vocab.txt"))
+  return candidates
+
+
+def find_vocab(info: CheckpointInfo, vocab_file: str | None = None,
+               spm_model_file: str | None = None) -> tuple[str | None, str | None]:
+  """`(vocab_file, spm_model_file)`: the one given, else the `vocab.txt` found beside the
+  checkpoint. Called before any weights are read, so that a missing file fails at once."""
+  if vocab_file and spm_model_file:
+    raise PredictError("Give one of --vocab_file and --spm_model_file, not both.")
+  given = vocab_file or spm_model_file
+  if given:
+    if not file_io.exists(given):
+      raise PredictError(f"{given} does not exist (--{'vocab' if vocab_file else 'spm_model'}"
+                         "_file).")
+    return vocab_file, spm_model_file
+  candidates = vocab_candidates(info)
+  found = next((c for c in candidates if file_io.exists(c)), None)
+  if found is None:  # a SentencePiece model that fine-tuning copied beside its checkpoint
+    spm = [os.path.join(os.path.dirname(c), "spm.model") for c in candidates]
+    found_spm = next((c for c in spm if file_io.exists(c)), None)
+    if found_spm:
+      return None, found_spm
+    candidates += spm
+  if found is None:
+    raise PredictError(f"No vocabulary for {info.path}: looked for {' and '.join(candidates)}. "
+                       "Pass the one the model was trained with: --vocab_file=vocab.txt (or "
+                       "--spm_model_file).")
+  return found, None
+
+
+def load_tokenizer(info: CheckpointInfo, config: configuration.BertConfig,
+                   vocab_file: str | None = None, spm_model_file: str | None = None,
+                   do_lower_case: bool = True) -> tokenization.Tokenizer:
+  """The given vocabulary, or the one found beside the checkpoint; it must fit the model."""
+  vocab_file, spm_model_file = find_vocab(info, vocab_file, spm_model_file)
+  tokenizer = tokenization.load_tokenizer(vocab_file=vocab_file, spm_model_file=spm_model_file,
+                                          do_lower_case=do_lower_case)
+  if tokenizer.vocab_size != config.vocab_size:
+    raise PredictError(f"The vocabulary {vocab_file or spm_model_file} has "
+                       f"{tokenizer.vocab_size} entries but the model {info.path} "
+                       f"{config.vocab_size}: pass the vocabulary the model was trained with.")
+  return tokenizer
+
+
+def run_model(module: Any, params: Any, feats: dict[str, np.ndarray], batch_size: int,
+              trim: bool, desc: str) -> Any:
+  """The module's outputs for every row of `feats`, computed by fine-tuning's own predict step
+  (data-parallel over the local devices, parameters replicated), so that they equal what
+  fine-tuning computes for the same rows."""
+  mesh = sharding.create_mesh((-1, 1, 1))
+  batch_sh = sharding.batch_sharding(mesh)
+  param_sh = jax.tree.map(lambda _: sharding.replicated(mesh), params)
+  step = finetune.make_predict_step(module, param_sh, batch_sh, mesh,
+                                    sharding.DEFAULT_LOGICAL_AXIS_RULES)
+  devices = sharding.data_parallel_size(mesh)
+  # No bigger than the input needs (one input is one small batch), a multiple of the devices.
+  rows = min(batch_size, len(feats["weight"]))
+  rows = -(-max(rows, 1) // devices) * devices
+  return finetune.predict_all(step, jax.device_put(params, param_sh), feats, rows, batch_sh,
+                              desc=desc, trim=trim)
+
+
+def _check_length(max_seq_length: int, config: configuration.BertConfig) -> None:
+  if max_seq_length > config.max_position_embeddings:
+    raise PredictError(f"--max_seq_length={max_seq_length} exceeds the model's "
+                       f"max_position_embeddings={config.max_position_embeddings}.")
+
+
+# -------------------------------------------------------------------------------- fill-mask
 def fill_mask(config: configuration.BertConfig, params: Any, tokenizer: tokenization.Tokenizer,
               texts: Sequence[str], top_k: int = 5) -> list[list[list[tuple[str, float]]]]:
   """For each text, for each [MASK] in it: the `top_k` (token, probability) predictions."""
@@ -64,40 +298,351 @@ def format_fill_mask(text: str, predictions: list[list[tuple[str, float]]]) -> s
   return "\n".join(lines)
 
 
+def load_fill_mask_model(info: CheckpointInfo) -> tuple[configuration.BertConfig, Any]:
+  """A pre-training model with its masked-LM head, from any kind of checkpoint."""
+  check_mode(info, "fill_mask")
+  config, params = _load(info, require_heads=True)
+  if "cls" not in params:  # an Orbax tree has no load report, so check here
+    raise PredictError(f"{info.path}: the checkpoint has no pre-training heads (cls/*; it has "
+                       f"{sorted(params)}); fill-mask needs a pre-training model.")
+  return config, params
+
+
+# ----------------------------------------------------------------------------- classification
+def split_pair(text: str, text_b: str | None = None) -> tuple[str, str | None]:
+  """`"premise ||| hypothesis"` → the two texts; a lone text stays single unless `text_b`."""
+  if text_b is not None:
+    return text, text_b
+  if PAIR_SEPARATOR in text:
+    a, b = text.split(PAIR_SEPARATOR, 1)
+    return a.strip(), b.strip()
+  return text, None
+
+
+def read_classify_tsv(path: str) -> list[tuple[str, str | None]]:
+  """`text` or `text<TAB>text_b` per line (no header; blank lines skipped)."""
+  inputs = []
+  for number, line in enumerate(file_io.read_text(path).splitlines(), 1):
+    if not line.strip():
+      continue
+    fields = line.split("\t")
+    if len(fields) > 2:
+      raise PredictError(f"{path}: line {number} has {len(fields)} tab-separated fields; "
+                         "expected text or text<TAB>text_b.")
+    inputs.append((fields[0], fields[1] if len(fields) == 2 else None))
+  if not inputs:
+    raise PredictError(f"{path}: no input lines.")
+  return inputs
+
+
+def resolve_labels(model: FinetunedModel, task_name: str | None = None,
+                   label_list: Sequence[str] | None = None) -> list[str] | None:
+  """The label names in the head's order (None for regression): `--label_list`, else those of
+  `--task_name`, else the ones the checkpoint records, else those of its recorded GLUE task,
+  else class indices with a warning."""
+  from bert_jax.tasks import glue  # pylint: disable=g-import-not-at-top
+  num_labels = model.num_labels
+  if label_list:
+    labels = list(label_list)
+  else:
+    labels = None if task_name else model.info.metadata.get("label_list")
+  if labels is None:
+    name = task_name or model.info.task
+    if name and name.lower() != "custom":
+      try:
+        task = glue.get_task(name)
+      except ValueError as e:
+        raise PredictError(f"{model.info.path}: task {name!r}: {e} Pass --label_list.") from e
+      labels = task.label_list
+      if (1 if labels is None else len(labels)) != num_labels:
+        raise PredictError(f"{model.info.path}: task {name} has "
+                           f"{'one output' if labels is None else f'{len(labels)} labels'} but "
+                           f"the model {num_labels} outputs; pass --task_name or --label_list.")
+      return labels
+    if num_labels == 1:
+      return None
+    logging.warning("%s does not record its label names (task %r): showing class indices; "
+                    "pass --label_list=a,b,... for names.", model.info.path, name)
+    return [str(i) for i in range(num_labels)]
+  if num_labels == 1:
+    raise PredictError(f"{model.info.path} is a regression model (one output); drop "
+                       "--label_list.")
+  if len(labels) != num_labels:
+    raise PredictError(f"--label_list has {len(labels)} labels ({','.join(labels)}) but the "
+                       f"model {model.info.path} has {num_labels} outputs.")
+  return [str(label) for label in labels]
+
+
+def classify(model: FinetunedModel, tokenizer: tokenization.Tokenizer,
+             inputs: Sequence[tuple[str, str | None]], labels: list[str] | None,
+             max_seq_length: int = 128, batch_size: int = 32) -> list[dict[str, Any]]:
+  """Per input: `label`, `probability` and `probabilities` (label → probability), or `score`
+  for a regression model; encoded exactly as fine-tuning encodes its examples."""
+  _check_length(max_seq_length, model.config)
+  feats = text_features.encode_examples(tokenizer, [a for a, _ in inputs],
+                                        [b for _, b in inputs], max_seq_length)
+  feats["weight"] = np.ones(len(inputs), np.float32)
+  logits = np.asarray(run_model(model.module, model.params, feats, batch_size, trim=True,
+                                desc="classify"), np.float64)
+  results = []
+  for (a, b), row in zip(inputs, logits):
+    out: dict[str, Any] = {"text": a}
+    if b is not None:
+      out["text_b"] = b
+    if labels is None:
+      out["score"] = float(row[0])
+    else:
+      probs = np.exp(row - row.max())
+      probs /= probs.sum()
+      best = int(np.argmax(probs))
+      out.update(label=labels[best], probability=float(probs[best]),
+                 probabilities={name: float(p) for name, p in zip(labels, probs)})
+    results.append(out)
+  return results
+
+
+def format_classification(result: dict[str, Any]) -> str:
+  text = result["text"] + (f" {PAIR_SEPARATOR} {result['text_b']}" if "text_b" in result else "")
+  if "score" in result:
+    return f"{text}\n  score: {result['score']:.4f}"
+  shown = ", ".join(f"{name} {p:.1%}" for name, p in result["probabilities"].items())
+  return f"{text}\n  {result['label']} ({result['probability']:.1%})   [{shown}]"
+
+
+# ------------------------------------------------------------------------------------- SQuAD
+def question_examples(questions: Sequence[str], context: str) -> list[Any]:
+  """SQuAD examples for questions about one context (ids q1, q2, ...)."""
+  from bert_jax.tasks import squad  # pylint: disable=g-import-not-at-top
+  if not context.strip():
+    raise PredictError("The context is empty.")
+  return [squad.SquadExample(f"q{i + 1}", q, context, [], where=f"--question #{i + 1}")
+          for i, q in enumerate(questions)]
+
+
+def answer_questions(model: FinetunedModel, tokenizer: tokenization.Tokenizer,
+                     examples: Sequence[Any], *, max_seq_length: int = 384,
+                     doc_stride: int = 128, max_query_length: int = 64,
+                     max_answer_length: int = 30, n_best: int = 5,
+                     null_score_diff_threshold: float = 0.0,
+                     batch_size: int = 32) -> list[dict[str, Any]]:
+  """Per question: `answer` ("" when a SQuAD 2.0 model says there is none), its `probability`,
+  the `n_best` best candidates, and for SQuAD 2.0 `null_score_diff` (null score − best span
+  score; above `null_score_diff_threshold` means no answer). Windows, logits and selection are
+  fine-tuning's own (`squad.convert_examples_to_features`, `squad.postprocess`)."""
+  from bert_jax.tasks import squad  # pylint: disable=g-import-not-at-top
+  _check_length(max_seq_length, model.config)
+  try:
+    features = squad.convert_examples_to_features(
+        examples, tokenizer, max_seq_length=max_seq_length, doc_stride=doc_stride,
+        max_query_length=max_query_length, is_training=False)
+  except ValueError as e:
+    raise PredictError(str(e)) from e
+  # No length trimming, as in fine-tuning: the logits are then exactly fine-tuning's.
+  start_logits, end_logits = run_model(model.module, model.params, features.arrays, batch_size,
+                                       trim=False, desc="answer")
+  version_2 = model.version_2_with_negative
+  predictions, nbest, null_odds = squad.postprocess(
+      examples, features, start_logits, end_logits,
+      n_best_size=max(n_best, _SQUAD_CANDIDATES), max_answer_length=max_answer_length,
+      version_2_with_negative=version_2, null_score_diff_threshold=null_score_diff_threshold)
+  results = []
+  for example in examples:
+    answer = predictions[example.qas_id]
+    candidates = nbest[example.qas_id]
+    out = {"id": example.qas_id, "question": example.question, "answer": answer,
+           "probability": next(c["probability"] for c in candidates if c["text"] == answer),
+           "n_best": candidates[:n_best]}
+    if version_2:
+      diff = null_odds[example.qas_id]
+      out["null_score_diff"] = diff if math.isfinite(diff) else 1e30
+      out["has_answer"] = bool(answer)
+    results.append(out)
+  return results
+
+
+def format_answer(result: dict[str, Any], threshold: float = 0.0) -> str:
+  lines = [f"[{result['id']}] {result['question']}"]
+  shown = result["answer"] if result["answer"] else "(no answer)"
+  lines.append(f"  answer: {shown} ({result['probability']:.1%})")
+  if "null_score_diff" in result:
+    diff = result["null_score_diff"]
+    relation = ">" if diff > threshold else "<="
+    lines.append(f"  null score - best span score = {diff:.3f} {relation} threshold "
+                 f"{threshold:g}: {'answerable' if result['has_answer'] else 'no answer'}")
+  for i, candidate in enumerate(result["n_best"], 1):
+    lines.append(f"  {i}. {candidate['text'] or '(no answer)'}  {candidate['probability']:.1%}")
+  return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ command line
 FLAGS = flags.FLAGS
+
+# Flags that only some modes read: given with another mode they are a mistake, not a no-op.
+_MODE_FLAGS = {"text": ("fill_mask", "classify"), "top_k": ("fill_mask",),
+               "text_b": ("classify",), "task_name": ("classify",), "label_list": ("classify",),
+               "question": ("qa",), "context": ("qa",), "context_file": ("qa",),
+               "n_best": ("qa",), "null_score_diff_threshold": ("qa",), "doc_stride": ("qa",),
+               "max_query_length": ("qa",), "max_answer_length": ("qa",),
+               "max_seq_length": ("classify", "qa"), "batch_size": ("classify", "qa")}
 
 
 def define_flags() -> None:
   """Command-line flags, defined only when run as a program (importers get none)."""
-  flags.DEFINE_string("checkpoint", None, "Workdir, Orbax or Hugging Face directory.")
-  flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.")
+  flags.DEFINE_string("checkpoint", None, "Pre-training workdir, Orbax, Hugging Face or TF1 "
+                      "checkpoint (fill_mask), or a fine-tuning --output_dir (classify, qa).")
+  flags.DEFINE_enum("mode", "auto", ["auto", *MODES], "auto: qa for a fine-tuned SQuAD model, "
+                    "classify for another fine-tuned task, else fill_mask.")
+  flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt (default: vocab.txt beside the "
+                      "checkpoint).")
   flags.DEFINE_string("spm_model_file", None, "SentencePiece model (instead of vocab_file).")
   flags.DEFINE_bool("do_lower_case", True, "Lower-case input (uncased models).")
-  flags.DEFINE_multi_string("text", [], "Text with [MASK] tokens; may be repeated.")
-  flags.DEFINE_integer("top_k", 5, "Predictions per [MASK].")
+  flags.DEFINE_multi_string("text", [], "fill_mask: text with [MASK] tokens; classify: a text, "
+                            f"or a pair as 'a {PAIR_SEPARATOR} b'. May be repeated.")
+  flags.DEFINE_multi_string("text_b", [], "classify: second text of each --text, in order.")
+  flags.DEFINE_string("input_file", None, "classify: TSV, text or text<TAB>text_b per line; "
+                      "qa: official SQuAD JSON; fill_mask: one text per line.")
+  flags.DEFINE_string("output_file", None, "Write one JSON object per input (JSON lines).")
   flags.DEFINE_bool("json", False, "Print JSON instead of text.")
+  flags.DEFINE_integer("top_k", 5, "fill_mask: predictions per [MASK].")
+  flags.DEFINE_string("task_name", None, "classify: task whose label names to show, when the "
+                      "checkpoint does not record one (a GLUE name).")
+  flags.DEFINE_list("label_list", None, "classify: label names in the head's order (custom "
+                    "tasks, whose names the checkpoint does not record).")
+  flags.DEFINE_multi_string("question", [], "qa: a question about --context; may be repeated.")
+  flags.DEFINE_string("context", None, "qa: the passage to answer from.")
+  flags.DEFINE_string("context_file", None, "qa: file holding the passage.")
+  flags.DEFINE_integer("n_best", 5, "qa: candidates shown per question.")
+  flags.DEFINE_float("null_score_diff_threshold", 0.0, "qa, SQuAD 2.0: no answer when null "
+                     "score - best span score exceeds this (fine-tuning's eval_results.json "
+                     "reports the best threshold on dev).")
+  flags.DEFINE_integer("max_seq_length", None, "Tokens per input (default: 128 for classify, "
+                       "384 for qa, as fine-tuning).")
+  flags.DEFINE_integer("doc_stride", 128, "qa: distance between context windows, in tokens.")
+  flags.DEFINE_integer("max_query_length", 64, "qa: question tokens kept.")
+  flags.DEFINE_integer("max_answer_length", 30, "qa: longest answer, in tokens.")
+  flags.DEFINE_integer("batch_size", 32, "Inputs per forward pass (classify, qa).")
+
+
+def _texts_from_flags() -> list[str]:
+  texts = list(FLAGS.text)
+  if FLAGS.input_file:
+    texts += [line for line in file_io.read_text(FLAGS.input_file).splitlines() if line.strip()]
+  return texts
+
+
+def _classify_inputs() -> list[tuple[str, str | None]]:
+  if FLAGS.text_b and len(FLAGS.text_b) != len(FLAGS.text):
+    raise app.UsageError(f"{len(FLAGS.text_b)} --text_b for {len(FLAGS.text)} --text: give one "
+                         "per --text (or write pairs as --text='a ||| b').")
+  inputs = [split_pair(t, FLAGS.text_b[i] if FLAGS.text_b else None)
+            for i, t in enumerate(FLAGS.text)]
+  if FLAGS.input_file:
+    inputs += read_classify_tsv(FLAGS.input_file)
+  if not inputs:
+    raise app.UsageError("--mode=classify needs --text or --input_file.")
+  return inputs
+
+
+def _qa_examples() -> list[Any]:
+  from bert_jax.tasks import squad  # pylint: disable=g-import-not-at-top
+  examples = []
+  if FLAGS.question and FLAGS.input_file:
+    raise app.UsageError("Give --question (with --context) or --input_file, not both.")
+  if FLAGS.question:
+    if bool(FLAGS.context is not None) == bool(FLAGS.context_file):
+      raise app.UsageError("--question needs exactly one of --context and --context_file.")
+    context = (FLAGS.context if FLAGS.context is not None
+               else file_io.read_text(FLAGS.context_file).rstrip("\n"))
+    examples += question_examples(FLAGS.question, context)
+  elif FLAGS.context is not None or FLAGS.context_file:
+    raise app.UsageError("--context / --context_file need at least one --question.")
+  if FLAGS.input_file:
+    try:
+      examples += squad.read_squad_json(FLAGS.input_file)
+    except ValueError as e:
+      raise PredictError(str(e)) from e
+  if not examples:
+    raise app.UsageError("--mode=qa needs --question with --context (or --context_file), or "
+                         "--input_file in the SQuAD JSON layout.")
+  return examples
+
+
+def _emit(results: list[dict[str, Any]], formatted: list[str]) -> None:
+  if FLAGS.output_file:
+    file_io.write_text_atomic(FLAGS.output_file, "".join(
+        json.dumps(r, ensure_ascii=False) + "\n" for r in results))
+  if FLAGS.json:
+    for r in results:
+      print(json.dumps(r, ensure_ascii=False))
+  else:
+    print("\n".join(formatted))
+
+
+def run_from_flags() -> None:
+  """Every check that needs no weights first (mode, flags, vocabulary), then load and predict."""
+  info = inspect_checkpoint(FLAGS.checkpoint)
+  mode = info.mode if FLAGS.mode == "auto" else FLAGS.mode
+  # A fine-tuned model records how it was fed; its values are the defaults here.
+  recorded = {name: info.metadata[name] for name in ("do_lower_case", "max_seq_length",
+                                                     "doc_stride", "max_query_length")
+              if info.metadata.get(name) is not None and not FLAGS[name].present}
+  for name, value in recorded.items():
+    setattr(FLAGS, name, value)
+  for name, modes in _MODE_FLAGS.items():
+    if FLAGS[name].present and mode not in modes:
+      why = f" ({FLAGS.checkpoint} is {info.describe()})" if FLAGS.mode == "auto" else ""
+      raise app.UsageError(f"--{name} is for --mode={' or '.join(modes)}, not --mode={mode}"
+                           f"{why}.")
+  # The vocabulary is checked before any weights are read.
+  find_vocab(info, FLAGS.vocab_file, FLAGS.spm_model_file)
+  if mode == "fill_mask":
+    texts = _texts_from_flags()
+    if not texts:
+      raise app.UsageError("--mode=fill_mask needs --text (or --input_file).")
+    config, params = load_fill_mask_model(info)
+    tokenizer = load_tokenizer(info, config, FLAGS.vocab_file, FLAGS.spm_model_file,
+                               FLAGS.do_lower_case)
+    predictions = fill_mask(config, params, tokenizer, texts, FLAGS.top_k)
+    if FLAGS.output_file:
+      file_io.write_text_atomic(FLAGS.output_file, "".join(
+          json.dumps({"text": t, "predictions": p}, ensure_ascii=False) + "\n"
+          for t, p in zip(texts, predictions)))
+    if FLAGS.json:
+      print(json.dumps([{"text": t, "predictions": r} for t, r in zip(texts, predictions)],
+                       indent=2))
+    else:
+      for text, preds in zip(texts, predictions):
+        print(format_fill_mask(text, preds))
+    return
+  inputs = _classify_inputs() if mode == "classify" else _qa_examples()
+  model = load_finetuned(info, mode)
+  tokenizer = load_tokenizer(info, model.config, FLAGS.vocab_file, FLAGS.spm_model_file,
+                             FLAGS.do_lower_case)
+  if mode == "classify":
+    labels = resolve_labels(model, FLAGS.task_name, FLAGS.label_list)
+    results = classify(model, tokenizer, inputs, labels, FLAGS.max_seq_length or 128,
+                       FLAGS.batch_size)
+    _emit(results, [format_classification(r) for r in results])
+    return
+  results = answer_questions(
+      model, tokenizer, inputs, max_seq_length=FLAGS.max_seq_length or 384,
+      doc_stride=FLAGS.doc_stride, max_query_length=FLAGS.max_query_length,
+      max_answer_length=FLAGS.max_answer_length, n_best=FLAGS.n_best,
+      null_score_diff_threshold=FLAGS.null_score_diff_threshold, batch_size=FLAGS.batch_size)
+  _emit(results, [format_answer(r, FLAGS.null_score_diff_threshold) for r in results])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not FLAGS.checkpoint or not FLAGS.text:
-    raise app.UsageError("--checkpoint and at least one --text are required.")
-  config, params = convert.load_pretraining_model(FLAGS.checkpoint)
-  vocab = FLAGS.vocab_file
-  if not vocab and not FLAGS.spm_model_file:
-    for candidate in ("vocab.txt",):
-      if file_io.exists(file_io.join(FLAGS.checkpoint, candidate)):
-        vocab = file_io.join(FLAGS.checkpoint, candidate)
-  tokenizer = tokenization.load_tokenizer(vocab_file=vocab, spm_model_file=FLAGS.spm_model_file,
-                                          do_lower_case=FLAGS.do_lower_case)
-  results = fill_mask(config, params, tokenizer, FLAGS.text, FLAGS.top_k)
-  if FLAGS.json:
-    print(json.dumps([{"text": t, "predictions": r} for t, r in zip(FLAGS.text, results)],
-                     indent=2))
-  else:
-    for text, preds in zip(FLAGS.text, results):
-      print(format_fill_mask(text, preds))
+  if not FLAGS.checkpoint:
+    raise app.UsageError("--checkpoint is required.")
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # results on stdout; keep library INFO chatter out
+  try:
+    run_from_flags()
+  except PredictError as e:
+    sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
