@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -168,6 +169,14 @@ def test_two_processes_match_one(records, tmp_path):
   outputs = [p.communicate(timeout=300)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
   multi = _losses(workdir)
+  # Only process 0 reports: progress lines on its console, one metrics row per step.
+  progress = [re.findall(r"^step +\d+/5 ", out, re.M) for out in outputs]
+  assert len(progress[0]) >= 4 and not progress[1], outputs[1][-3000:]
+  rows = [r["step"] for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+          if "train/loss" in r]
+  assert rows == sorted(set(rows)) and set(rows) >= {2, 3, 4, 5}
+  # Both processes wrote one checkpoint together (Orbax multi-host), restorable by one process.
+  assert checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints")).all_steps()
 
   # The same global batches in one process: host 0's rows, then host 1's.
   config = ph.run_config(records)
