@@ -8,7 +8,8 @@ offset; the question is the answer's sentence with the answer replaced by "what"
 are not natural, but contexts, answers and offsets are real text with real punctuation, which is
 what windowing, answer maps and text recovery have to get right.
 
-    python -m data_prep.demo_squad --output=data/shakespeare_squad.json --num_contexts=400
+    python -m data_prep.demo_squad --output_dir=data/shakespeare_squad --num_contexts=400 \
+        --dev_contexts=80
 """
 
 from __future__ import annotations
@@ -70,21 +71,30 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-  flags.DEFINE_string("output", None, "Where to write the JSON file.")
-  flags.DEFINE_integer("num_contexts", 400, "Passages (about 5.6 questions each).")
+  flags.DEFINE_string("output_dir", None, "Where to write train.json (and dev.json).")
+  flags.DEFINE_integer("num_contexts", 400, "Training passages (about 5.6 questions each).")
+  flags.DEFINE_integer("dev_contexts", 0, "Further passages, after the training ones, for "
+                       "dev.json (none shared with training).")
   flags.DEFINE_integer("seed", 0, "Seed of the passage lengths and answers.")
 
 
 def main(argv):
   del argv
-  if not FLAGS.output:
-    raise app.UsageError("--output is required.")
-  data = shakespeare_squad(FLAGS.num_contexts, FLAGS.seed)
-  os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
-  with open(FLAGS.output, "w", encoding="utf-8") as f:
-    json.dump(data, f, ensure_ascii=False)
-  questions = sum(len(p["qas"]) for p in data["data"][0]["paragraphs"])
-  print(f"wrote {questions} questions on {FLAGS.num_contexts} passages to {FLAGS.output}")
+  if not FLAGS.output_dir:
+    raise app.UsageError("--output_dir is required.")
+  data = shakespeare_squad(FLAGS.num_contexts + FLAGS.dev_contexts, FLAGS.seed)
+  paragraphs = data["data"][0]["paragraphs"]
+  os.makedirs(FLAGS.output_dir, exist_ok=True)
+  splits = {"train.json": paragraphs[:FLAGS.num_contexts]}
+  if FLAGS.dev_contexts:
+    splits["dev.json"] = paragraphs[FLAGS.num_contexts:]
+  for name, part in splits.items():
+    path = os.path.join(FLAGS.output_dir, name)
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump({"version": "1.1", "data": [{"title": "shakespeare", "paragraphs": part}]}, f,
+                ensure_ascii=False)
+    print(f"wrote {sum(len(p['qas']) for p in part)} questions on {len(part)} passages to "
+          f"{path}")
 
 
 if __name__ == "__main__":
