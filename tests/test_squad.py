@@ -48,11 +48,6 @@ OFFICIAL = {
 }
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-  return tokenization.load_tokenizer(vocab_file=VOCAB, do_lower_case=True)
-
-
 def _write(path, data):
   path.write_text(json.dumps(data, ensure_ascii=False))
   return str(path)
