@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Mapping
 
 # Activation names accepted in `hidden_act`, as spelled by the original code and by Hugging Face.

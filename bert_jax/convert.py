@@ -378,12 +378,7 @@ _TF1_OPTIMIZER_NAMES = ("global_step", "beta1_power", "beta2_power")
 _TF1_FILE_SUFFIX = re.compile(r"\.(index|data-\d+-of-\d+)$")
 
 
-def _tf():
-  """TensorFlow, imported only where a TF1 checkpoint is read or written (it is slow to load)."""
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf
+_tf = file_io.tensorflow  # only where a TF1 checkpoint is read or written
 
 
 def is_tf1_optimizer_variable(name: str) -> bool:
@@ -397,8 +392,8 @@ def _dirname(path: str) -> str:
 
 def _glob(pattern_dir: str, pattern: str) -> list[str]:
   if file_io.is_remote(pattern_dir):
-    return list(_tf().io.gfile.glob(file_io.join(pattern_dir, pattern)))
-  return glob.glob(os.path.join(glob.escape(pattern_dir), pattern))
+    return file_io.glob(file_io.join(pattern_dir, pattern))
+  return file_io.glob(os.path.join(glob.escape(pattern_dir), pattern))
 
 
 def _tf1_prefix(path: str) -> str | None:
@@ -588,17 +583,12 @@ def _is_hf_dir(path: str) -> bool:
   return any(file_io.exists(file_io.join(path, f)) for f in _HF_FILES)
 
 
-def _is_dir(path: str) -> bool:
-  return _tf().io.gfile.isdir(path) if file_io.is_remote(path) else os.path.isdir(path)
-
-
 def _is_orbax_dir(path: str) -> bool:
   """A workdir (checkpoints/) or a CheckpointManager directory (step directories 0, 100, ...)."""
-  if _is_dir(file_io.join(path, "checkpoints")):
+  if file_io.isdir(file_io.join(path, "checkpoints")):
     return True
-  names = ([n.rstrip("/") for n in _tf().io.gfile.listdir(path)] if file_io.is_remote(path)
-           else os.listdir(path))
-  return any(n.isdigit() and _is_dir(file_io.join(path, n)) for n in names)
+  return any(n.isdigit() and file_io.isdir(file_io.join(path, n))
+             for n in file_io.listdir(path))
 
 
 def checkpoint_kind(path: str) -> tuple[str, str]:
@@ -622,7 +612,7 @@ def checkpoint_kind(path: str) -> tuple[str, str]:
   if not file_io.exists(path):
     raise FileNotFoundError(f"{path} does not exist (nor does {path}.index). Looked for:\n"
                             + _LOOKED_FOR)
-  if not _is_dir(path):
+  if not file_io.isdir(path):
     raise ValueError(f"{path} is a file, not a checkpoint this package reads. Looked for:\n"
                      + _LOOKED_FOR)
   found = []

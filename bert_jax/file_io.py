@@ -16,15 +16,67 @@ def is_remote(path: str) -> bool:
   return "://" in str(path)
 
 
-def _gfile():
+def tensorflow():
+  """TensorFlow, imported on first use (it takes seconds) and kept off JAX's accelerator.
+
+  The one place the package imports it: quiet logging, no oneDNN rewrites, and no GPU for
+  TensorFlow, which would otherwise reserve the memory JAX needs.
+  """
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.io.gfile
+  try:
+    tf.config.set_visible_devices([], "GPU")
+  except RuntimeError:
+    pass  # TensorFlow was initialised earlier, with its devices hidden then
+  return tf
+
+
+def tensorflow_datasets():
+  """tensorflow-datasets, after `tensorflow()` has set TensorFlow up."""
+  tensorflow()
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  return tfds
+
+
+def _gfile():
+  return tensorflow().io.gfile
 
 
 def exists(path: str) -> bool:
   return _gfile().exists(path) if is_remote(path) else os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+  return _gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
+
+
+def listdir(path: str) -> list[str]:
+  """Entry names (no trailing "/" on remote directories)."""
+  return ([n.rstrip("/") for n in _gfile().listdir(path)] if is_remote(path)
+          else os.listdir(path))
+
+
+def glob(pattern: str) -> list[str]:
+  if is_remote(pattern):
+    return list(_gfile().glob(pattern))
+  import glob as glob_lib  # pylint: disable=g-import-not-at-top
+  return glob_lib.glob(pattern)
+
+
+def remove(path: str) -> None:
+  if is_remote(path):
+    _gfile().remove(path)
+  else:
+    os.remove(path)
+
+
+def rename(src: str, dst: str) -> None:
+  """Replaces `dst` (an atomic rename on local disks; copy-and-delete on object stores)."""
+  if is_remote(dst):
+    _gfile().rename(src, dst, overwrite=True)
+  else:
+    os.replace(src, dst)
 
 
 def join(*parts: str) -> str:

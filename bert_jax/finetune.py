@@ -99,10 +99,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("text_b_column", None, "custom task: column of the second text, if any.")
   flags.DEFINE_integer("label_column", 1, "custom task: column of the label.")
   flags.DEFINE_bool("skip_header", True, "custom task: the TSV files start with a header line.")
-  flags.DEFINE_string("coordinator_address", None, "host:port of process 0 for multi-process "
-                      "runs outside Cloud TPU (TPU VM slices are found by themselves).")
-  flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
-  flags.DEFINE_integer("process_id", None, "This process's index (0-based).")
+  train_lib.define_distributed_flags()
   # run_squad.py
   flags.DEFINE_string("train_file", None, "SQuAD: official training JSON (train-v1.1.json).")
   flags.DEFINE_string("predict_file", None, "SQuAD: JSON to predict (dev-v1.1.json); scored "
@@ -589,8 +586,7 @@ def main(argv):
     raise app.UsageError("At least one of --do_train, --do_eval, --do_predict.")
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # progress is printed; keep library INFO chatter out
-  train_lib.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
-                                   FLAGS.process_id)
+  train_lib.initialize_distributed_from_flags()
   tokenizer = tokenization.load_tokenizer(vocab_file=FLAGS.vocab_file,
                                           spm_model_file=FLAGS.spm_model_file,
                                           do_lower_case=FLAGS.do_lower_case)

@@ -19,19 +19,13 @@ from typing import Any, Iterator, Sequence
 import jax
 import numpy as np
 
-from bert_jax import features, masking
+from bert_jax import features, file_io, masking
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
-def _tf():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  try:
-    tf.config.set_visible_devices([], "GPU")  # TensorFlow must never take JAX's accelerator
-  except RuntimeError:
-    pass  # already initialised; devices were hidden then
-  return tf
+_tf = file_io.tensorflow
 
 
 def list_files(patterns: str | Sequence[str]) -> list[str]:

@@ -20,9 +20,8 @@ so `fill_mask`.
 - `classify`: per input, the label with its probability and every class's probability (a
   regression model: its score). Inputs are `--text` (repeatable; a pair as
   `--text="premise ||| hypothesis"` or with `--text_b`) or `--input_file` (TSV without header:
-  `text` or `text<TAB>text_b` per line). Label names come from the task recorded in the
-  checkpoint (GLUE tasks know theirs); a custom task's labels are not recorded, so give
-  `--label_list` (otherwise class indices are shown).
+  `text` or `text<TAB>text_b` per line). Label names are the ones fine-tuning recorded in the
+  checkpoint (`--label_list` or `--task_name` override them).
 - `qa`: the best answer span of `--context` (or `--context_file`) for each `--question`, or for
   every question of an `--input_file` in the official SQuAD JSON layout, with its probability and
   the `--n_best` best candidates; for a SQuAD 2.0 model also the no-answer decision (null score
@@ -582,12 +581,10 @@ def run_from_flags() -> None:
   """Every check that needs no weights first (mode, flags, vocabulary), then load and predict."""
   info = inspect_checkpoint(FLAGS.checkpoint)
   mode = info.mode if FLAGS.mode == "auto" else FLAGS.mode
-  # A fine-tuned model records how it was fed; its values are the defaults here.
-  recorded = {name: info.metadata[name] for name in ("do_lower_case", "max_seq_length",
-                                                     "doc_stride", "max_query_length")
-              if info.metadata.get(name) is not None and not FLAGS[name].present}
-  for name, value in recorded.items():
-    setattr(FLAGS, name, value)
+  # A fine-tuned model records how it was fed: its values are the defaults, flags override.
+  setting = {name: (info.metadata[name] if info.metadata.get(name) is not None
+                    and not FLAGS[name].present else FLAGS[name].value)
+             for name in ("do_lower_case", "max_seq_length", "doc_stride", "max_query_length")}
   for name, modes in _MODE_FLAGS.items():
     if FLAGS[name].present and mode not in modes:
       why = f" ({FLAGS.checkpoint} is {info.describe()})" if FLAGS.mode == "auto" else ""
@@ -601,7 +598,7 @@ def run_from_flags() -> None:
       raise app.UsageError("--mode=fill_mask needs --text (or --input_file).")
     config, params = load_fill_mask_model(info)
     tokenizer = load_tokenizer(info, config, FLAGS.vocab_file, FLAGS.spm_model_file,
-                               FLAGS.do_lower_case)
+                               setting["do_lower_case"])
     predictions = fill_mask(config, params, tokenizer, texts, FLAGS.top_k)
     if FLAGS.output_file:
       file_io.write_text_atomic(FLAGS.output_file, "".join(
@@ -617,16 +614,16 @@ def run_from_flags() -> None:
   inputs = _classify_inputs() if mode == "classify" else _qa_examples()
   model = load_finetuned(info, mode)
   tokenizer = load_tokenizer(info, model.config, FLAGS.vocab_file, FLAGS.spm_model_file,
-                             FLAGS.do_lower_case)
+                             setting["do_lower_case"])
   if mode == "classify":
     labels = resolve_labels(model, FLAGS.task_name, FLAGS.label_list)
-    results = classify(model, tokenizer, inputs, labels, FLAGS.max_seq_length or 128,
+    results = classify(model, tokenizer, inputs, labels, setting["max_seq_length"] or 128,
                        FLAGS.batch_size)
     _emit(results, [format_classification(r) for r in results])
     return
   results = answer_questions(
-      model, tokenizer, inputs, max_seq_length=FLAGS.max_seq_length or 384,
-      doc_stride=FLAGS.doc_stride, max_query_length=FLAGS.max_query_length,
+      model, tokenizer, inputs, max_seq_length=setting["max_seq_length"] or 384,
+      doc_stride=setting["doc_stride"], max_query_length=setting["max_query_length"],
       max_answer_length=FLAGS.max_answer_length, n_best=FLAGS.n_best,
       null_score_diff_threshold=FLAGS.null_score_diff_threshold, batch_size=FLAGS.batch_size)
   _emit(results, [format_answer(r, FLAGS.null_score_diff_threshold) for r in results])

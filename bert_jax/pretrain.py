@@ -38,11 +38,7 @@ def define_flags() -> None:
   """Command-line flags, defined only when run as a program (importers get none)."""
   config_flags.DEFINE_config_file("config", None, "Pre-training config file.", lock_config=True)
   flags.DEFINE_string("workdir", None, "Checkpoints, TensorBoard logs, metrics.jsonl.")
-  flags.DEFINE_string("coordinator_address", None,
-                      "host:port of process 0 for multi-process runs outside Cloud TPU (on TPU "
-                      "VMs the runtime provides it).")
-  flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
-  flags.DEFINE_integer("process_id", None, "This process's index (0-based).")
+  train_lib.define_distributed_flags()
   flags.DEFINE_bool("compile_only", False,
                     "Compile the train step for the config's mesh, print its per-device memory "
                     "and FLOPs, and exit (no data needed): checks a config fits before a run.")
@@ -399,8 +395,7 @@ def main(argv):
     raise app.UsageError("--config and --workdir are required.")
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # progress is printed; keep library INFO chatter out
-  train_lib.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
-                                   FLAGS.process_id)
+  train_lib.initialize_distributed_from_flags()
   if FLAGS.compile_only:
     out = compile_train_step(FLAGS.config)
     gib = out.get("bytes_per_device", float("nan")) / 2**30

@@ -275,6 +275,22 @@ def _on_tpu_vm() -> bool:
   return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
+def define_distributed_flags() -> None:
+  """The flags of a multi-process run outside Cloud TPU, for the entry points' `define_flags`."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_string("coordinator_address", None,
+                      "host:port of process 0 for multi-process runs outside Cloud TPU (TPU VM "
+                      "slices are found by themselves).")
+  flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
+  flags.DEFINE_integer("process_id", None, "This process's index (0-based).")
+
+
+def initialize_distributed_from_flags() -> None:
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  f = flags.FLAGS
+  initialize_distributed(f.coordinator_address, f.num_processes, f.process_id)
+
+
 def initialize_distributed(coordinator_address: str | None = None,
                            num_processes: int | None = None,
                            process_id: int | None = None) -> None:

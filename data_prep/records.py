@@ -137,20 +137,12 @@ class TFRecordWriter:
     self.close(complete=exc_type is None)
 
 
-def _rename(src: str, dst: str) -> None:
-  if file_io.is_remote(dst):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.io.gfile.rename(src, dst, overwrite=True)
-  else:
-    os.replace(src, dst)
+_rename = file_io.rename
 
 
 def _remove(path: str) -> None:
+  """Best effort: a leftover temporary file is harmless, a failure to clean it up is not news."""
   try:
-    if file_io.is_remote(path):
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      tf.io.gfile.remove(path)
-    elif os.path.exists(path):
-      os.remove(path)
+    file_io.remove(path)
   except (OSError, IOError):
     pass

@@ -9,9 +9,9 @@ that the bucket path has a typo, or that the VMs' service account (not the user'
 which may well have access) cannot read the data or write the workdir. Every problem is reported
 at once, naming the path and the account, and the exit status is 1 if there is any.
 
-gs:// paths go through `tf.io.gfile` (gsutil is not on every TPU VM image; TensorFlow is a
-dependency of the package); local paths through plain Python, so that TensorFlow is only
-imported where a bucket is involved.
+Paths go through `bert_jax.file_io`: gs:// by `tf.io.gfile` (gsutil is not on every TPU VM
+image; TensorFlow is a dependency of the package), local paths by plain Python, so TensorFlow is
+only imported where a bucket is involved.
 """
 
 from __future__ import annotations
@@ -24,18 +24,12 @@ import sys
 import urllib.request
 import uuid
 
+# Run as a script from the checkout: the package beside it does the file access.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bert_jax import file_io  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 _METADATA = ("http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/"
              "default/email")
-
-
-def _is_remote(path: str) -> bool:
-  return "://" in path
-
-
-def _gfile():
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.io.gfile
 
 
 def service_account() -> str | None:
@@ -59,13 +53,8 @@ def check_glob(patterns: str) -> list[str]:
   problems = []
   for pattern in [p.strip() for p in patterns.split(",") if p.strip()]:
     try:
-      if _is_remote(pattern):
-        gfile = _gfile()
-        matched = gfile.glob(pattern)
-        directories = [m for m in matched if gfile.isdir(m)]
-      else:
-        matched = glob.glob(pattern)
-        directories = [m for m in matched if os.path.isdir(m)]
+      matched = file_io.glob(pattern)
+      directories = [m for m in matched if file_io.isdir(m)]
     except Exception as e:  # pylint: disable=broad-except
       problems.append(f"cannot list {pattern}: {_first_line(e)}")
       continue
@@ -83,11 +72,8 @@ def check_exists(path: str) -> list[str]:
   """A file or directory (a checkpoint, a vocabulary, a GLUE task directory) must exist, or be
   the prefix of a TF1 checkpoint (`bert_model.ckpt` is `bert_model.ckpt.index` and `.data-*`)."""
   try:
-    if _is_remote(path):
-      gfile = _gfile()
-      found = gfile.exists(path) or bool(gfile.glob(path + ".*"))
-    else:
-      found = os.path.exists(path) or bool(glob.glob(glob.escape(path) + ".*"))
+    found = file_io.exists(path) or bool(
+        file_io.glob((path if file_io.is_remote(path) else glob.escape(path)) + ".*"))
   except Exception as e:  # pylint: disable=broad-except
     return [f"cannot read {path}: {_first_line(e)}"]
   if not found:
@@ -98,24 +84,13 @@ def check_exists(path: str) -> list[str]:
 
 def check_writable(directory: str) -> list[str]:
   """Creates the directory, writes a probe object into it, reads it back and deletes it."""
-  probe = directory.rstrip("/") + f"/.preflight-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+  probe = file_io.join(directory, f".preflight-{socket.gethostname()}-{uuid.uuid4().hex[:8]}")
   payload = b"bert_jax preflight probe\n"
   try:
-    if _is_remote(directory):
-      gfile = _gfile()
-      gfile.makedirs(directory)
-      with gfile.GFile(probe, "wb") as f:
-        f.write(payload)
-      with gfile.GFile(probe, "rb") as f:
-        ok = f.read() == payload
-      gfile.remove(probe)
-    else:
-      os.makedirs(directory, exist_ok=True)
-      with open(probe, "wb") as f:
-        f.write(payload)
-      with open(probe, "rb") as f:
-        ok = f.read() == payload
-      os.remove(probe)
+    file_io.makedirs(directory)
+    file_io.write_bytes_atomic(probe, payload)
+    ok = file_io.read_bytes(probe) == payload
+    file_io.remove(probe)
   except Exception as e:  # pylint: disable=broad-except
     return [f"cannot write to {directory}: {_first_line(e)}"]
   if not ok:
@@ -148,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
 
   paths = args.glob + args.exists + args.writable
   lines = [f"preflight on {host} FAILED; nothing was started:"] + [f"  - {p}" for p in problems]
-  if any(_is_remote(p) for p in paths):
+  if any(file_io.is_remote(p) for p in paths):
     account = service_account()
-    buckets = sorted({p.split("://", 1)[1].split("/", 1)[0] for p in paths if _is_remote(p)})
+    buckets = sorted({p.split("://", 1)[1].split("/", 1)[0] for p in paths if file_io.is_remote(p)})
     if account is None:
       lines.append("Check the paths and that the credentials of this machine can use them.")
       buckets = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 
 import numpy as np
 
@@ -17,6 +18,17 @@ def minilm_dir() -> str:
   path = os.path.join(list(spec.submodule_search_locations)[0], "model")
   assert os.path.exists(os.path.join(path, "model.safetensors")), path
   return path
+
+
+def wait_until(condition, what: str, limit_s: float = 300.0, poll_s: float = 0.1) -> None:
+  """Polls `condition()` until it holds. For a process's progress (a log line, a file), where a
+  test has nothing to wait on but the file system; `limit_s` only bounds a hang, it is generous
+  on purpose and nothing is asserted about how soon the condition comes true."""
+  deadline = time.monotonic() + limit_s
+  while not condition():
+    if time.monotonic() > deadline:
+      raise AssertionError(f"gave up waiting after {limit_s:.0f} s for {what}")
+    time.sleep(poll_s)
 
 
 def random_pretraining_batch(rng: np.random.RandomState, batch: int, length: int,

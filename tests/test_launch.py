@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import helpers
+
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch"
 SHELL_SCRIPTS = sorted(LAUNCH.glob("*.sh"))
@@ -579,9 +581,8 @@ def test_remote_run_detach_status_kill(tmp_path):
   script = "trap 'echo saving; exit 0' TERM; echo started; while :; do sleep 0.1; done"
   proc = _remote_run(runs, "--job=t", "--detach", "--", "bash", "-c", script)
   assert proc.returncode == 0 and "started t in the background" in proc.stdout
-  deadline = time.time() + 10
-  while "started\n" not in (runs / "t.log").read_text() and time.time() < deadline:
-    time.sleep(0.05)  # the job's TERM trap is in place
+  helpers.wait_until(lambda: "started\n" in (runs / "t.log").read_text(),
+                     "the job to start (its TERM trap in place)")
   try:
     assert "t running" in _remote_run(runs, "--job=t", "--status").stdout
     second = _remote_run(runs, "--job=t", "--", "true")
@@ -589,9 +590,8 @@ def test_remote_run_detach_status_kill(tmp_path):
   finally:
     killed = _remote_run(runs, "--job=t", "--kill")
   assert "SIGTERM" in killed.stdout and "has exited" in killed.stdout
-  deadline = time.time() + 10
-  while "exited with status" not in (runs / "t.log").read_text() and time.time() < deadline:
-    time.sleep(0.1)
+  helpers.wait_until(lambda: "exited with status" in (runs / "t.log").read_text(),
+                     "the job's exit in its log")
   log = (runs / "t.log").read_text()
   assert "started" in log and "saving" in log and "exited with status 0" in log
   assert "not running" in _remote_run(runs, "--job=t", "--status").stdout

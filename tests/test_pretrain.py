@@ -1,13 +1,11 @@
 """The pre-training loop: sharded steps, accumulation, exact resume, preemption, faults."""
 
-import json
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
-import time
 
 import jax
 import ml_collections
@@ -16,6 +14,7 @@ import pytest
 
 from bert_jax import (checkpointing, heads, input_pipeline, metrics, optimizer, pretrain,
                       sharding, train_lib)
+from tests import helpers
 from tests import pretrain_helpers as ph
 
 
@@ -211,11 +210,9 @@ def test_sigterm_saves_and_resume_continues(records, tmp_path):
                           env=_env(8), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
   metrics_file = os.path.join(workdir, "metrics.jsonl")
-  deadline = time.time() + 240
-  while time.time() < deadline and proc.poll() is None:
-    if os.path.exists(metrics_file) and len(metrics.read_jsonl(metrics_file)) >= 3:
-      break
-    time.sleep(0.5)
+  helpers.wait_until(lambda: proc.poll() is not None or (
+      os.path.exists(metrics_file) and len(metrics.read_jsonl(metrics_file)) >= 3),
+                     "three logged steps", poll_s=0.5)
   proc.send_signal(signal.SIGTERM)
   output = proc.communicate(timeout=120)[0]
   assert proc.returncode == 0, output[-3000:]

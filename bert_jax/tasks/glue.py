@@ -73,10 +73,7 @@ class TsvLayout:
 
 def _open_binary(path: str):
   if file_io.is_remote(path):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.io.gfile.GFile(path, "rb")
+    return file_io.tensorflow().io.gfile.GFile(path, "rb")
   return open(path, "rb")  # pylint: disable=consider-using-with
 
 
@@ -342,7 +339,7 @@ class Task:
                if config == self.tfds_config}.get(split, split)
     self._check_split(split)
     config, tfds_split = self.tfds_splits.get(split, (self.tfds_config, split))
-    tfds = _tfds()
+    tfds = file_io.tensorflow_datasets()
     name = f"glue/{config}"
     try:
       dataset = tfds.load(name, split=tfds_split, data_dir=data_dir, download=False,
@@ -470,16 +467,6 @@ def _text(value) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def _tfds():
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  try:
-    tf.config.set_visible_devices([], "GPU")  # TensorFlow must never take JAX's accelerator
-  except RuntimeError:
-    pass  # already initialised; devices were hidden then
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  return tfds
 
 
 # -- the nine GLUE tasks ---------------------------------------------------------------------------

@@ -162,8 +162,7 @@ def read_squad_json(path: str) -> list[SquadExample]:
 def read_squad_tfds(data_dir: str | None, split: str, version_2_with_negative: bool
                     ) -> list[SquadExample]:
   """A split ("train", "validation"; "dev" is accepted) of a prepared tfds `squad/v1.1|v2.0`."""
-  from bert_jax.tasks import glue  # pylint: disable=g-import-not-at-top  (tfds import helper)
-  tfds = glue._tfds()  # pylint: disable=protected-access
+  tfds = file_io.tensorflow_datasets()
   name = "squad/v2.0" if version_2_with_negative else "squad/v1.1"
   split = {"dev": "validation", "eval": "validation"}.get(split, split)
   try:
