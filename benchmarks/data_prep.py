@@ -65,7 +65,7 @@ def record_statistics(paths: list[str], mask_id: int = 103) -> dict:
   """The output statistics that both tools should agree on, from the records themselves."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from bert_jax import features  # pylint: disable=g-import-not-at-top
+  from bert_jax.text import features  # pylint: disable=g-import-not-at-top
   tf.config.set_visible_devices([], "GPU")
   spec = features.tf_feature_spec(128, 20)
   totals = {k: 0.0 for k in ("instances", "tokens", "maskable", "masked", "to_mask", "kept",

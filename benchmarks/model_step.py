@@ -11,7 +11,7 @@ What it measures: one full pre-training step, `jax.jit` of value_and_grad of the
 AdamW update (global-norm clipping, weight decay on matrices only), dropout on, float32, with the
 parameters and optimizer state donated as a training loop does. Both models are built on the same
 config and hold the same weights: ours are initialised and converted with
-`convert.params_to_hf_state` into the peer, and both must give the same loss on the same batch
+`hf_io.params_to_hf_state` into the peer, and both must give the same loss on the same batch
 (without dropout) before anything is timed, so the comparison is between two implementations of
 one computation, not between two models. The peer computes vocabulary logits at every position,
 as `FlaxBertForPreTraining` does, and the loss gathers the masked positions from them; ours
@@ -44,7 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax import configuration, convert, heads
+from bert_jax.interop import hf as hf_io
+from bert_jax.objectives import mlm_nsp
+from bert_jax.model import configuration, heads
 
 _CONFIGS = flags.DEFINE_list("configs", ["tiny", "base"], "Presets to benchmark, in order.")
 _STEPS = flags.DEFINE_integer(
@@ -126,14 +128,14 @@ def build_ours(config: configuration.BertConfig, batch: dict, seed: int):
     mlm_logits, nsp_logits = model.apply(
         {"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
         batch["masked_lm_positions"], deterministic=deterministic, rngs={"dropout": dropout_rng})
-    return heads.pretraining_loss(mlm_logits, nsp_logits, batch)
+    return mlm_nsp.pretraining_loss(mlm_logits, nsp_logits, batch)
   return params, loss_fn
 
 
 def build_peer(config: configuration.BertConfig, our_params, length: int):
   """`FlaxBertForPreTraining` holding our weights, and its loss with the same formula.
 
-  The weights go through the Hugging Face PyTorch names (`convert.params_to_hf_state`) and
+  The weights go through the Hugging Face PyTorch names (`hf_io.params_to_hf_state`) and
   transformers' own PyTorch→Flax renaming, which accepts numpy arrays, so no torch is needed and
   the mapping is the one transformers uses for real checkpoints. Every peer parameter must be
   covered with the right shape: a silently random tensor would make the parity check fail late
@@ -147,7 +149,7 @@ def build_peer(config: configuration.BertConfig, our_params, length: int):
   hf_config.tie_word_embeddings = True  # the MLM decoder is the word-embedding table, as ours
   model = transformers.FlaxBertForPreTraining(hf_config, input_shape=(1, length),
                                               seed=0, dtype=jnp.float32)
-  state = convert.params_to_hf_state(our_params, config)
+  state = hf_io.params_to_hf_state(our_params, config)
   params = convert_pytorch_state_dict_to_flax(state, model)
   want = {k: v.shape for k, v in flatten_dict(model.params).items()}
   got = {k: v.shape for k, v in flatten_dict(params).items()}
@@ -165,7 +167,7 @@ def build_peer(config: configuration.BertConfig, our_params, length: int):
                 dropout_rng=None if deterministic else dropout_rng, train=not deterministic)
     # (batch, length, vocab) → the masked positions, then the same loss as ours.
     mlm_logits = heads.gather_positions(out.prediction_logits, batch["masked_lm_positions"])
-    return heads.pretraining_loss(mlm_logits, out.seq_relationship_logits, batch)
+    return mlm_nsp.pretraining_loss(mlm_logits, out.seq_relationship_logits, batch)
   return params, loss_fn, transformers.__version__
 
 

@@ -5,12 +5,12 @@
 
 Where `model_step.py` compares the two models inside one hand-written step, this times the step
 `bert_jax.pretrain` actually runs: the train state created sharded on the mesh
-(`train_lib.create_train_state`), `train_lib.jit_train_step` with explicit shardings, donated
+(`training.state.create_train_state`), `training.step.build_train_step` with explicit shardings, donated
 state and the paper's optimizer (`optimizer.create_optimizer`: clipping, AdamW without bias
 correction, weight-decay mask, warmup + decay schedule). The peer runs the same optimizer
 transformation on the same weights and batch. Reported per model: compile time, steps/s,
 tokens/s, and XLA's FLOP count of the compiled step next to the analytic count of
-`train_lib.pretraining_flops_per_step` (the count MFU is computed from), so the MFU a run prints
+`MaskedLmNextSentence.flops_per_step` (the count MFU is computed from), so the MFU a run prints
 is checked against what the compiler says it executes.
 """
 
@@ -30,7 +30,12 @@ import ml_collections
 import numpy as np
 
 from benchmarks import model_step as ms  # the peer, the batches, machine description, recording
-from bert_jax import configuration, optimizer, sharding, train_lib
+from bert_jax.model import configuration
+from bert_jax.objectives import mlm_nsp
+from bert_jax.parallel import sharding
+from bert_jax.training import optimizer
+from bert_jax.training import state as state_lib
+from bert_jax.training import step as step_lib
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _MESH = flags.DEFINE_list("mesh_shape", ["-1", "1", "1"], "(data, fsdp, model) for ours.")
@@ -62,12 +67,14 @@ def benchmark(name: str, seed: int, mesh_shape) -> dict:
   # Ours: exactly what bert_jax.pretrain builds.
   mesh = sharding.create_mesh(mesh_shape)
   rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
-  from bert_jax import heads  # pylint: disable=g-import-not-at-top
-  model = heads.BertForPreTraining(config)
-  state, state_sh = train_lib.create_train_state(model, tx, mesh, rules, seed, np_batch)
+  objective = mlm_nsp.MaskedLmNextSentence(shape["length"], shape["predictions"])
+  model = objective.model(config)
+  state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, seed, np_batch,
+                                                 objective.input_names)
   batch_sh = sharding.batch_sharding(mesh)
   batch = jax.device_put(np_batch, batch_sh)
-  ours_step = train_lib.jit_train_step(model, tx, schedule, state_sh, batch_sh, mesh, rules)
+  ours_step = step_lib.build_train_step(objective, model, tx, schedule, state_sh, batch_sh,
+                                        mesh, rules)
   ours_compiled, ours_compile_s = _time_compile(ours_step, state, batch)
 
   # The peer: FlaxBertForPreTraining holding the same weights, the same optimizer.
@@ -105,8 +112,8 @@ def benchmark(name: str, seed: int, mesh_shape) -> dict:
       losses[who].append(loss)
   flops_ours, _ = ms._xla_costs(ours_compiled)  # pylint: disable=protected-access
   flops_peer, _ = ms._xla_costs(peer_compiled)  # pylint: disable=protected-access
-  analytic = train_lib.pretraining_flops_per_step(config, shape["batch"], shape["length"],
-                                                  shape["predictions"])
+  analytic = mlm_nsp.MaskedLmNextSentence(shape["length"], shape["predictions"]).flops_per_step(
+      config, shape["batch"])
   return dict(name=name, shape=shape, steps=steps, warmup=warmup, times=times, losses=losses,
               compile_s={"ours": ours_compile_s, "peer": peer_compile_s},
               flops={"ours": (flops_ours or 0) * jax.device_count(), "peer": flops_peer},
@@ -116,14 +123,14 @@ def benchmark(name: str, seed: int, mesh_shape) -> dict:
 def report(results) -> str:
   import datetime  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  lines = [f"## Production pre-training step (train_lib) vs Hugging Face FlaxBertForPreTraining "
+  lines = [f"## Production pre-training step (training core) vs Hugging Face FlaxBertForPreTraining "
            f"({datetime.date.today().isoformat()})", "",
            f"- Command: `.venv-bench/bin/python benchmarks/pretrain_step.py "
            f"--configs={','.join(r['name'] for r in results)}`",
            f"- Machine: {ms.machine_description()}; load average {os.getloadavg()[0]:.2f} at "
            "the end",
            f"- Versions: jax {jax.__version__}, transformers {transformers.__version__}",
-           "- Step: ours = `train_lib.jit_train_step` on the mesh shown (sharded state, donated, "
+           "- Step: ours = `training.step.build_train_step` on the mesh shown (sharded state, donated, "
            "the paper's AdamW without bias correction, clipping, schedule); peer = "
            "FlaxBertForPreTraining + the same optax transformation; same weights and batch, "
            "dropout on, float32; steps alternate between the two.", "",

@@ -59,7 +59,7 @@ def unigram_baseline(files: list[str], max_seq_length: int, max_predictions: int
   """Accuracy of always predicting the most frequent masked token of these records."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from bert_jax import features  # pylint: disable=g-import-not-at-top
+  from bert_jax.text import features  # pylint: disable=g-import-not-at-top
   spec = features.tf_feature_spec(max_seq_length, max_predictions)
   counts: collections.Counter = collections.Counter()
   for batch in tf.data.TFRecordDataset(files).batch(1024).map(
@@ -99,7 +99,13 @@ def main(argv):
 
   sys.path.insert(0, os.path.join(REPO, "configs"))
   import pretrain as pretrain_configs  # pylint: disable=g-import-not-at-top
-  from bert_jax import convert, input_pipeline, predict, pretrain, tokenization  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from bert_jax import inference
+  from bert_jax.data import input_pipeline
+  from bert_jax.interop import checkpoints
+  from bert_jax.runs import pretraining
+  from bert_jax.text import tokenization
+  # pylint: enable=g-import-not-at-top
   config = pretrain_configs.get_config("demo")
   config.data.train_files = os.path.join(data_dir, "*.tfrecord")
   if FLAGS.steps:
@@ -110,15 +116,15 @@ def main(argv):
         f"--config=configs/pretrain.py:demo --workdir={run_dir} "
         f"--config.data.train_files='{config.data.train_files}'"
         + (f" --config.train_until_step={FLAGS.steps}" if FLAGS.steps else ""), flush=True)
-  result = pretrain.train_and_evaluate(config, run_dir)
+  result = pretraining.train_and_evaluate(config, run_dir)
 
   print(f"\n=== 5/5 fill-in-the-[MASK]: python -m bert_jax.predict --checkpoint={run_dir} "
         f"--vocab_file={vocab} --text='...'", flush=True)
   tokenizer = tokenization.load_tokenizer(vocab_file=vocab, do_lower_case=True)
-  bert_config, params = convert.load_pretraining_model(run_dir)
+  bert_config, params = checkpoints.load_masked_lm(run_dir)
   for text, preds in zip(FILL_MASK_TEXTS,
-                         predict.fill_mask(bert_config, params, tokenizer, FILL_MASK_TEXTS)):
-    print(predict.format_fill_mask(text, preds))
+                         inference.fill_mask(bert_config, params, tokenizer, FILL_MASK_TEXTS)):
+    print(inference.format_fill_mask(text, preds))
 
   _, eval_files = input_pipeline.split_train_eval(
       input_pipeline.list_files(config.data.train_files), None)
@@ -138,7 +144,7 @@ def main(argv):
   print(f"held-out masked-LM accuracy {summary['eval_mlm_accuracy']:.1%} "
         f"(unigram baseline {baseline:.1%}), next-sentence accuracy "
         f"{summary['eval_nsp_accuracy']:.1%} (chance 50%)")
-  print(f"checkpoints:  {os.path.join(run_dir, 'checkpoints')}")
+  print(f"checkpoints:  {os.path.join(run_dir, checkpoints.CHECKPOINTS)}")
   print(f"TensorBoard:  tensorboard --logdir {os.path.join(run_dir, 'tensorboard')}")
   print(f"metrics:      {os.path.join(run_dir, 'metrics.jsonl')}")
   print(f"summary:      {os.path.join(workdir, 'demo_summary.json')}")

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import io
 
-import jax
 import numpy as np
 from absl import app, flags
 
-from bert_jax import convert, file_io, modeling, tokenization
-from bert_jax.tasks import text_features
+from bert_jax import cli, file_io, inference
+from bert_jax.interop import checkpoints
+from bert_jax.model import modeling
+from bert_jax.text import pairs
 
 FLAGS = flags.FLAGS
 
@@ -51,19 +52,14 @@ def extract(config: modeling.BertConfig, encoder_params, tokenizer, texts_a, tex
     if not -total <= layer < total:
       raise ValueError(f"--layers: {layer} is out of range for {config.num_hidden_layers} "
                        f"layers (use -{total}..{total - 1}).")
-  feats = text_features.encode_examples(tokenizer, texts_a, texts_b, max_seq_length)
+  feats = pairs.encode_examples(tokenizer, texts_a, texts_b, max_seq_length)
   model = modeling.BertModel(config, add_pooling_layer=False, collect_hidden_states=True)
-  apply = jax.jit(lambda p, a, m, s: model.apply({"params": p}, a, m, s)["hidden_states"])
-  n = len(texts_a)
-  outputs = {layer: [] for layer in layers}
+  predictor = inference.Predictor(
+      model, output_fn=lambda out: tuple(out["hidden_states"][layer] for layer in layers))
   params = {k: v for k, v in encoder_params.items() if k != "pooler"}
-  for start in range(0, n, batch_size):
-    rows = slice(start, start + batch_size)
-    hidden = apply(params, feats["input_ids"][rows], feats["input_mask"][rows],
-                   feats["segment_ids"][rows])
-    for layer in layers:
-      outputs[layer].append(np.asarray(hidden[layer]))
-  out = {f"layer_{layer}": np.concatenate(v) for layer, v in outputs.items()}
+  hidden = predictor(predictor.place(params), feats, batch_size, trim=False, desc="extract")
+  outputs = dict(zip(layers, hidden))
+  out = {f"layer_{layer}": np.asarray(v) for layer, v in outputs.items()}
   out.update(feats)
   return out
 
@@ -71,11 +67,10 @@ def extract(config: modeling.BertConfig, encoder_params, tokenizer, texts_a, tex
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  config, encoder, origin = convert.load_encoder(FLAGS.init_checkpoint, FLAGS.bert_config_file)
+  config, encoder, origin = checkpoints.load_encoder(FLAGS.init_checkpoint,
+                                                    FLAGS.bert_config_file)
   config = config.replace(scan_layers=False)
-  tokenizer = tokenization.load_tokenizer(vocab_file=FLAGS.vocab_file,
-                                          spm_model_file=FLAGS.spm_model_file,
-                                          do_lower_case=FLAGS.do_lower_case)
+  tokenizer = cli.tokenizer_from_flags()
   texts_a, texts_b = read_lines(FLAGS.input_file)
   layers = [int(x) for x in FLAGS.layers]
   arrays = extract(config, encoder, tokenizer, texts_a, texts_b, layers, FLAGS.max_seq_length,
@@ -92,9 +87,7 @@ if __name__ == "__main__":
   flags.DEFINE_string("init_checkpoint", None, "Workdir, Orbax or Hugging Face directory.",
                       required=True)
   flags.DEFINE_string("bert_config_file", None, "bert_config.json (default: the checkpoint's).")
-  flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.")
-  flags.DEFINE_string("spm_model_file", None, "SentencePiece model (instead of vocab_file).")
-  flags.DEFINE_bool("do_lower_case", True, "Lower-case input (uncased models).")
+  cli.define_vocab_flags()
   flags.DEFINE_list("layers", ["-1", "-2", "-3", "-4"], "Layer indices (-1: the last).")
   flags.DEFINE_integer("max_seq_length", 128, "Maximum tokens per example.")
   flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.")

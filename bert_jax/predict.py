@@ -43,13 +43,13 @@ import os
 import sys
 from typing import Any, Sequence
 
-import jax
 import numpy as np
 from absl import app, flags, logging
 
-from bert_jax import (checkpointing, configuration, convert, file_io, finetune, heads, sharding,
-                      tokenization)
-from bert_jax.tasks import text_features
+from bert_jax import cli, file_io, inference
+from bert_jax.interop import checkpoints
+from bert_jax.model import configuration, heads
+from bert_jax.text import pairs, tokenization
 
 MODES = ("fill_mask", "classify", "qa")
 # What each mode needs, for messages that say why a checkpoint does not fit.
@@ -74,7 +74,7 @@ class PredictError(ValueError):
 class CheckpointInfo:
   """What `--checkpoint` is, read without loading any weights."""
   path: str
-  kind: str                 # "tf1", "hf" or "orbax" (`convert.checkpoint_kind`)
+  kind: str                 # "tf1", "hf" or "orbax" (`checkpoints.checkpoint_kind`)
   where: str                # the TF1 prefix, or the directory
   metadata: dict[str, Any]  # an Orbax checkpoint's metadata; {} for the other kinds
 
@@ -92,7 +92,7 @@ class CheckpointInfo:
 
   def describe(self) -> str:
     if self.kind != "orbax":
-      return f"{convert.KIND_NAMES[self.kind]} ({self.where}), a pre-training model"
+      return f"{checkpoints.KIND_NAMES[self.kind]} ({self.where}), a pre-training model"
     if self.mode == "fill_mask":
       return "a pre-training checkpoint (its metadata names no fine-tuned task)"
     if self.mode == "qa":
@@ -105,20 +105,10 @@ class CheckpointInfo:
 def inspect_checkpoint(path: str) -> CheckpointInfo:
   """The kind of `path` and, for an Orbax checkpoint, its metadata (a small JSON item)."""
   try:
-    kind, where = convert.checkpoint_kind(path)
+    kind, where = checkpoints.checkpoint_kind(path)
+    metadata: dict[str, Any] = checkpoints.run_metadata(where) if kind == "orbax" else {}
   except (ValueError, FileNotFoundError) as e:
     raise PredictError(str(e)) from e
-  metadata: dict[str, Any] = {}
-  if kind == "orbax":
-    ckpt_dir = (file_io.join(where, "checkpoints")
-                if file_io.exists(file_io.join(where, "checkpoints")) else where)
-    manager = checkpointing.CheckpointManager(ckpt_dir, max_to_keep=None, async_save=False)
-    try:
-      if manager.latest_step() is None:
-        raise PredictError(f"{path}: no saved checkpoint in {ckpt_dir} (did the run save one?).")
-      metadata = manager.restore_metadata()
-    finally:
-      manager.close()
   return CheckpointInfo(path, kind, where, metadata)
 
 
@@ -132,10 +122,10 @@ def check_mode(info: CheckpointInfo, mode: str) -> None:
 
 
 def _load(info: CheckpointInfo, require_heads: bool) -> tuple[configuration.BertConfig, Any]:
-  """`convert.load_pretraining_model`, whose errors (no heads, shapes that do not fit the config,
+  """`checkpoints.load_pretraining_model`, whose errors (no heads, shapes that do not fit the config,
   no config beside a TF1 checkpoint) are about the checkpoint, so are reported as such."""
   try:
-    return convert.load_pretraining_model(info.where, require_heads=require_heads)
+    return checkpoints.load_pretraining_model(info.where, require_heads=require_heads)
   except (ValueError, FileNotFoundError) as e:
     raise PredictError(str(e)) from e
 
@@ -182,7 +172,7 @@ def vocab_candidates(info: CheckpointInfo) -> list[str]:
   above an Orbax `checkpoints/`)."""
   directory = (os.path.dirname(info.where) or ".") if info.kind == "tf1" else info.where
   candidates = [file_io.join(directory, "vocab.txt")]
-  if info.kind == "orbax" and os.path.basename(directory.rstrip("/")) == "checkpoints":
+  if info.kind == "orbax" and os.path.basename(directory.rstrip("/")) == checkpoints.CHECKPOINTS:
     candidates.append(file_io.join(os.path.dirname(directory.rstrip("/")) or ".", "vocab.txt"))
   return candidates
 
@@ -230,81 +220,29 @@ def load_tokenizer(info: CheckpointInfo, config: configuration.BertConfig,
 
 def run_model(module: Any, params: Any, feats: dict[str, np.ndarray], batch_size: int,
               trim: bool, desc: str) -> Any:
-  """The module's outputs for every row of `feats`, computed by fine-tuning's own predict step
-  (data-parallel over the local devices, parameters replicated), so that they equal what
-  fine-tuning computes for the same rows."""
-  mesh = sharding.create_mesh((-1, 1, 1))
-  batch_sh = sharding.batch_sharding(mesh)
-  param_sh = jax.tree.map(lambda _: sharding.replicated(mesh), params)
-  step = finetune.make_predict_step(module, param_sh, batch_sh, mesh,
-                                    sharding.DEFAULT_LOGICAL_AXIS_RULES)
-  devices = sharding.data_parallel_size(mesh)
-  # No bigger than the input needs (one input is one small batch), a multiple of the devices.
-  rows = min(batch_size, len(feats["weight"]))
-  rows = -(-max(rows, 1) // devices) * devices
-  return finetune.predict_all(step, jax.device_put(params, param_sh), feats, rows, batch_sh,
-                              desc=desc, trim=trim)
+  """The module's outputs for every row of `feats`, by the inference library's forward pass
+  (data-parallel over the local devices, parameters replicated) — the one fine-tuning's
+  evaluation uses, so the outputs equal what fine-tuning computes for the same rows."""
+  predictor = inference.Predictor(module)
+  return predictor(predictor.place(params), feats, batch_size, trim=trim, desc=desc)
 
 
 def _check_length(max_seq_length: int, config: configuration.BertConfig) -> None:
-  if max_seq_length > config.max_position_embeddings:
-    raise PredictError(f"--max_seq_length={max_seq_length} exceeds the model's "
-                       f"max_position_embeddings={config.max_position_embeddings}.")
+  try:
+    config.check_sequence_length(max_seq_length, "--max_seq_length")
+  except ValueError as e:
+    raise PredictError(str(e)) from e
 
 
 # -------------------------------------------------------------------------------- fill-mask
-def fill_mask(config: configuration.BertConfig, params: Any, tokenizer: tokenization.Tokenizer,
-              texts: Sequence[str], top_k: int = 5) -> list[list[list[tuple[str, float]]]]:
-  """For each text, for each [MASK] in it: the `top_k` (token, probability) predictions."""
-  encoded = []
-  for text in texts:
-    ids = [tokenizer.cls_id] + tokenizer.encode(text)[:config.max_position_embeddings - 2] + [
-        tokenizer.sep_id]
-    encoded.append(ids)
-  length = max(len(ids) for ids in encoded)
-  masks = [[i for i, t in enumerate(ids) if t == tokenizer.mask_id] for ids in encoded]
-  num_pred = max(1, max(len(m) for m in masks))
-  batch = len(texts)
-  input_ids = np.zeros((batch, length), np.int32)
-  input_mask = np.zeros((batch, length), np.int32)
-  positions = np.zeros((batch, num_pred), np.int32)
-  for b, ids in enumerate(encoded):
-    input_ids[b, :len(ids)] = ids
-    input_mask[b, :len(ids)] = 1
-    positions[b, :len(masks[b])] = masks[b]
-  model = heads.BertForPreTraining(config)
-  mlm_logits, _ = jax.jit(lambda p, a, m, s, q: model.apply({"params": p}, a, m, s, q))(
-      params, input_ids, input_mask, np.zeros_like(input_ids), positions)
-  probs = np.asarray(jax.nn.softmax(mlm_logits, axis=-1))
-  out = []
-  for b in range(batch):
-    per_text = []
-    for j in range(len(masks[b])):
-      best = np.argsort(-probs[b, j])[:top_k]
-      tokens = tokenizer.convert_ids_to_tokens(best.tolist())
-      per_text.append([(t, float(probs[b, j, k])) for t, k in zip(tokens, best)])
-    out.append(per_text)
-  return out
-
-
-def format_fill_mask(text: str, predictions: list[list[tuple[str, float]]]) -> str:
-  lines = [text]
-  if not predictions:
-    lines.append("  (no [MASK] in this text)")
-  for i, preds in enumerate(predictions):
-    shown = ", ".join(f"{tok} {p:.1%}" for tok, p in preds)
-    lines.append(f"  [MASK] #{i + 1}: {shown}")
-  return "\n".join(lines)
-
-
 def load_fill_mask_model(info: CheckpointInfo) -> tuple[configuration.BertConfig, Any]:
-  """A pre-training model with its masked-LM head, from any kind of checkpoint."""
+  """The encoder and its masked-LM head, from any kind of checkpoint (a next-sentence head is
+  not needed: a Hugging Face `BertForMaskedLM` serves)."""
   check_mode(info, "fill_mask")
-  config, params = _load(info, require_heads=True)
-  if "cls" not in params:  # an Orbax tree has no load report, so check here
-    raise PredictError(f"{info.path}: the checkpoint has no pre-training heads (cls/*; it has "
-                       f"{sorted(params)}); fill-mask needs a pre-training model.")
-  return config, params
+  try:
+    return checkpoints.load_masked_lm(info.where)
+  except (ValueError, FileNotFoundError) as e:
+    raise PredictError(str(e)) from e
 
 
 # ----------------------------------------------------------------------------- classification
@@ -378,7 +316,7 @@ def classify(model: FinetunedModel, tokenizer: tokenization.Tokenizer,
   """Per input: `label`, `probability` and `probabilities` (label → probability), or `score`
   for a regression model; encoded exactly as fine-tuning encodes its examples."""
   _check_length(max_seq_length, model.config)
-  feats = text_features.encode_examples(tokenizer, [a for a, _ in inputs],
+  feats = pairs.encode_examples(tokenizer, [a for a, _ in inputs],
                                         [b for _, b in inputs], max_seq_length)
   feats["weight"] = np.ones(len(inputs), np.float32)
   logits = np.asarray(run_model(model.module, model.params, feats, batch_size, trim=True,
@@ -491,10 +429,7 @@ def define_flags() -> None:
                       "checkpoint (fill_mask), or a fine-tuning --output_dir (classify, qa).")
   flags.DEFINE_enum("mode", "auto", ["auto", *MODES], "auto: qa for a fine-tuned SQuAD model, "
                     "classify for another fine-tuned task, else fill_mask.")
-  flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt (default: vocab.txt beside the "
-                      "checkpoint).")
-  flags.DEFINE_string("spm_model_file", None, "SentencePiece model (instead of vocab_file).")
-  flags.DEFINE_bool("do_lower_case", True, "Lower-case input (uncased models).")
+  cli.define_vocab_flags("WordPiece vocab.txt (default: vocab.txt beside the checkpoint).")
   flags.DEFINE_multi_string("text", [], "fill_mask: text with [MASK] tokens; classify: a text, "
                             f"or a pair as 'a {PAIR_SEPARATOR} b'. May be repeated.")
   flags.DEFINE_multi_string("text_b", [], "classify: second text of each --text, in order.")
@@ -599,7 +534,7 @@ def run_from_flags() -> None:
     config, params = load_fill_mask_model(info)
     tokenizer = load_tokenizer(info, config, FLAGS.vocab_file, FLAGS.spm_model_file,
                                setting["do_lower_case"])
-    predictions = fill_mask(config, params, tokenizer, texts, FLAGS.top_k)
+    predictions = inference.fill_mask(config, params, tokenizer, texts, FLAGS.top_k)
     if FLAGS.output_file:
       file_io.write_text_atomic(FLAGS.output_file, "".join(
           json.dumps({"text": t, "predictions": p}, ensure_ascii=False) + "\n"
@@ -609,7 +544,7 @@ def run_from_flags() -> None:
                        indent=2))
     else:
       for text, preds in zip(texts, predictions):
-        print(format_fill_mask(text, preds))
+        print(inference.format_fill_mask(text, preds))
     return
   inputs = _classify_inputs() if mode == "classify" else _qa_examples()
   model = load_finetuned(info, mode)
@@ -634,8 +569,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not FLAGS.checkpoint:
     raise app.UsageError("--checkpoint is required.")
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # results on stdout; keep library INFO chatter out
+  cli.quiet_unless_verbose()
   try:
     run_from_flags()
   except PredictError as e:

@@ -24,7 +24,7 @@ import ml_collections
 def get_config(variant: str = "base") -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
-  # The encoder: a size preset from bert_jax/configuration.py plus field overrides.
+  # The encoder: a size preset from bert_jax/model/configuration.py plus field overrides.
   config.model = ml_collections.ConfigDict({
       "preset": "base",
       # Fields of BertConfig; None keeps the preset's value.
@@ -78,6 +78,7 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
   config.total_steps = 1_000_000     # length of the learning-rate schedule
   config.train_until_step = 900_000  # where this phase stops (phase 1: 90% at length 128)
   config.seed = 12345
+  config.objective = "mlm_nsp"       # bert_jax/objectives: what the model learns
 
   # Initialisation when the workdir holds no checkpoint of its own (resuming always wins):
   # a workdir or checkpoint directory of an earlier phase. init_mode "continue" takes the whole

@@ -19,8 +19,8 @@ shard.
 
 Step (2) runs on whole arrays, not per line or per instance: lines are tokenized a block at a
 time, the sentence pairs of every document and pass are built together (`instances.py`), and
-2048 instances at a time are cut out of the token array, masked (`bert_jax/masking.py`),
-serialised (`bert_jax/features.py`) and framed (`records.py`) with array operations — which is
+2048 instances at a time are cut out of the token array, masked (`bert_jax/text/masking.py`),
+serialised (`bert_jax/text/features.py`) and framed (`records.py`) with array operations — which is
 what makes it tens of times faster per core than the original.
 
 `--masking=static` writes the seven features of the original, masked `--dupe_factor` (10)
@@ -52,8 +52,9 @@ if __package__ in (None, ""):  # run as a script: make `bert_jax` / `data_prep` 
 from absl import app, flags, logging
 import numpy as np
 
-from bert_jax import features as features_lib
-from bert_jax import file_io, masking, tokenization
+from bert_jax.text import features as features_lib
+from bert_jax import file_io
+from bert_jax.text import masking, tokenization
 from data_prep import corpus_io, instances as instances_lib, records
 # pylint: enable=g-import-not-at-top
 

@@ -27,7 +27,8 @@ if __package__ in (None, ""):  # run as a script: make `bert_jax` / `data_prep` 
 # pylint: disable=g-import-not-at-top
 from absl import app, flags
 
-from bert_jax import file_io, tokenization
+from bert_jax import file_io
+from bert_jax.text import tokenization
 from data_prep import corpus_io
 # pylint: enable=g-import-not-at-top
 

@@ -18,7 +18,7 @@ import pytest  # noqa: E402  (after the environment above, which must precede an
 @pytest.fixture(scope="module")
 def tokenizer():
   """The uncased WordPiece tokenizer of the packaged MiniLM (BERT's 30,522-entry vocab.txt)."""
-  from bert_jax import tokenization
+  from bert_jax.text import tokenization
   from tests import helpers
   return tokenization.load_tokenizer(
       vocab_file=os.path.join(helpers.minilm_dir(), "vocab.txt"), do_lower_case=True)
@@ -27,7 +27,7 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def bert_config_file(tmp_path_factory):
   """A tiny BERT (the `test` preset) over that vocabulary, without dropout, as a config file."""
-  from bert_jax import configuration
+  from bert_jax.model import configuration
   path = tmp_path_factory.mktemp("cfg") / "bert_config.json"
   configuration.get_preset("test", vocab_size=30522, hidden_dropout_prob=0.0,
                            attention_probs_dropout_prob=0.0).to_json_file(str(path))

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from bert_jax import features
+from bert_jax.text import features
 from tests import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

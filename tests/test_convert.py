@@ -9,7 +9,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from bert_jax import configuration, convert, file_io, heads, modeling
+from bert_jax import file_io
+from bert_jax.interop import checkpoints
+from bert_jax.interop import hf as hf_io
+from bert_jax.interop import names as name_tables
+from bert_jax.model import configuration, heads, modeling
 
 
 @pytest.fixture(scope="module")
@@ -31,22 +35,22 @@ def _write(directory, cfg, state):
 
 def test_table_covers_every_parameter_exactly_once(tiny):
   cfg, params = tiny
-  rows = convert.name_table(cfg.num_hidden_layers)
-  assert sorted(r.ours for r in rows) == sorted(convert.flatten_params(params))
+  rows = name_tables.name_table(cfg.num_hidden_layers)
+  assert sorted(r.ours for r in rows) == sorted(name_tables.flatten_params(params))
   assert len({r.hf for r in rows}) == len({r.tf1 for r in rows}) == len(rows)
 
 
 def test_bare_and_prefixed_and_legacy_names_load_the_same(tiny, tmp_path):
   cfg, params = tiny
-  state = convert.params_to_hf_state(params, cfg)
+  state = hf_io.params_to_hf_state(params, cfg)
   # BertModel saved bare (no "bert." prefix, no heads) with pre-2020 LayerNorm gamma/beta names.
   bare = {k[len("bert."):].replace("LayerNorm.weight", "LayerNorm.gamma")
           .replace("LayerNorm.bias", "LayerNorm.beta"): v
           for k, v in state.items() if k.startswith("bert.")}
   bare["embeddings.position_ids"] = np.arange(cfg.max_position_embeddings)[None]
-  _, loaded_bare, report = convert.load_hf_checkpoint(_write(tmp_path / "bare", cfg, bare))
+  _, loaded_bare, report = hf_io.load_hf_checkpoint(_write(tmp_path / "bare", cfg, bare))
   assert report.unexpected == []
-  assert sorted(report.missing) == sorted(k for k in convert.flatten_params(params)
+  assert sorted(report.missing) == sorted(k for k in name_tables.flatten_params(params)
                                           if k.startswith("cls/"))
   np.testing.assert_array_equal(
       loaded_bare["bert"]["encoder"]["layer_1"]["output"]["LayerNorm"]["scale"],
@@ -58,7 +62,7 @@ def test_bare_and_prefixed_and_legacy_names_load_the_same(tiny, tmp_path):
   full["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"]
   full["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
   full["classifier.weight"] = np.zeros((2, cfg.hidden_size), np.float32)
-  _, loaded_full, report = convert.load_hf_checkpoint(_write(tmp_path / "full", cfg, full))
+  _, loaded_full, report = hf_io.load_hf_checkpoint(_write(tmp_path / "full", cfg, full))
   assert report.missing == [] and report.unexpected == ["classifier.weight"]
   for a, b in zip(jax.tree.leaves(loaded_full), jax.tree.leaves(params)):
     np.testing.assert_array_equal(a, b)
@@ -67,15 +71,15 @@ def test_bare_and_prefixed_and_legacy_names_load_the_same(tiny, tmp_path):
 
 def test_untied_decoder_is_reported(tiny, tmp_path):
   cfg, params = tiny
-  state = convert.params_to_hf_state(params, cfg)
+  state = hf_io.params_to_hf_state(params, cfg)
   state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"] + 1
-  _, _, report = convert.load_hf_checkpoint(_write(tmp_path / "untied", cfg, state))
+  _, _, report = hf_io.load_hf_checkpoint(_write(tmp_path / "untied", cfg, state))
   assert any("untied decoders are not supported" in u for u in report.unexpected)
 
 
 def test_sharded_safetensors_index(tiny, tmp_path):
   cfg, params = tiny
-  state = convert.params_to_hf_state(params, cfg)
+  state = hf_io.params_to_hf_state(params, cfg)
   keys = sorted(state)
   d = tmp_path / "sharded"
   d.mkdir()
@@ -86,20 +90,20 @@ def test_sharded_safetensors_index(tiny, tmp_path):
   (d / "model.safetensors.index.json").write_text(json.dumps(
       {"weight_map": {k: n for n, names in halves.items() for k in names}}))
   (d / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
-  _, loaded, report = convert.load_hf_checkpoint(str(d))
+  _, loaded, report = hf_io.load_hf_checkpoint(str(d))
   assert report.missing == []
-  assert len(convert.flatten_params(loaded)) == len(keys)
+  assert len(name_tables.flatten_params(loaded)) == len(keys)
 
 
 def test_shape_mismatches_are_all_listed(tiny, tmp_path):
   cfg, params = tiny
-  state = convert.params_to_hf_state(params, cfg)
+  state = hf_io.params_to_hf_state(params, cfg)
   path = _write(tmp_path / "ckpt", cfg, state)
   # The same tensors against a config with a different vocabulary and FFN width.
   other = cfg.replace(vocab_size=600, intermediate_size=96)
   (tmp_path / "ckpt" / "config.json").write_text(json.dumps(other.to_hf_dict()))
   with pytest.raises(ValueError) as err:
-    convert.load_hf_checkpoint(path)
+    hf_io.load_hf_checkpoint(path)
   message = str(err.value)
   assert "tensor shapes disagree with the config" in message and path in message
   assert "bert.embeddings.word_embeddings.weight: checkpoint (512, 64)" in message
@@ -111,21 +115,21 @@ def test_shape_mismatches_are_all_listed(tiny, tmp_path):
 def test_missing_files_are_named(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(configuration.get_preset("test").to_hf_dict()))
   with pytest.raises(FileNotFoundError, match="no model.safetensors"):
-    convert.load_hf_checkpoint(str(tmp_path))
+    hf_io.load_hf_checkpoint(str(tmp_path))
   (tmp_path / "pytorch_model.bin").write_bytes(b"")
   with pytest.raises(ValueError, match="only pytorch_model.bin found"):
-    convert.load_hf_checkpoint(str(tmp_path))
+    hf_io.load_hf_checkpoint(str(tmp_path))
 
 
 def test_scanned_config_loads_and_exports(tiny, tmp_path):
   cfg, params = tiny
-  path = convert.save_hf_checkpoint(params, cfg, str(tmp_path / "ckpt"))
-  scan_cfg, scanned, _ = convert.load_hf_checkpoint(path, scan_layers=True)
+  path = hf_io.save_hf_checkpoint(params, cfg, str(tmp_path / "ckpt"))
+  scan_cfg, scanned, _ = hf_io.load_hf_checkpoint(path, scan_layers=True)
   assert scan_cfg.scan_layers
   assert scanned["bert"]["encoder"]["layer"]["attention"]["self"]["query"]["kernel"].shape == (
       2, 64, 64)
-  exported = convert.params_to_hf_state(scanned, scan_cfg)
-  original = convert.params_to_hf_state(params, cfg)
+  exported = hf_io.params_to_hf_state(scanned, scan_cfg)
+  original = hf_io.params_to_hf_state(params, cfg)
   assert exported.keys() == original.keys()
   for k in original:
     np.testing.assert_array_equal(exported[k], original[k])
@@ -135,13 +139,13 @@ def test_merge_params_fills_missing_and_rejects_mismatch(tiny):
   cfg, params = tiny
   encoder_only = {"bert": params["bert"]}
   fresh = jax.tree.map(np.zeros_like, params)
-  merged = convert.merge_params(fresh, encoder_only)
+  merged = checkpoints.merge_params(fresh, encoder_only)
   np.testing.assert_array_equal(merged["bert"]["pooler"]["dense"]["kernel"],
                                 params["bert"]["pooler"]["dense"]["kernel"])
   assert not merged["cls"]["seq_relationship"]["kernel"].any()
   bad = {"bert": {"pooler": {"dense": {"kernel": np.zeros((3, 3))}}}, "extra": np.zeros(1)}
   with pytest.raises(ValueError) as err:
-    convert.merge_params(fresh, bad, where="ckpt.safetensors")
+    checkpoints.merge_params(fresh, bad, where="ckpt.safetensors")
   assert "bert/pooler/dense/kernel: ckpt.safetensors (3, 3) vs model (64, 64)" in str(err.value)
   assert "parameters the model does not have: extra" in str(err.value)
 
@@ -159,7 +163,7 @@ def test_atomic_write_leaves_no_partial_file(tmp_path):
 
 
 def test_checkpoint_manager_accepts_relative_paths(tmp_path, monkeypatch):
-  from bert_jax import checkpointing
+  from bert_jax.training import checkpointing
   monkeypatch.chdir(tmp_path)
   manager = checkpointing.CheckpointManager("relative/ckpts", async_save=False)
   manager.save(1, {"w": np.ones(3, np.float32)}, {"epoch": 0}, {"note": "x"})
@@ -172,7 +176,7 @@ def test_checkpoint_manager_accepts_relative_paths(tmp_path, monkeypatch):
 def test_metric_writer_on_a_filesystem_without_append(tmp_path):
   """Buckets (gs://) cannot append; the writer rewrites the file. `ram://` takes the same
   tf.io.gfile route as gs:// here."""
-  from bert_jax import metrics
+  from bert_jax.training import metrics
   path = "ram://metrics_test/run"
   for step in (1, 2):
     writer = metrics.MetricWriter(path, tensorboard=False)

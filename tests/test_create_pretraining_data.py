@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import features, tokenization
+from bert_jax.text import features, tokenization
 from data_prep import create_pretraining_data as cpd
 from data_prep import demo_corpus, instances, train_tokenizer
 from tests.helpers import minilm_dir

@@ -8,7 +8,10 @@ import sys
 import jax
 import numpy as np
 
-from bert_jax import configuration, finetune
+from bert_jax import inference
+from bert_jax.runs import finetuning
+from bert_jax.tasks import sequence_classification
+from bert_jax.model import configuration
 from bert_jax.tasks import glue
 from tests import helpers
 
@@ -39,7 +42,7 @@ def _sst2_dir(path, dev_size=None):
 def test_tiny_model_learns_a_tiny_task_and_counts_every_dev_example(tokenizer, bert_config_file,
                                                                      tmp_path):
   data = _sst2_dir(tmp_path / "sst2", dev_size=13)  # 13 dev rows: not a multiple of 8 devices
-  out = finetune.run(glue.get_task("SST-2"), data_dir=data, tokenizer=tokenizer,
+  out = finetuning.run(glue.get_task("SST-2"), data_dir=data, tokenizer=tokenizer,
                      init_checkpoint=None, bert_config_file=bert_config_file,
                      output_dir=str(tmp_path / "out"), max_seq_length=16, train_batch_size=16,
                      eval_batch_size=8, learning_rate=1e-3, num_train_epochs=100,
@@ -52,7 +55,7 @@ def test_tiny_model_learns_a_tiny_task_and_counts_every_dev_example(tokenizer, b
   saved = json.load(open(os.path.join(tmp_path, "out", "eval_results.json")))
   assert saved["dev"]["accuracy"] == 1.0
   # Evaluating later from the fine-tuned output directory gives the same numbers.
-  again = finetune.run(glue.get_task("SST-2"), data_dir=data, tokenizer=tokenizer,
+  again = finetuning.run(glue.get_task("SST-2"), data_dir=data, tokenizer=tokenizer,
                        init_checkpoint=None, output_dir=str(tmp_path / "out"),
                        max_seq_length=16, eval_batch_size=8, do_eval=True)
   assert again["dev"] == out["dev"]
@@ -62,10 +65,11 @@ def test_padded_batches_do_not_change_predictions(tokenizer, bert_config_file, t
   """Every example's logits are the same whatever batch it lands in and however it is padded."""
   task = glue.get_task("SST-2")
   config = configuration.BertConfig.from_json_file(bert_config_file)
-  from bert_jax import heads, sharding
+  from bert_jax.model import heads
+  from bert_jax.parallel import sharding
   model = heads.BertForSequenceClassification(config, 2)
   examples = [glue.Example(str(i), s, None, "1") for i, s in enumerate(POSITIVE + NEGATIVE[:5])]
-  feats = finetune.featurize(task, examples, tokenizer, 32)
+  feats = sequence_classification.featurize(task, examples, tokenizer, 32)
   params = model.init(jax.random.PRNGKey(0), feats["input_ids"][:1], feats["input_mask"][:1],
                       feats["segment_ids"][:1])["params"]
   import flax.linen as nn
@@ -73,11 +77,9 @@ def test_padded_batches_do_not_change_predictions(tokenizer, bert_config_file, t
   direct = np.asarray(model.apply({"params": params}, feats["input_ids"], feats["input_mask"],
                                   feats["segment_ids"]))
   mesh = sharding.create_mesh((8, 1, 1))
-  batch_sh = sharding.batch_sharding(mesh)
   param_sh = jax.tree.map(lambda _: sharding.replicated(mesh), params)
-  step = finetune.make_predict_step(model, param_sh, batch_sh, mesh,
-                                    sharding.DEFAULT_LOGICAL_AXIS_RULES)
-  batched = finetune.predict_all(step, params, feats, 8, batch_sh)
+  predictor = inference.Predictor(model, mesh=mesh, param_shardings=param_sh)
+  batched = predictor(params, feats, 8)
   assert batched.shape == direct.shape == (13, 2)
   np.testing.assert_allclose(batched, direct, atol=1e-5)
 
@@ -91,7 +93,7 @@ def test_regression_task(tokenizer, bert_config_file, tmp_path):
                  enumerate(rows))
   (d / "train.tsv").write_text(header + body)
   (d / "dev.tsv").write_text(header + body)
-  out = finetune.run(glue.get_task("STS-B"), data_dir=str(d), tokenizer=tokenizer,
+  out = finetuning.run(glue.get_task("STS-B"), data_dir=str(d), tokenizer=tokenizer,
                      init_checkpoint=None, bert_config_file=bert_config_file,
                      output_dir=str(tmp_path / "out"), max_seq_length=32, train_batch_size=8,
                      eval_batch_size=8, learning_rate=1e-3, num_train_epochs=150,

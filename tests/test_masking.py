@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax import masking, tokenization
+from bert_jax.text import masking, tokenization
 from data_prep import demo_corpus
 from tests.helpers import minilm_dir
 

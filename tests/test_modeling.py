@@ -10,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import configuration, convert, heads, modeling
+from bert_jax.interop import names as name_tables
+from bert_jax.objectives import mlm_nsp
+from bert_jax.model import configuration, heads, modeling
 from tests import helpers
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "bert_base_param_shapes.json")
@@ -21,7 +23,7 @@ def _count(shapes):
 
 
 def test_base_parameter_shapes_match_golden_file():
-  shapes = convert.expected_shapes(configuration.get_preset("base"))
+  shapes = name_tables.expected_shapes(configuration.get_preset("base"))
   with open(GOLDEN) as f:
     golden = {k: tuple(v) for k, v in json.load(f).items()}
   assert shapes == golden
@@ -32,7 +34,7 @@ def test_base_parameter_shapes_match_golden_file():
 
 
 def test_presets():
-  large = convert.expected_shapes(configuration.get_preset("large"))
+  large = name_tables.expected_shapes(configuration.get_preset("large"))
   assert _count({k: v for k, v in large.items() if k.startswith("bert/")}) == 335_141_888
   compact = [n for n in configuration.PRESETS if n.startswith("L-")]
   assert len(compact) == 24
@@ -102,7 +104,7 @@ def _loss_fn(model, batch, deterministic=True, dropout_seed=0):
                            batch["segment_ids"], batch["masked_lm_positions"],
                            deterministic=deterministic,
                            rngs={"dropout": jax.random.PRNGKey(dropout_seed)})
-    return heads.pretraining_loss(mlm, nsp, batch)[0]
+    return mlm_nsp.pretraining_loss(mlm, nsp, batch)[0]
   return loss
 
 

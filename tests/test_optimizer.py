@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import optimizer
+from bert_jax.training import optimizer
 
 
 def _params(rng):

@@ -14,7 +14,10 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import convert, heads, modeling
+from bert_jax.interop import hf as hf_io
+from bert_jax.interop import names as name_tables
+from bert_jax.objectives import mlm_nsp
+from bert_jax.model import heads, modeling
 from tests import helpers
 
 TOL = 1e-5
@@ -37,7 +40,7 @@ def minilm():
   tokenizer = transformers.BertTokenizer.from_pretrained(path)
   assert tokenizer.vocab_size == 30522, "reference tokenizer did not read vocab.txt"
   torch_model = transformers.BertModel.from_pretrained(path, attn_implementation="eager").eval()
-  config, params, report = convert.load_hf_checkpoint(path)
+  config, params, report = hf_io.load_hf_checkpoint(path)
   return path, tokenizer, torch_model, config, params, report
 
 
@@ -60,7 +63,7 @@ def test_minilm_load_report(minilm):
   # A bare BertModel checkpoint: encoder and pooler all found, only the pre-training heads absent.
   assert report.unexpected == []
   assert sorted(report.missing) == sorted(r.ours for r in
-                                          [convert.Row(*x) for x in convert.PRETRAINING_HEAD_ROWS])
+                                          [name_tables.Row(*x) for x in name_tables.PRETRAINING_HEAD_ROWS])
 
 
 @pytest.mark.parametrize("batch_kind", ["single", "pairs"])
@@ -112,7 +115,7 @@ def random_pretraining_checkpoint(tmp_path_factory):
 
 def test_pretraining_heads_match_reference(random_pretraining_checkpoint):
   path, torch_model = random_pretraining_checkpoint
-  config, params, report = convert.load_hf_checkpoint(path)
+  config, params, report = hf_io.load_hf_checkpoint(path)
   assert report.missing == [] and report.unexpected == []
   batch = helpers.random_pretraining_batch(np.random.RandomState(0), batch=4, length=32,
                                            max_predictions=6, vocab_size=config.vocab_size)
@@ -135,7 +138,7 @@ def test_pretraining_heads_match_reference(random_pretraining_checkpoint):
   ref_mlm_loss = float((w * per_pos).sum() / (w.sum() + 1e-5))
   nsp_labels = torch.tensor(batch["next_sentence_labels"][:, 0]).long()
   ref_nsp_loss = float(torch.nn.functional.cross_entropy(torch.tensor(ref_nsp), nsp_labels))
-  loss, metrics = heads.pretraining_loss(mlm_logits, nsp_logits, batch)
+  loss, metrics = mlm_nsp.pretraining_loss(mlm_logits, nsp_logits, batch)
   print(f"\nheads: max|Δ| mlm logits {mlm_diff:.2e} nsp logits {nsp_diff:.2e} "
         f"mlm loss {abs(float(metrics['mlm_loss']) - ref_mlm_loss):.2e} "
         f"nsp loss {abs(float(metrics['nsp_loss']) - ref_nsp_loss):.2e}")
@@ -167,10 +170,10 @@ def test_pretraining_heads_match_reference(random_pretraining_checkpoint):
 def test_export_round_trip_loads_in_transformers(random_pretraining_checkpoint, tmp_path):
   """ours → save_hf_checkpoint → transformers.from_pretrained reproduces our outputs."""
   path, _ = random_pretraining_checkpoint
-  config, params, _ = convert.load_hf_checkpoint(path)
+  config, params, _ = hf_io.load_hf_checkpoint(path)
   # Move every weight so the round trip is not just the input file again.
   params = jax.tree.map(lambda x: x * 1.1 + 0.01, params)
-  out_dir = convert.save_hf_checkpoint(params, config, str(tmp_path / "export"))
+  out_dir = hf_io.save_hf_checkpoint(params, config, str(tmp_path / "export"))
   reloaded, info = transformers.BertForPreTraining.from_pretrained(
       out_dir, output_loading_info=True, attn_implementation="eager")
   assert info["missing_keys"] == set() or not info["missing_keys"], info
@@ -188,7 +191,7 @@ def test_export_round_trip_loads_in_transformers(random_pretraining_checkpoint, 
   assert np.abs(np.asarray(nsp_logits) - ref.seq_relationship_logits.numpy()).max() <= TOL
 
   # The encoder alone exports as a bare BertModel, as most hub checkpoints are.
-  enc_dir = convert.save_hf_checkpoint({"bert": params["bert"]}, config, str(tmp_path / "enc"))
+  enc_dir = hf_io.save_hf_checkpoint({"bert": params["bert"]}, config, str(tmp_path / "enc"))
   bare = transformers.BertModel.from_pretrained(enc_dir, attn_implementation="eager").eval()
   ref_seq = _reference(bare, batch).last_hidden_state.numpy()
   ours_seq = modeling.BertModel(config).apply({"params": params["bert"]}, batch["input_ids"],
@@ -229,3 +232,41 @@ def test_extract_features_layers_match_reference_hidden_states(minilm, tmp_path)
   # Our token ids are the reference tokenizer's.
   expected = tokenizer(lines[0], padding="max_length", max_length=32)["input_ids"]
   np.testing.assert_array_equal(arrays["input_ids"][0], expected)
+
+
+def test_masked_lm_checkpoint_fills_masks_like_the_reference(tmp_path):
+  """A Hugging Face `BertForMaskedLM` directory (MLM head, no next-sentence head, no pooler —
+  what MLM-only training leaves) loads for fill-mask, and its probabilities at every [MASK]
+  equal transformers' within 1e-5."""
+  from bert_jax import inference, predict
+  from bert_jax.text import tokenization
+  torch.manual_seed(1)
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(95)]
+  (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  hf_config = transformers.BertConfig(
+      vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+      intermediate_size=64, max_position_embeddings=32)
+  model = transformers.BertForMaskedLM(hf_config).eval()
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  model.save_pretrained(str(tmp_path), safe_serialization=True)
+  info = predict.inspect_checkpoint(str(tmp_path))
+  assert info.mode == "fill_mask"
+  config, params = predict.load_fill_mask_model(info)
+  assert "seq_relationship" not in params["cls"] and "pooler" not in params["bert"]
+  tokenizer = tokenization.load_tokenizer(vocab_file=str(tmp_path / "vocab.txt"))
+  texts = ["w1 w2 [MASK] w3", "[MASK] w7 w8 w9 w10 [MASK]"]
+  ours = inference.fill_mask(config, params, tokenizer, texts, top_k=5)
+  for text, predictions in zip(texts, ours):
+    ids = [tokenizer.cls_id] + tokenizer.encode(text) + [tokenizer.sep_id]
+    with torch.no_grad():
+      logits = model(input_ids=torch.tensor([ids])).logits[0].numpy()
+    masks = [i for i, t in enumerate(ids) if t == tokenizer.mask_id]
+    assert len(predictions) == len(masks)
+    for position, top in zip(masks, predictions):
+      probs = np.exp(logits[position] - logits[position].max())
+      probs /= probs.sum()
+      best = np.argsort(-probs)[:5]
+      assert [t for t, _ in top] == tokenizer.convert_ids_to_tokens(best.tolist())
+      np.testing.assert_allclose([p for _, p in top], probs[best], atol=1e-5)

@@ -17,16 +17,16 @@ import json, os, sys
 sys.path.insert(0, os.path.join(sys.argv[1], "configs"))
 import jax
 import pretrain as configs
-from bert_jax import pretrain
+from bert_jax.runs import pretraining
 out = {"devices": jax.device_count()}
-base = pretrain.compile_train_step(configs.get_config("base"))
+base = pretraining.compile_train_step(configs.get_config("base"))
 out["base"] = {"mesh": base["mesh"], "params": base["num_parameters"],
                "flops": base["compiled_flops_per_device"],
                "analytic": base["analytic_flops_per_step"],
                "bytes": base.get("bytes_per_device"),
                "kernel_spec": str(base["state_shardings"].params["bert"]["encoder"]["layer_0"]
                                   ["intermediate"]["dense"]["kernel"].spec)}
-large = pretrain.compile_train_step(configs.get_config("large"), compile_step=False)
+large = pretraining.compile_train_step(configs.get_config("large"), compile_step=False)
 text = large["lowered"].as_text()
 out["large"] = {"mesh": large["mesh"], "params": large["num_parameters"],
                 "partitions": "mhlo.num_partitions = 64" in text}
@@ -70,12 +70,12 @@ def test_base_compiles_for_16_chips_and_large_lowers_for_64():
 def test_distributed_initialisation_is_called_where_there_is_a_slice(monkeypatch, coordinator,
                                                                       hostnames, tpu_vm,
                                                                       expected):
-  from bert_jax import train_lib
+  from bert_jax.parallel import distributed
   calls = []
-  monkeypatch.setattr(train_lib.jax.distributed, "initialize",
+  monkeypatch.setattr(distributed.jax.distributed, "initialize",
                       lambda **kwargs: calls.append(kwargs))
-  monkeypatch.setattr(train_lib, "_on_tpu_vm", lambda: tpu_vm)
+  monkeypatch.setattr(distributed, "_on_tpu_vm", lambda: tpu_vm)
   monkeypatch.setenv("TPU_WORKER_HOSTNAMES", hostnames)
-  train_lib.initialize_distributed(coordinator, 2 if coordinator else None,
+  distributed.initialize_distributed(coordinator, 2 if coordinator else None,
                                    1 if coordinator else None)
   assert calls == ([] if expected is None else [expected])

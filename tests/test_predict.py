@@ -13,7 +13,15 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import (checkpointing, configuration, convert, finetune, heads, predict, sharding)
+from bert_jax import predict
+from bert_jax import inference
+from bert_jax.interop import checkpoints
+from bert_jax.interop import tf1
+from bert_jax.runs import finetuning
+from bert_jax.tasks import sequence_classification
+from bert_jax.model import configuration, heads
+from bert_jax.parallel import sharding
+from bert_jax.training import checkpointing
 from bert_jax.tasks import glue
 from tests import helpers
 from tests.test_finetune import NEGATIVE, POSITIVE, _sst2_dir
@@ -44,7 +52,7 @@ def sst2_out(tmp_path_factory, tokenizer, bert_config_file):
   """A tiny classifier that has memorised the 16 SST-2 sentences."""
   root = tmp_path_factory.mktemp("sst2")
   out = str(root / "out")
-  results = finetune.run(glue.get_task("SST-2"), data_dir=_sst2_dir(root / "data"),
+  results = finetuning.run(glue.get_task("SST-2"), data_dir=_sst2_dir(root / "data"),
                          tokenizer=tokenizer, init_checkpoint=None, bert_config_file=bert_config_file,
                          output_dir=out, max_seq_length=16, train_batch_size=16,
                          learning_rate=1e-3, num_train_epochs=80, warmup_proportion=0.1,
@@ -60,10 +68,10 @@ def squad_out(tmp_path_factory, tokenizer, bert_config_file):
   root = tmp_path_factory.mktemp("squad")
   data_file = root / "train-v2.0.json"
   data_file.write_text(json.dumps(_overfit_set(), ensure_ascii=False))
-  config = finetune.get_config()
+  config = finetuning.get_config()
   config.mesh_shape = (4, 1, 2)
   out = str(root / "out")
-  finetune.run_squad(tokenizer=tokenizer, init_checkpoint=None, output_dir=out,
+  finetuning.run_squad(tokenizer=tokenizer, init_checkpoint=None, output_dir=out,
                      train_file=str(data_file), predict_file=str(data_file),
                      version_2_with_negative=True, bert_config_file=bert_config_file,
                      max_seq_length=64, doc_stride=32, max_query_length=16, train_batch_size=4,
@@ -84,15 +92,12 @@ def _reference_probabilities(out, tokenizer, pairs):
   assert meta["task"] == "sst2" and meta["num_labels"] == 2
   task = glue.get_task("SST-2")
   examples = [glue.Example(str(i), a, b, None) for i, (a, b) in enumerate(pairs)]
-  feats = finetune.featurize(task, examples, tokenizer, 128)
+  feats = sequence_classification.featurize(task, examples, tokenizer, 128)
   model = heads.BertForSequenceClassification(config, 2)
   mesh = sharding.create_mesh((-1, 1, 1))
-  batch_sh = sharding.batch_sharding(mesh)
   param_sh = jax.tree.map(lambda _: sharding.replicated(mesh), params)
-  step = finetune.make_predict_step(model, param_sh, batch_sh, mesh,
-                                    sharding.DEFAULT_LOGICAL_AXIS_RULES)
-  logits = finetune.predict_all(step, jax.device_put(nn.unbox(params), param_sh), feats, 8,
-                                batch_sh)
+  predictor = inference.Predictor(model, mesh=mesh, param_shardings=param_sh)
+  logits = predictor(jax.device_put(nn.unbox(params), param_sh), feats, 8)
   return np.asarray(jax.nn.softmax(np.asarray(logits, np.float64), axis=-1))
 
 
@@ -154,7 +159,7 @@ def test_a_regression_model_gives_its_score(tokenizer, bert_config_file):
   config = configuration.BertConfig.from_json_file(bert_config_file)
   module = heads.BertForSequenceClassification(config, 1)
   pairs = [(POSITIVE[0], NEGATIVE[0]), (POSITIVE[1], None)]
-  feats = finetune.featurize(glue.get_task("STS-B"),
+  feats = sequence_classification.featurize(glue.get_task("STS-B"),
                              [glue.Example(str(i), a, b, None) for i, (a, b) in enumerate(pairs)],
                              tokenizer, 32)
   params = nn.unbox(module.init(jax.random.PRNGKey(1), feats["input_ids"], feats["input_mask"],
@@ -229,7 +234,7 @@ def test_fill_mask_finds_the_vocab_beside_a_tf1_prefix(tmp_path, tokenizer):
   ids = np.zeros((1, 8), np.int32)
   params = nn.unbox(heads.BertForPreTraining(config).init(
       jax.random.PRNGKey(3), ids, ids + 1, ids, ids[:, :2])["params"])
-  prefix = convert.save_tf1_checkpoint(params, config, str(tmp_path / "release"))
+  prefix = tf1.save_tf1_checkpoint(params, config, str(tmp_path / "release"))
   assert prefix.endswith("bert_model.ckpt")
   texts = ["the cat sat on the [MASK] .", "[MASK] is a [MASK] city"]
   # Without a vocabulary anywhere: the error names where it looked.
@@ -242,7 +247,7 @@ def test_fill_mask_finds_the_vocab_beside_a_tf1_prefix(tmp_path, tokenizer):
   proc = _ok(_cli(f"--checkpoint={prefix}", *[f"--text={t}" for t in texts], "--top_k=3",
                   "--json"))
   got = json.loads(proc.stdout)
-  want = predict.fill_mask(config, params, tokenizer, texts, top_k=3)
+  want = inference.fill_mask(config, params, tokenizer, texts, top_k=3)
   assert [g["text"] for g in got] == texts
   assert [len(g["predictions"]) for g in got] == [1, 2]
   for g, w in zip(got, want):
@@ -265,7 +270,7 @@ def test_a_checkpoint_of_another_kind_is_refused_with_what_it_is(squad_out, sst2
   ids = np.zeros((1, 8), np.int32)
   params = nn.unbox(heads.BertForPreTraining(config).init(
       jax.random.PRNGKey(0), ids, ids + 1, ids, ids[:, :2])["params"])
-  workdir = convert.save_orbax_params(params, config, str(tmp_path / "pretrain"))
+  workdir = checkpoints.save_orbax_params(params, config, str(tmp_path / "pretrain"))
   info = predict.inspect_checkpoint(workdir)
   assert info.mode == "fill_mask"
   with pytest.raises(predict.PredictError, match=(

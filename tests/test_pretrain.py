@@ -12,10 +12,21 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import (checkpointing, heads, input_pipeline, metrics, optimizer, pretrain,
-                      sharding, train_lib)
+from bert_jax import inference
+from bert_jax.interop import checkpoints
+from bert_jax.runs import pretraining
+from bert_jax.data import input_pipeline
+from bert_jax.model import heads
+from bert_jax.parallel import sharding
+from bert_jax.objectives import mlm_nsp
+from bert_jax.training import checkpointing, metrics, optimizer
+from bert_jax.training import state as state_lib
+from bert_jax.training import step as step_lib
 from tests import helpers
 from tests import pretrain_helpers as ph
+
+
+OBJECTIVE = mlm_nsp.MaskedLmNextSentence(ph.SEQ, ph.PRED)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +40,7 @@ def _losses(workdir):
 
 
 def _setup(config):
-  bert_config = pretrain.bert_config_from(config)
+  bert_config = pretraining.bert_config_from(config)
   model = heads.BertForPreTraining(bert_config)
   opt = ml_collections.ConfigDict(config.optimizer.to_dict())
   opt.total_steps = config.total_steps
@@ -50,15 +61,17 @@ def test_sharded_steps_equal_one_device(records, mesh_shape):
   config = ph.run_config(records)
   model, tx, schedule = _setup(config)
   batches = _batches(records, 3)
-  example = train_lib.example_batch(16, ph.SEQ, ph.PRED)
+  example = OBJECTIVE.example_batch(16)
   results = {}
   for name, shape, devices in (("one", (1, 1, 1), jax.devices()[:1]),
                                ("many", mesh_shape, None)):
     mesh = sharding.create_mesh(shape, devices)
     rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
-    state, state_sh = train_lib.create_train_state(model, tx, mesh, rules, 0, example)
+    state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, 0, example,
+                                                   OBJECTIVE.input_names)
     batch_sh = sharding.batch_sharding(mesh)
-    step = train_lib.jit_train_step(model, tx, schedule, state_sh, batch_sh, mesh, rules)
+    step = step_lib.build_train_step(OBJECTIVE, model, tx, schedule, state_sh, batch_sh, mesh,
+                                     rules)
     losses = []
     for b in batches:
       state, m = step(state, jax.device_put(b, batch_sh))
@@ -81,9 +94,11 @@ def test_gradient_accumulation_equals_one_big_batch(records):
   batch_sh = sharding.batch_sharding(mesh)
   out = {}
   for k in (1, 4):
-    state, state_sh = train_lib.create_train_state(model, tx, mesh, rules, 0,
-                                                   train_lib.example_batch(16, ph.SEQ, ph.PRED))
-    step = train_lib.jit_train_step(model, tx, schedule, state_sh, batch_sh, mesh, rules, k)
+    state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, 0,
+                                                   OBJECTIVE.example_batch(16),
+                                                   OBJECTIVE.input_names)
+    step = step_lib.build_train_step(OBJECTIVE, model, tx, schedule, state_sh, batch_sh, mesh,
+                                     rules, k)
     for _ in range(2):  # the second step sees non-zero learning rate and moved parameters
       state, m = step(state, jax.device_put(batch, batch_sh))
     out[k] = (jax.device_get(m), jax.device_get(state.params))
@@ -96,11 +111,11 @@ def test_gradient_accumulation_equals_one_big_batch(records):
 def test_resume_continues_exactly(records, tmp_path):
   """8 steps, stop, resume to 16 == 16 uninterrupted steps: same losses, same parameters."""
   straight = str(tmp_path / "straight")
-  pretrain.train_and_evaluate(ph.run_config(records, train_until_step=16), straight)
+  pretraining.train_and_evaluate(ph.run_config(records, train_until_step=16), straight)
   resumed = str(tmp_path / "resumed")
-  pretrain.train_and_evaluate(ph.run_config(records, train_until_step=8), resumed)
+  pretraining.train_and_evaluate(ph.run_config(records, train_until_step=8), resumed)
   first = _losses(resumed)
-  pretrain.train_and_evaluate(ph.run_config(records, train_until_step=16), resumed)
+  pretraining.train_and_evaluate(ph.run_config(records, train_until_step=16), resumed)
   a, b = _losses(straight), _losses(resumed)
   assert max(first) == 8 and max(b) == 16
   for s in range(10, 17):  # steps after the restart (the first post-restart step is compile)
@@ -121,10 +136,10 @@ def test_resume_continues_exactly(records, tmp_path):
 
 def test_checkpoint_restores_onto_another_mesh(records, tmp_path):
   workdir = str(tmp_path / "run")
-  pretrain.train_and_evaluate(ph.run_config(records, train_until_step=4, mesh_shape=(2, 2, 2)),
+  pretraining.train_and_evaluate(ph.run_config(records, train_until_step=4, mesh_shape=(2, 2, 2)),
                               workdir)
   config = ph.run_config(records, train_until_step=6, mesh_shape=(1, 8, 1))
-  out = pretrain.train_and_evaluate(config, workdir)
+  out = pretraining.train_and_evaluate(config, workdir)
   assert out["step"] == 6 and np.isfinite(out["train/loss"])
 
 
@@ -188,16 +203,18 @@ def test_two_processes_match_one(records, tmp_path):
       process_index=i, process_count=2).host_batches() for i in range(2)]
   mesh = sharding.create_mesh((8, 1, 1))
   rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
-  state, state_sh = train_lib.create_train_state(model, tx, mesh, rules, config.seed,
-                                                 train_lib.example_batch(16, ph.SEQ, ph.PRED))
+  state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, config.seed,
+                                                 OBJECTIVE.example_batch(16),
+                                                   OBJECTIVE.input_names)
   batch_sh = sharding.batch_sharding(mesh)
-  step = train_lib.jit_train_step(model, tx, schedule, state_sh, batch_sh, mesh, rules)
+  step = step_lib.build_train_step(OBJECTIVE, model, tx, schedule, state_sh, batch_sh, mesh,
+                                     rules)
   single = {}
   for s in range(1, 6):
     parts = [next(st)[0] for st in streams]
     batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     state, m = step(state, jax.device_put(batch, batch_sh))
-    single[s] = train_lib.summarize(jax.device_get(m))["loss"]
+    single[s] = OBJECTIVE.summarize(jax.device_get(m))["loss"]
   for s in range(2, 6):
     assert abs(multi[s] - single[s]) <= 1e-5, (s, multi[s], single[s])
 
@@ -220,19 +237,19 @@ def test_sigterm_saves_and_resume_continues(records, tmp_path):
   steps = checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints")).all_steps()
   assert len(steps) == 1 and 3 <= steps[0] < 100000
   saved = steps[0]
-  out = pretrain.train_and_evaluate(ph.run_config(records, train_until_step=saved + 2,
+  out = pretraining.train_and_evaluate(ph.run_config(records, train_until_step=saved + 2,
                                                   total_steps=200000), workdir)
   assert out["step"] == saved + 2
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(records, tmp_path):
   workdir = str(tmp_path / "nan")
-  pretrain.train_and_evaluate(ph.run_config(records, train_until_step=4), workdir)
+  pretraining.train_and_evaluate(ph.run_config(records, train_until_step=4), workdir)
   # An absurd learning rate blows the weights up within a few steps.
   config = ph.run_config(records, train_until_step=40, **{"optimizer.learning_rate": 1e30,
                                                           "optimizer.warmup_steps": 0})
   with pytest.raises(FloatingPointError) as err:
-    pretrain.train_and_evaluate(config, workdir)
+    pretraining.train_and_evaluate(config, workdir)
   message = str(err.value)
   assert "Loss became" in message and "last good checkpoint is step 4" in message
   assert checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints")).all_steps() == [4]
@@ -242,7 +259,7 @@ def test_record_shape_mismatch_names_feature_and_sizes(records, tmp_path):
   config = ph.run_config(records, **{"data.max_seq_length": 64})
   with pytest.raises(ValueError, match=r"feature 'input_ids' has 32 values per record but the "
                                        r"config expects 64 \(max_seq_length=64\)"):
-    pretrain.train_and_evaluate(config, str(tmp_path / "w"))
+    pretraining.train_and_evaluate(config, str(tmp_path / "w"))
 
 
 def test_corrupt_record_names_file_and_offset(tmp_path):
@@ -260,7 +277,7 @@ def test_corrupt_record_names_file_and_offset(tmp_path):
 
 
 def test_dynamic_masking_draws_fresh_masks_each_epoch(tmp_path):
-  from bert_jax import masking
+  from bert_jax.text import masking
   pattern = ph.write_records(str(tmp_path / "dyn"), num_files=2, per_file=64, masking="dynamic")
   cfg = masking.MaskingConfig(vocab_size=ph.VOCAB, mask_id=4, cls_id=2, sep_id=3,
                               max_predictions_per_seq=ph.PRED)
@@ -296,7 +313,7 @@ def test_real_text_dynamic_masking_end_to_end(tmp_path):
   """Shakespeare → WordPiece vocab → dynamic-masking TFRecords → pre-training → fill-mask.
 
   The vocabulary for drawing masks is found through data_prep's summary.json."""
-  from bert_jax import convert, predict, tokenization
+  from bert_jax.text import tokenization
   from data_prep import create_pretraining_data as cpd
   from data_prep import demo_corpus, train_tokenizer
   corpus = tmp_path / "corpus.txt"
@@ -315,7 +332,7 @@ def test_real_text_dynamic_masking_end_to_end(tmp_path):
                             "data.max_seq_length": 64, "data.max_predictions_per_seq": 10,
                             "optimizer.learning_rate": 3e-3, "optimizer.warmup_steps": 5})
   workdir = str(tmp_path / "run")
-  out = pretrain.train_and_evaluate(config, workdir)
+  out = pretraining.train_and_evaluate(config, workdir)
   rows = [r for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
           if "train/mlm_loss" in r]
   assert rows[-1]["train/mlm_loss"] < rows[0]["train/mlm_loss"] - 0.5
@@ -323,8 +340,8 @@ def test_real_text_dynamic_masking_end_to_end(tmp_path):
   assert any(name.startswith("events.out.tfevents") for name in events)
   # Held-out masked-LM loss well below a uniform guess over the vocabulary.
   assert out["eval/mlm_loss"] < np.log(tokenizer.vocab_size) - 0.5
-  bert_config, params = convert.load_pretraining_model(workdir)
-  preds = predict.fill_mask(bert_config, params, tokenizer, ["and so [MASK] the king ."],
+  bert_config, params = checkpoints.load_pretraining_model(workdir)
+  preds = inference.fill_mask(bert_config, params, tokenizer, ["and so [MASK] the king ."],
                             top_k=3)
   assert len(preds[0]) == 1 and len(preds[0][0]) == 3
   assert all(0.0 <= p <= 1.0 for _, p in preds[0][0])

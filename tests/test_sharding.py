@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from bert_jax import configuration, heads, sharding
+from bert_jax.model import configuration, heads
+from bert_jax.objectives import mlm_nsp
+from bert_jax.parallel import sharding
 from tests import helpers
 
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 1, 8), (1, 8, 1)]
@@ -37,7 +39,7 @@ def setup():
     mlm, nsp = model.apply({"params": params}, b["input_ids"], b["input_mask"],
                            b["segment_ids"], b["masked_lm_positions"], deterministic=False,
                            rngs={"dropout": jax.random.PRNGKey(7)})
-    return heads.pretraining_loss(mlm, nsp, b)[0]
+    return mlm_nsp.pretraining_loss(mlm, nsp, b)[0]
 
   ref_params = nn.unbox(init_fn(jax.random.PRNGKey(0)))
   single = jax.devices()[0]

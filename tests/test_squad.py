@@ -9,7 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import configuration, tokenization
+from bert_jax.model import configuration
+from bert_jax.interop import hf as hf_io
+from bert_jax.text import tokenization
 from bert_jax.tasks import squad
 from data_prep import demo_corpus, demo_squad
 from tests import helpers
@@ -399,6 +401,23 @@ def test_cli_overfits_a_handful_of_questions_v2(tmp_path):
   assert all(len(v) <= 21 and {x["text"] for x in v} >= {""} for v in nbest.values())
 
 
+def test_a_train_set_smaller_than_one_batch_trains(tmp_path, tokenizer, bert_config_file):
+  """Five questions with --train_batch_size=8: every epoch is one padded batch (weight-0 rows
+  never count), and the model learns the five answers."""
+  from bert_jax.runs import finetuning
+  data = json.loads(json.dumps(OFFICIAL))
+  data["data"][1]["paragraphs"][0]["qas"] = data["data"][1]["paragraphs"][0]["qas"][:2]
+  data_file = _write(tmp_path / "train-v1.1.json", data)
+  results = finetuning.run_squad(
+      tokenizer=tokenizer, init_checkpoint=None, bert_config_file=bert_config_file,
+      output_dir=str(tmp_path / "out"), train_file=data_file, predict_file=data_file,
+      max_seq_length=128, doc_stride=64, max_query_length=32, train_batch_size=8,
+      predict_batch_size=8, learning_rate=1e-3, num_train_epochs=120, do_train=True,
+      do_predict=True)
+  assert results["train_steps"] == 120  # one (padded) batch per epoch
+  assert results["eval"]["total"] == 5 and results["eval"]["exact_match"] == 100.0
+
+
 # ------------------------------------------------------------------------ tensorflow-datasets
 def _as_tfds_records(examples, version_2):
   """The examples in the feature layout of tfds `squad/v1.1` / `squad/v2.0`."""
@@ -451,11 +470,11 @@ def test_span_head_and_loss_match_the_reference(tmp_path, tokenizer):
   import jax.numpy as jnp
   import torch
   import transformers
-  from bert_jax import convert, heads
+  from bert_jax.model import heads
   torch.manual_seed(0)
   reference = transformers.BertForQuestionAnswering.from_pretrained(
       helpers.minilm_dir(), attn_implementation="eager").eval()
-  config, params, _ = convert.load_hf_checkpoint(helpers.minilm_dir())
+  config, params, _ = hf_io.load_hf_checkpoint(helpers.minilm_dir())
   weight = reference.qa_outputs.weight.detach().numpy()
   bias = reference.qa_outputs.bias.detach().numpy()
   model = heads.BertForQuestionAnswering(config)

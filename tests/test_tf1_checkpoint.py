@@ -18,7 +18,14 @@ import pytest
 import tensorflow as tf
 import transformers
 
-from bert_jax import checkpointing, convert, heads, modeling, pretrain, train_lib
+from bert_jax import convert
+from bert_jax.interop import checkpoints
+from bert_jax.interop import hf as hf_io
+from bert_jax.interop import names as name_tables
+from bert_jax.interop import tf1
+from bert_jax.runs import pretraining
+from bert_jax.model import heads, modeling
+from bert_jax.training import checkpointing
 from tests import helpers
 from tests import pretrain_helpers as ph
 from tests.test_parity_reference import (  # noqa: F401  (minilm, random_... are fixtures)
@@ -148,11 +155,11 @@ def test_minilm_encoder_from_tf1_matches_reference(minilm, minilm_tf1):
   _, tokenizer, torch_model, _, _, _ = minilm
   directory, variables, slots = minilm_tf1
   prefix = os.path.join(directory, "bert_model.ckpt")
-  config, encoder, origin = convert.load_encoder(prefix)
+  config, encoder, origin = checkpoints.load_encoder(prefix)
   assert origin.startswith(f"TF1 checkpoint {prefix}") and "output_weights" in origin
   assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (6, 384, 30522)
   # The directory names the same checkpoint.
-  _, from_dir, _ = convert.load_encoder(directory)
+  _, from_dir, _ = checkpoints.load_encoder(directory)
   for a, b in zip(jax.tree.leaves(from_dir), jax.tree.leaves(encoder)):
     np.testing.assert_array_equal(a, b)
 
@@ -170,27 +177,27 @@ def test_minilm_encoder_from_tf1_matches_reference(minilm, minilm_tf1):
     assert np.abs(ref.last_hidden_state.numpy()).max() > 0.1
 
   # Every stored variable is accounted for: weights used, moments skipped, classifier reported.
-  _, _, report = convert.load_tf1_checkpoint(directory)
+  _, _, report = tf1.load_tf1_checkpoint(directory)
   assert report.unexpected == ["output_bias", "output_weights"]
   assert sorted(report.skipped) == sorted(
       ["global_step"] + [f"{s}/{m}" for s in slots for m in ("adam_m", "adam_v")])
-  assert sorted(report.missing) == sorted(r[0] for r in convert.PRETRAINING_HEAD_ROWS)
+  assert sorted(report.missing) == sorted(r[0] for r in name_tables.PRETRAINING_HEAD_ROWS)
   assert "7 optimizer variables skipped" in report.summary()
-  assert sorted(convert.read_tf1_checkpoint(prefix)) == sorted([*variables, *CLASSIFIER])
-  assert len(convert.read_tf1_checkpoint(prefix, include_optimizer_variables=True)) == (
+  assert sorted(tf1.read_tf1_checkpoint(prefix)) == sorted([*variables, *CLASSIFIER])
+  assert len(tf1.read_tf1_checkpoint(prefix, include_optimizer_variables=True)) == (
       len(variables) + len(CLASSIFIER) + 7)
 
   # An encoder without heads is not a pre-training model.
   with pytest.raises(ValueError, match=r"no pre-training heads \(cls/\*"):
-    convert.load_pretraining_model(prefix)
+    checkpoints.load_pretraining_model(prefix)
 
 
 def test_pretraining_heads_from_tf1_match_reference(pretraining_tf1):
   directory, prefix, variables, torch_model = pretraining_tf1
-  config, params, report = convert.load_tf1_checkpoint(prefix)
+  config, params, report = tf1.load_tf1_checkpoint(prefix)
   assert report.missing == [] and report.unexpected == []
   assert len(report.skipped) == 2 * len(variables) + 1
-  config_dir, params_dir = convert.load_pretraining_model(directory)
+  config_dir, params_dir = checkpoints.load_pretraining_model(directory)
   assert config_dir == config
   for a, b in zip(jax.tree.leaves(params_dir), jax.tree.leaves(params)):
     np.testing.assert_array_equal(a, b)
@@ -210,7 +217,7 @@ def test_pretraining_heads_from_tf1_match_reference(pretraining_tf1):
   assert np.abs(ref.seq_relationship_logits.numpy()).max() > 0.05
 
   # The scanned layout loads the same values.
-  _, scanned, _ = convert.load_tf1_checkpoint(prefix, scan_layers=True)
+  _, scanned, _ = tf1.load_tf1_checkpoint(prefix, scan_layers=True)
   assert scanned["bert"]["encoder"]["layer"]["output"]["dense"]["kernel"].shape == (3, 128, 64)
   np.testing.assert_array_equal(
       modeling.unstack_layers(scanned, 3)["bert"]["encoder"]["layer_2"]["output"]["dense"]["bias"],
@@ -220,13 +227,13 @@ def test_pretraining_heads_from_tf1_match_reference(pretraining_tf1):
 # ------------------------------------------------------------------------------ export
 def test_export_equals_the_original_checkpoint(pretraining_tf1, tmp_path):
   directory, prefix, variables, _ = pretraining_tf1
-  config, params, _ = convert.load_tf1_checkpoint(prefix)
-  scan_config, scanned, _ = convert.load_tf1_checkpoint(prefix, scan_layers=True)
+  config, params, _ = tf1.load_tf1_checkpoint(prefix)
+  scan_config, scanned, _ = tf1.load_tf1_checkpoint(prefix, scan_layers=True)
   original = {k: v for k, v in stored(prefix).items() if not is_slot(k)}
   assert original.keys() == variables.keys()
   for name, (tree, cfg) in {"unrolled": (params, config), "scanned": (scanned, scan_config)
                             }.items():
-    out = convert.save_tf1_checkpoint(params=tree, config=cfg, path=str(tmp_path / name))
+    out = tf1.save_tf1_checkpoint(params=tree, config=cfg, path=str(tmp_path / name))
     assert out == str(tmp_path / name / "bert_model.ckpt")
     exported = stored(out)
     assert sorted(exported) == sorted(original), name
@@ -251,17 +258,17 @@ def test_export_equals_the_original_checkpoint(pretraining_tf1, tmp_path):
     np.testing.assert_array_equal(got[name], value)
 
   # An explicit prefix is written as given; unknown parameters are refused, not dropped.
-  assert convert.save_tf1_checkpoint(params, config, str(tmp_path / "x" / "model.ckpt-7")) == str(
+  assert tf1.save_tf1_checkpoint(params, config, str(tmp_path / "x" / "model.ckpt-7")) == str(
       tmp_path / "x" / "model.ckpt-7")
   assert (tmp_path / "x" / "model.ckpt-7.index").exists()
   with pytest.raises(ValueError, match="No TF1 name for parameters: extra/kernel"):
-    convert.save_tf1_checkpoint({**params, "extra": {"kernel": np.zeros(2)}}, config,
+    tf1.save_tf1_checkpoint({**params, "extra": {"kernel": np.zeros(2)}}, config,
                                 str(tmp_path / "y"))
 
 
 def test_command_line_conversions(pretraining_tf1, tmp_path, capsys):
   directory, prefix, variables, torch_model = pretraining_tf1
-  convert.main([f"--from={prefix}", f"--to={tmp_path / 'hf'}", "--format=hf"])
+  convert.convert(prefix, str(tmp_path / "hf"), "hf")
   out = capsys.readouterr().out
   assert f"{2 * len(variables) + 1} optimizer variables skipped" in out, out
   reloaded = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "hf"))
@@ -271,18 +278,18 @@ def test_command_line_conversions(pretraining_tf1, tmp_path, capsys):
   assert (tmp_path / "hf" / "vocab.txt").read_text() == open(
       os.path.join(directory, "vocab.txt")).read()
 
-  convert.main([f"--from={tmp_path / 'hf'}", f"--to={tmp_path / 'tf1'}", "--format=tf1"])
+  convert.convert(str(tmp_path / "hf"), str(tmp_path / "tf1"), "tf1")
   back = stored(str(tmp_path / "tf1" / "bert_model.ckpt"))
   assert sorted(back) == sorted(variables)
   for key, value in variables.items():
     np.testing.assert_array_equal(back[key], value, err_msg=key)
 
-  convert.main([f"--from={directory}", f"--to={tmp_path / 'workdir'}", "--format=orbax"])
-  assert convert.checkpoint_kind(str(tmp_path / "workdir"))[0] == "orbax"
-  config, params = convert.load_pretraining_model(str(tmp_path / "workdir"))
+  convert.convert(directory, str(tmp_path / "workdir"), "orbax")
+  assert checkpoints.checkpoint_kind(str(tmp_path / "workdir"))[0] == "orbax"
+  config, params = checkpoints.load_pretraining_model(str(tmp_path / "workdir"))
   np.testing.assert_array_equal(params["cls"]["seq_relationship"]["kernel"],
                                 variables["cls/seq_relationship/output_weights"].T)
-  _, encoder, origin = convert.load_encoder(str(tmp_path / "workdir"))
+  _, encoder, origin = checkpoints.load_encoder(str(tmp_path / "workdir"))
   np.testing.assert_array_equal(encoder["embeddings"]["word_embeddings"],
                                 variables["bert/embeddings/word_embeddings"])
 
@@ -297,7 +304,7 @@ def test_shape_mismatches_are_listed_together(pretraining_tf1, tmp_path):
   prefix = write_tf1(os.path.join(directory, "bert_model.ckpt"), bad)
   write_original_config(directory, torch_model.config, vocab_size=600)
   with pytest.raises(ValueError) as err:
-    convert.load_tf1_checkpoint(prefix)
+    tf1.load_tf1_checkpoint(prefix)
   message = str(err.value)
   assert prefix in message and "tensor shapes disagree with the config" in message
   assert "cls/seq_relationship/output_weights: checkpoint (3, 64) vs model (2, 64)" in message
@@ -309,12 +316,12 @@ def test_paths_of_no_known_kind_say_what_was_looked_for(pretraining_tf1, tmp_pat
   _, prefix, _, _ = pretraining_tf1
   missing = str(tmp_path / "nowhere" / "bert_model.ckpt")
   with pytest.raises(FileNotFoundError) as err:
-    convert.load_encoder(missing)
+    checkpoints.load_encoder(missing)
   assert missing in str(err.value) and "model.safetensors" in str(err.value)
 
   (tmp_path / "empty").mkdir()
   (tmp_path / "empty" / "notes.txt").write_text("x")
-  for load in (convert.load_encoder, convert.load_pretraining_model):
+  for load in (checkpoints.load_encoder, checkpoints.load_pretraining_model):
     with pytest.raises(ValueError) as err:
       load(str(tmp_path / "empty"))
     message = str(err.value)
@@ -322,7 +329,7 @@ def test_paths_of_no_known_kind_say_what_was_looked_for(pretraining_tf1, tmp_pat
     for looked_for in ("bert_model.ckpt", ".index", "model.safetensors", "checkpoints/"):
       assert looked_for in message, looked_for
   with pytest.raises(ValueError, match="is a file"):
-    convert.checkpoint_kind(str(tmp_path / "empty" / "notes.txt"))
+    checkpoints.checkpoint_kind(str(tmp_path / "empty" / "notes.txt"))
 
   # Two TF1 checkpoints and no state file: which one is meant cannot be guessed.
   tiny = {"bert/embeddings/word_embeddings": np.zeros((2, 2), np.float32)}
@@ -331,35 +338,35 @@ def test_paths_of_no_known_kind_say_what_was_looked_for(pretraining_tf1, tmp_pat
   for step in (10, 20):
     write_tf1(str(two / f"model.ckpt-{step}"), tiny)
   with pytest.raises(ValueError, match=r"several TF1 checkpoints .*model\.ckpt-10.*model\.ckpt-20"):
-    convert.checkpoint_kind(str(two))
+    checkpoints.checkpoint_kind(str(two))
   # With the state file that TF1 training writes, the latest one is meant.
   (two / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-20"\n'
                                   'all_model_checkpoint_paths: "model.ckpt-10"\n'
                                   'all_model_checkpoint_paths: "model.ckpt-20"\n')
-  assert convert.checkpoint_kind(str(two)) == ("tf1", str(two / "model.ckpt-20"))
+  assert checkpoints.checkpoint_kind(str(two)) == ("tf1", str(two / "model.ckpt-20"))
 
   # A directory holding two kinds is refused, naming both.
   both = tmp_path / "both"
   shutil.copytree(os.path.dirname(prefix), both)
-  config, params, _ = convert.load_tf1_checkpoint(prefix)
-  convert.save_hf_checkpoint(params, config, str(both))
+  config, params, _ = tf1.load_tf1_checkpoint(prefix)
+  hf_io.save_hf_checkpoint(params, config, str(both))
   with pytest.raises(ValueError, match="more than one kind of checkpoint") as err:
-    convert.checkpoint_kind(str(both))
+    checkpoints.checkpoint_kind(str(both))
   assert "a TF1 checkpoint" in str(err.value) and "a Hugging Face directory" in str(err.value)
-  assert convert.checkpoint_kind(str(both / "bert_model.ckpt")) == (
+  assert checkpoints.checkpoint_kind(str(both / "bert_model.ckpt")) == (
       "tf1", str(both / "bert_model.ckpt"))
   hf_only = tmp_path / "hf_only"
   shutil.copytree(both, hf_only, ignore=shutil.ignore_patterns("bert_model.ckpt*"))
   with pytest.raises(ValueError, match="expected a TF1 checkpoint, found a Hugging Face"):
-    convert.read_tf1_checkpoint(str(hf_only))
+    tf1.read_tf1_checkpoint(str(hf_only))
 
   # The prefix's own files name it too; a checkpoint without bert_config.json needs one given.
-  assert convert.checkpoint_kind(prefix + ".index") == ("tf1", prefix)
-  assert convert.checkpoint_kind(prefix + ".data-00000-of-00001") == ("tf1", prefix)
+  assert checkpoints.checkpoint_kind(prefix + ".index") == ("tf1", prefix)
+  assert checkpoints.checkpoint_kind(prefix + ".data-00000-of-00001") == ("tf1", prefix)
   with pytest.raises(FileNotFoundError, match=r"no bert_config.json beside the checkpoint"):
-    convert.load_encoder(str(two))
+    checkpoints.load_encoder(str(two))
   with pytest.raises(ValueError, match="tensor shapes disagree"):
-    convert.load_encoder(str(two), os.path.join(os.path.dirname(prefix), "bert_config.json"))
+    checkpoints.load_encoder(str(two), os.path.join(os.path.dirname(prefix), "bert_config.json"))
 
 
 # ------------------------------------------------------------------------------ pre-training
@@ -374,11 +381,13 @@ def test_pretraining_init_checkpoint_takes_tf1_weights(pretraining_tf1, tmp_path
       "model.intermediate_size": hf.intermediate_size,
       "model.max_position_embeddings": hf.max_position_embeddings,
       "model.scan_layers": True, "init_checkpoint": prefix, "init_mode": "params"})
-  run = pretrain.build(config)
-  example = train_lib.example_batch(config.global_batch_size, ph.SEQ, ph.PRED)
+  run = pretraining.build(config)
   ckpt = checkpointing.CheckpointManager(str(tmp_path / "checkpoints"), async_save=False)
-  state, _, _, origin = pretrain._initial_state(  # pylint: disable=protected-access
-      config, run.model, run.tx, run.mesh, run.rules, example, ckpt)
+  init = checkpoints.initial_state(
+      run.objective, run.model, run.tx, run.mesh, run.rules,
+      batch_size=config.global_batch_size, seed=config.seed, checkpoints=ckpt,
+      init_checkpoint=config.init_checkpoint, init_mode=config.init_mode)
+  state, origin = init.state, init.origin
   assert origin == f"weights from {prefix}" and int(state.step) == 0
   params = jax.device_get(state.params)
   np.testing.assert_array_equal(
@@ -389,6 +398,8 @@ def test_pretraining_init_checkpoint_takes_tf1_weights(pretraining_tf1, tmp_path
 
   config.init_mode = "continue"
   with pytest.raises(ValueError, match=r"is a TF1 checkpoint.*init_mode='params'"):
-    pretrain._initial_state(  # pylint: disable=protected-access
-        config, run.model, run.tx, run.mesh, run.rules, example, ckpt)
+    checkpoints.initial_state(
+        run.objective, run.model, run.tx, run.mesh, run.rules,
+        batch_size=config.global_batch_size, seed=config.seed, checkpoints=ckpt,
+        init_checkpoint=config.init_checkpoint, init_mode=config.init_mode)
   ckpt.close()

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax import tokenization
+from bert_jax.text import tokenization
 from data_prep import demo_corpus, train_tokenizer
 from tests.helpers import minilm_dir
 

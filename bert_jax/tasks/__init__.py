@@ -1,5 +1,7 @@
-"""Fine-tuning tasks: reading each task's data, scoring predictions, writing prediction files.
+"""Fine-tuning tasks as plug-ins of the training core.
 
-Modules here know file formats and metrics, not models: `finetune.py` turns their examples into
-features and their metrics into reports.
+`glue.py`, `squad.py`, `squad_eval.py` and `classification.py` know the data: file formats,
+labels, windows, post-processing, metrics and prediction files. `sequence_classification.py`
+and `question_answering.py` make them objectives of the core (`training/objective.py`): the model
+on the encoder, the batch features, the loss and metric sums.
 """

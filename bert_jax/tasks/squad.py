@@ -38,7 +38,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax import file_io
-from bert_jax.tokenization import SPM_WORD_START, UNK
+from bert_jax.text.tokenization import SPM_WORD_START, UNK
 
 # How far from its `answer_start` an answer's text is still accepted (and used where it is).
 REPAIR_WINDOW = 24

@@ -19,7 +19,8 @@ from typing import Any, Iterator, Sequence
 import jax
 import numpy as np
 
-from bert_jax import features, file_io, masking
+from bert_jax import file_io
+from bert_jax.text import features, masking
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")

@@ -175,3 +175,25 @@ def load_params(directory: str, step: int | None = None, subtree: str = "params"
   meta = dict(restored["meta"])
   manager.close()
   return tree, meta
+
+
+# --------------------------------------------------------------------------- data positions
+def gather_positions(position: dict[str, int]) -> dict[str, Any]:
+  """Every process's data position, for the checkpoint (hosts read different files, so their
+  positions can differ)."""
+  local = np.asarray([position.get("epoch", 0), position.get("batch", 0)], np.int64)
+  if jax.process_count() == 1:
+    return {"per_process": [local.tolist()]}
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  gathered = np.asarray(multihost_utils.process_allgather(local))
+  return {"per_process": gathered.reshape(-1, 2).tolist()}
+
+
+def own_position(data_state: dict[str, Any]) -> dict[str, int]:
+  """This process's position from a checkpoint's `data` item."""
+  per_process = data_state.get("per_process") or []
+  if len(per_process) != jax.process_count():
+    raise ValueError(f"The checkpoint's data position is for {len(per_process)} processes; this "
+                     f"run has {jax.process_count()}. Resume with the same number of hosts.")
+  epoch, batch = per_process[jax.process_index()]
+  return {"epoch": int(epoch), "batch": int(batch)}

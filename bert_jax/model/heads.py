@@ -9,13 +9,11 @@ Losses are computed in float32 with the original's formulas.
 
 from __future__ import annotations
 
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.modeling import (BATCH, LENGTH, VOCAB, BertConfig, BertModel, activation_fn, dense,
+from bert_jax.model.modeling import (BATCH, LENGTH, VOCAB, BertConfig, BertModel, activation_fn, dense,
                                layer_norm)
 
 
@@ -63,18 +61,41 @@ class BertForPreTraining(nn.Module):
                deterministic: bool = True):
     bert = BertModel(self.config, name="bert")
     out = bert(input_ids, input_mask, segment_ids, deterministic=deterministic)
-    return _PreTrainingHeads(self.config, name="cls")(out["sequence_output"].astype(jnp.dtype(self.config.dtype)),
-               out["pooled_output"], masked_lm_positions, bert.attend)
+    return _PreTrainingHeads(self.config, name="cls")(
+        out["sequence_output"].astype(jnp.dtype(self.config.dtype)), out["pooled_output"],
+        masked_lm_positions, bert.attend)
+
+
+class BertForMaskedLM(nn.Module):
+  """`BertModel` (no pooler) + the masked-LM head alone, as transformers' `BertForMaskedLM`.
+
+  What fill-in-the-[MASK] needs, so that a checkpoint without a next-sentence head (the
+  commonest kind after MLM-only training) serves it. Same parameter paths as
+  `BertForPreTraining` (`bert/...`, `cls/predictions/...`). Returns the MLM logits.
+  """
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
+               deterministic: bool = True):
+    bert = BertModel(self.config, add_pooling_layer=False, name="bert")
+    out = bert(input_ids, input_mask, segment_ids, deterministic=deterministic)
+    return _PreTrainingHeads(self.config, next_sentence=False, name="cls")(
+        out["sequence_output"].astype(jnp.dtype(self.config.dtype)), None, masked_lm_positions,
+        bert.attend)
 
 
 class _PreTrainingHeads(nn.Module):
   """The `cls/...` scope of the original checkpoint: `predictions` and `seq_relationship`."""
   config: BertConfig
+  next_sentence: bool = True
 
   @nn.compact
   def __call__(self, sequence_output, pooled_output, masked_lm_positions, attend):
     mlm_logits = MaskedLMHead(self.config, name="predictions")(
         sequence_output, masked_lm_positions, attend)
+    if not self.next_sentence:
+      return mlm_logits
     nsp_logits = dense(self.config, 2, ("embed", "classes"), "seq_relationship")(
         pooled_output.astype(jnp.dtype(self.config.dtype))).astype(jnp.float32)
     return mlm_logits, nsp_logits
@@ -115,18 +136,6 @@ def next_sentence_loss(logits: jax.Array, labels: jax.Array) -> dict[str, jax.Ar
       "correct_sum": jnp.sum((jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)),
       "weight_sum": count,
   }
-
-
-def pretraining_loss(mlm_logits: jax.Array, nsp_logits: jax.Array,
-                     batch: dict[str, Any]) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Total loss (MLM + NSP, as the original) and the sums behind every reported metric."""
-  mlm = masked_lm_loss(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
-  nsp = next_sentence_loss(nsp_logits, batch["next_sentence_labels"])
-  metrics = {f"mlm_{k}": v for k, v in mlm.items()}
-  metrics.update({f"nsp_{k}": v for k, v in nsp.items()})
-  total = mlm["loss"] + nsp["loss"]
-  metrics["loss"] = total
-  return total, metrics
 
 
 # ------------------------------------------------------------------------- fine-tuning heads

@@ -77,6 +77,12 @@ class BertConfig:
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
 
+  def check_sequence_length(self, length: int, name: str = "max_seq_length") -> None:
+    """Refuses inputs longer than the position table (the one place this rule is written)."""
+    if length > self.max_position_embeddings:
+      raise ValueError(f"{name}={length} exceeds the model's "
+                       f"max_position_embeddings={self.max_position_embeddings}.")
+
   def replace(self, **changes) -> "BertConfig":
     return dataclasses.replace(self, **changes)
 

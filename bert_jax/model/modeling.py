@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.configuration import BertConfig, PRESETS, get_preset  # re-exported
+from bert_jax.model.configuration import BertConfig, PRESETS, get_preset  # re-exported
 
 __all__ = ["BertConfig", "PRESETS", "get_preset", "BertModel", "BertEmbeddings", "BertEncoder",
            "BertLayer", "dot_product_attention", "bert_initializer", "stack_layers",

@@ -77,23 +77,26 @@ def format_duration(seconds: float) -> str:
   return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+# Console labels of the scalars that most runs report; any other `train/<name>` an objective
+# reports is shown under its own name.
+_CONSOLE = (("train/loss", "loss", ".4f"), ("train/mlm_accuracy", "mlm_acc", ".3f"),
+            ("train/nsp_accuracy", "nsp_acc", ".3f"), ("train/accuracy", "acc", ".3f"))
+_PERF = (("train/learning_rate", "lr", ".2e"), ("train/grad_norm", "|g|", ".3f"),
+         ("perf/steps_per_sec", "steps/s", ".2f"), ("perf/sequences_per_sec", "seq/s", ".1f"),
+         ("perf/tokens_per_sec", "tok/s", ",.0f"), ("perf/mfu", "mfu", ".1%"))
+
+
 def console_line(step: int, total_steps: int, scalars: Mapping[str, Any]) -> str:
   """One human-readable progress line from the grouped scalars."""
-  def get(name, fmt):
-    value = scalars.get(name)
-    return None if value is None else format(value, fmt)
   width = len(str(total_steps))
   parts = [f"step {step:>{width}}/{total_steps}"]
-  for name, label, fmt in (("train/loss", "loss", ".4f"), ("train/mlm_accuracy", "mlm_acc", ".3f"),
-                           ("train/nsp_accuracy", "nsp_acc", ".3f"),
-                           ("train/learning_rate", "lr", ".2e"),
-                           ("train/grad_norm", "|g|", ".3f"),
-                           ("perf/steps_per_sec", "steps/s", ".2f"),
-                           ("perf/sequences_per_sec", "seq/s", ".1f"),
-                           ("perf/tokens_per_sec", "tok/s", ",.0f"), ("perf/mfu", "mfu", ".1%")):
-    text = get(name, fmt)
-    if text is not None:
-      parts.append(f"{label} {text}")
+  shown = {name for name, _, _ in _CONSOLE + _PERF}
+  extra = [(name, name.split("/", 1)[1], ".4f") for name in scalars
+           if name.startswith("train/") and name not in shown and "loss" not in name]
+  for name, label, fmt in _CONSOLE[:1] + _CONSOLE[1:] + tuple(extra) + _PERF:
+    value = scalars.get(name)
+    if value is not None:
+      parts.append(f"{label} {format(value, fmt)}")
   if "perf/eta_seconds" in scalars:
     parts.append(f"eta {format_duration(scalars['perf/eta_seconds'])}")
   return " | ".join(parts)

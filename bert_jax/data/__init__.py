@@ -1,0 +1,1 @@
+"""Data: TFRecords and in-memory features → resumable streams of global, sharded batches."""

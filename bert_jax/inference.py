@@ -1,0 +1,145 @@
+"""Inference as a library: batching, bucketing and the deterministic forward pass under the
+mesh and the logical-axis rules, for every command that runs a model without training it —
+`predict`, `extract_features`, fine-tuning's evaluation and predictions, and the notebooks.
+
+`Predictor` jits a module's forward pass once (parameters with their shardings, batches split
+over the data axes), pads the rows to whole batches with weight-0 rows and drops them again, and
+optionally cuts unused padding columns (`data/arrays.trim_to_bucket`). The same rows give the
+same outputs whatever batch they land in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from bert_jax.data import arrays
+from bert_jax.model import heads
+from bert_jax.model.configuration import BertConfig
+from bert_jax.parallel import sharding
+from bert_jax.training.step import with_mesh
+
+# The inputs of the encoder-based models' `__call__`, in order.
+ENCODER_INPUTS = ("input_ids", "input_mask", "segment_ids")
+
+
+class Predictor:
+  """`predictor(params, feats, batch_size)` → the module's outputs for every row of `feats`.
+
+  `mesh`/`rules` default to data parallelism over every local device with parameters
+  replicated; a run passes its own (and `param_shardings`) so that evaluation sees the
+  parameters exactly as training laid them out.
+  """
+
+  def __init__(self, module: nn.Module, input_names: Sequence[str] = ENCODER_INPUTS, *,
+               mesh=None, rules=None, param_shardings=None, output_fn=None):
+    self.module = module
+    self.input_names = tuple(input_names)
+    self.mesh = mesh if mesh is not None else sharding.create_mesh((-1, 1, 1))
+    self.rules = rules if rules is not None else sharding.DEFAULT_LOGICAL_AXIS_RULES
+    self.batch_sharding = sharding.batch_sharding(self.mesh)
+    self.param_shardings = param_shardings
+    output_fn = output_fn or (lambda outputs: outputs)
+
+    def forward(params, batch):
+      outputs = module.apply({"params": params}, *(batch[k] for k in self.input_names),
+                             deterministic=True)
+      return output_fn(outputs)
+    self._forward = forward
+    self._jitted = None
+
+  def _compiled(self, params):
+    if self._jitted is None:
+      if self.param_shardings is None:
+        self.param_shardings = jax.tree.map(lambda _: sharding.replicated(self.mesh), params)
+      self._jitted = with_mesh(jax.jit(self._forward, in_shardings=(
+          self.param_shardings, self.batch_sharding), out_shardings=None), self.mesh, self.rules)
+    return self._jitted
+
+  def place(self, params):
+    """`params` laid out as this predictor takes them (replicated unless told otherwise)."""
+    step = self._compiled(params)
+    del step
+    return jax.device_put(params, self.param_shardings)
+
+  def batch_rows(self, batch_size: int, num_rows: int) -> int:
+    """Rows per forward pass: no more than the input needs, a multiple of the data shards."""
+    shards = sharding.data_parallel_size(self.mesh)
+    rows = max(1, min(batch_size, num_rows))
+    return -(-rows // shards) * shards
+
+  def __call__(self, params, feats: dict[str, np.ndarray], batch_size: int, *,
+               trim: bool = True, desc: str = "predict", progress: bool = True) -> Any:
+    """Outputs (an array or a tuple of arrays) for every row of `feats`, in order.
+    `trim` cuts padding columns (only for outputs without a sequence axis)."""
+    if "weight" not in feats:
+      feats = dict(feats, weight=np.ones(len(feats[self.input_names[0]]), np.float32))
+    n = len(feats["weight"])
+    step = self._compiled(params)
+    rows = self.batch_rows(batch_size, n)
+    padded = arrays.pad_rows(feats, rows)
+    outputs = []
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    for start in tqdm(range(0, len(padded["weight"]), rows), desc=desc, unit="batch",
+                      disable=not progress or jax.process_index() != 0, leave=False):
+      batch = {k: v[start:start + rows] for k, v in padded.items()}
+      if trim:
+        batch = arrays.trim_to_bucket(batch)
+      outputs.append(jax.device_get(step(params, arrays.to_global(batch,
+                                                                  self.batch_sharding))))
+    return jax.tree.map(lambda *parts: np.concatenate([np.asarray(p) for p in parts])[:n],
+                        *outputs)
+
+
+# -------------------------------------------------------------------------------- fill-mask
+def fill_mask(config: BertConfig, params: Any, tokenizer, texts: Sequence[str],
+              top_k: int = 5, batch_size: int = 32) -> list[list[list[tuple[str, float]]]]:
+  """For each text, for each [MASK] in it: the `top_k` (token, probability) predictions.
+
+  `params` are the encoder and the masked-LM head (`interop.checkpoints.load_masked_lm`); a
+  next-sentence head, if present, is not needed.
+  """
+  encoded = []
+  for text in texts:
+    ids = [tokenizer.cls_id] + tokenizer.encode(text)[:config.max_position_embeddings - 2] + [
+        tokenizer.sep_id]
+    encoded.append(ids)
+  length = max(len(ids) for ids in encoded)
+  masks = [[i for i, t in enumerate(ids) if t == tokenizer.mask_id] for ids in encoded]
+  num_pred = max(1, max(len(m) for m in masks))
+  n = len(texts)
+  feats = {"input_ids": np.zeros((n, length), np.int32),
+           "input_mask": np.zeros((n, length), np.int32),
+           "segment_ids": np.zeros((n, length), np.int32),
+           "masked_lm_positions": np.zeros((n, num_pred), np.int32)}
+  for b, ids in enumerate(encoded):
+    feats["input_ids"][b, :len(ids)] = ids
+    feats["input_mask"][b, :len(ids)] = 1
+    feats["masked_lm_positions"][b, :len(masks[b])] = masks[b]
+  params = {"bert": {k: v for k, v in params["bert"].items() if k != "pooler"},
+            "cls": {"predictions": params["cls"]["predictions"]}}
+  predictor = Predictor(heads.BertForMaskedLM(config), ENCODER_INPUTS + ("masked_lm_positions",),
+                        output_fn=lambda logits: jax.nn.softmax(logits, axis=-1))
+  probs = predictor(predictor.place(params), feats, batch_size, trim=False, progress=False)
+  out = []
+  for b in range(n):
+    per_text = []
+    for j in range(len(masks[b])):
+      best = np.argsort(-probs[b, j])[:top_k]
+      tokens = tokenizer.convert_ids_to_tokens(best.tolist())
+      per_text.append([(t, float(probs[b, j, k])) for t, k in zip(tokens, best)])
+    out.append(per_text)
+  return out
+
+
+def format_fill_mask(text: str, predictions: list[list[tuple[str, float]]]) -> str:
+  lines = [text]
+  if not predictions:
+    lines.append("  (no [MASK] in this text)")
+  for i, preds in enumerate(predictions):
+    shown = ", ".join(f"{tok} {p:.1%}" for tok, p in preds)
+    lines.append(f"  [MASK] #{i + 1}: {shown}")
+  return "\n".join(lines)

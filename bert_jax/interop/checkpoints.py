@@ -1,0 +1,332 @@
+"""Checkpoint resolution, in one room: which kind a path is, where its weights are, loading
+the encoder or the whole model from any kind, merging, and the initialisation order.
+
+Kinds: our run directories (a workdir or fine-tuning output dir holding `checkpoints/`, or an
+Orbax checkpoint directory itself), Hugging Face directories and Google's TF1 checkpoints. The
+format readers are `interop/hf.py` and `interop/tf1.py`; Orbax is `training/checkpointing.py`.
+
+The initialisation order of every run (pre-training and fine-tuning alike) is `initial_state`:
+
+1. this run's own `checkpoints/` hold a step: resume it (state, RNG and data position);
+2. else `init_checkpoint`: with `init_mode="continue"` another run's whole state (an Orbax
+   checkpoint: optimizer, step and schedule go on, only the data changes); with
+   `init_mode="params"` the weights of any kind, for the scopes the objective takes
+   (`Objective.init_scopes`: pre-training takes encoder and heads, fine-tuning the encoder),
+   merged over a fresh initialisation (absent heads start fresh; a longer position table keeps
+   the trained rows);
+3. else a fresh initialisation from the seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+
+from bert_jax import file_io
+from bert_jax.interop import hf, kinds, tf1
+from bert_jax.interop.names import LoadReport, flatten_params, to_numpy, unflatten_params
+from bert_jax.model import modeling
+from bert_jax.model.configuration import BertConfig
+from bert_jax.training import checkpointing
+from bert_jax.training import state as state_lib
+
+CHECKPOINTS = kinds.CHECKPOINTS
+KIND_NAMES = kinds.KIND_NAMES
+checkpoint_kind = kinds.checkpoint_kind
+
+
+def orbax_directory(path: str) -> str:
+  """The Orbax checkpoint directory of `path`: its `checkpoints/` when `path` is a run
+  directory (workdir, fine-tuning output dir), else `path` itself."""
+  nested = file_io.join(path, CHECKPOINTS)
+  return nested if file_io.isdir(nested) else path
+
+
+def run_checkpoints(run_dir: str, *, max_to_keep: int | None = 3, async_save: bool = True
+                    ) -> checkpointing.CheckpointManager:
+  """The checkpoint manager of a run directory (where runs save and resume)."""
+  return checkpointing.CheckpointManager(file_io.join(run_dir, CHECKPOINTS),
+                                         max_to_keep=max_to_keep, async_save=async_save)
+
+
+def run_metadata(path: str) -> dict[str, Any]:
+  """The metadata item of an Orbax checkpoint's latest step (the task a fine-tuned model
+  records, its input settings); raises FileNotFoundError when no step was saved."""
+  ckpt_dir = orbax_directory(path)
+  manager = checkpointing.CheckpointManager(ckpt_dir, max_to_keep=None, async_save=False)
+  try:
+    if manager.latest_step() is None:
+      raise FileNotFoundError(f"{path}: no saved checkpoint in {ckpt_dir} (did the run save "
+                              "one?).")
+    return manager.restore_metadata()
+  finally:
+    manager.close()
+
+
+# ------------------------------------------------------------------------ loading any kind
+@dataclasses.dataclass
+class Loaded:
+  """A checkpoint's config and weights (layers in `config.scan_layers`'s layout)."""
+  config: BertConfig
+  params: dict
+  report: LoadReport | None   # what the table found (HF, TF1); None for Orbax trees
+  kind: str
+  location: str               # the TF1 prefix, HF directory or Orbax checkpoint directory
+
+  @property
+  def origin(self) -> str:
+    names = {"tf1": "TF1 checkpoint", "hf": "Hugging Face checkpoint", "orbax": "checkpoint"}
+    return f"{names[self.kind]} {self.location}"
+
+
+def _orbax_config(path: str, ckpt_dir: str, meta: Mapping[str, Any]) -> BertConfig:
+  workdir_config = file_io.join(path, tf1.TF1_CONFIG_NAME)
+  if file_io.exists(workdir_config):
+    return BertConfig.from_json_file(workdir_config)
+  return BertConfig.from_dict(meta["bert_config"], source=ckpt_dir)
+
+
+def load_any(path: str, bert_config_file: str | None = None, subtree: str = "params") -> Loaded:
+  """Config and weights of any checkpoint kind, layers as stored. `subtree` limits what an
+  Orbax checkpoint reads (`params/bert`: the encoder only, no head or optimizer state)."""
+  kind, where = checkpoint_kind(path)
+  if kind == "tf1":
+    config, params, report = tf1.load_tf1_checkpoint(where, bert_config_file)
+    return Loaded(config, params, report, kind, where)
+  if kind == "hf":
+    config, params, report = hf.load_hf_checkpoint(where)
+    if bert_config_file:
+      config = BertConfig.from_json_file(bert_config_file)
+      params, report = hf.hf_state_to_params(hf.read_hf_state(where), config, source=where)
+    return Loaded(config, params, report, kind, where)
+  ckpt_dir = orbax_directory(where)
+  tree, meta = checkpointing.load_params(ckpt_dir, subtree=subtree)
+  config = (BertConfig.from_json_file(bert_config_file) if bert_config_file
+            else _orbax_config(where, ckpt_dir, meta))
+  for key in reversed(subtree.split("/")[1:]):
+    tree = {key: tree}
+  params = to_numpy(tree)
+  encoder = params.get("bert", {}).get("encoder", {})
+  return Loaded(config.replace(scan_layers="layer" in encoder), params, None, kind, ckpt_dir)
+
+
+def in_layout(params: dict, config: BertConfig, scan_layers: bool) -> dict:
+  """`params` in the scanned or the unrolled layout, whichever they are stored in."""
+  encoder = params.get("bert", {}).get("encoder", {})
+  scanned = "layer" in encoder
+  if scan_layers and not scanned and encoder:
+    return to_numpy(modeling.stack_layers(params, config.num_hidden_layers))
+  if scanned and not scan_layers:
+    return modeling.unstack_layers(params, config.num_hidden_layers)
+  return params
+
+
+def _no_heads_message(path: str, kind: str, params: Mapping) -> str:
+  names = "cls.*" if kind == "hf" else "cls/*"
+  head = "cls.predictions.*" if kind == "hf" else "cls/predictions/*"
+  return (f"{path}: the checkpoint has no pre-training heads ({names}: no masked-LM head "
+          f"{head}; it has {sorted(params)}); fill-mask needs a BertForPreTraining / "
+          "BertForMaskedLM checkpoint, Google's original release or one of our pre-training "
+          "workdirs.")
+
+
+def load_masked_lm(path: str, scan_layers: bool | None = None) -> tuple[BertConfig, dict]:
+  """`(config, params)` of the encoder and its masked-LM head (`cls/predictions`) from any
+  checkpoint: what fill-in-the-[MASK] needs. A next-sentence head and a pooler are not needed
+  (a Hugging Face `BertForMaskedLM` has neither) and are left out."""
+  loaded = load_any(path)
+  params = loaded.params
+  if loaded.report is not None:
+    logging.info("%s", loaded.report.summary())
+  if "predictions" not in params.get("cls", {}):
+    raise ValueError(_no_heads_message(path, loaded.kind, params))
+  params = {"bert": {k: v for k, v in params["bert"].items() if k != "pooler"},
+            "cls": {"predictions": params["cls"]["predictions"]}}
+  config = loaded.config
+  if scan_layers is not None:
+    params = in_layout(params, config, scan_layers)
+    config = config.replace(scan_layers=scan_layers)
+  return config, params
+
+
+def load_pretraining_model(path: str, require_heads: bool = True,
+                           scan_layers: bool | None = None) -> tuple[BertConfig, Any]:
+  """`(config, params)` of a pre-training model (encoder + the `cls` heads it has) from any
+  checkpoint. `require_heads` asks for the masked-LM head (the next-sentence head is optional:
+  MLM-only checkpoints have none). `scan_layers` converts the layers to that layout; None keeps
+  the stored one."""
+  loaded = load_any(path)
+  if loaded.report is not None:
+    logging.info("%s", loaded.report.summary())
+  if require_heads and "predictions" not in loaded.params.get("cls", {}):
+    raise ValueError(_no_heads_message(path, loaded.kind, loaded.params))
+  config, params = loaded.config, loaded.params
+  if scan_layers is not None:
+    params = in_layout(params, config, scan_layers)
+    config = config.replace(scan_layers=scan_layers)
+  return config, params
+
+
+def read_config(path: str | None, bert_config_file: str | None = None) -> BertConfig:
+  """The model config of a checkpoint without reading its weights: `bert_config_file` when
+  given, else the checkpoint's own (`config.json`, `bert_config.json` or the run metadata)."""
+  if bert_config_file:
+    return BertConfig.from_json_file(bert_config_file)
+  if not path:
+    raise ValueError("Give --init_checkpoint or --bert_config_file.")
+  kind, where = checkpoint_kind(path)
+  if kind == "tf1":
+    config_file = file_io.join(tf1.dirname(where) or ".", tf1.TF1_CONFIG_NAME)
+    if not file_io.exists(config_file):
+      raise FileNotFoundError(f"{where}: no {tf1.TF1_CONFIG_NAME} beside the checkpoint "
+                              f"({config_file}); give the model's config file "
+                              "(--bert_config_file).")
+    return BertConfig.from_json_file(config_file)
+  if kind == "hf":
+    return BertConfig.from_json_file(file_io.join(where, "config.json"))
+  return _orbax_config(where, orbax_directory(where), run_metadata(where))
+
+
+def load_encoder(init_checkpoint: str | None, bert_config_file: str | None = None
+                 ) -> tuple[BertConfig, Any | None, str]:
+  """`(config, encoder params in the unrolled layout or None, where they came from)`.
+
+  `bert_config_file`, when given, is the config (and must fit the checkpoint); a TF1
+  checkpoint without `bert_config.json` beside it needs one, as the original code did.
+  """
+  if not init_checkpoint:
+    config = read_config(None, bert_config_file)
+    return config, None, "encoder initialised from scratch (no --init_checkpoint)"
+  loaded = load_any(init_checkpoint, bert_config_file, subtree="params/bert")
+  origin = loaded.origin
+  if loaded.report is not None:
+    logging.info("%s", loaded.report.summary())
+    if loaded.kind == "tf1" and loaded.report.unexpected:
+      unused = loaded.report.unexpected
+      origin += (f" ({len(unused)} variables unused: {', '.join(unused[:4])}"
+                 f"{' ...' if len(unused) > 4 else ''})")
+  params = in_layout(loaded.params, loaded.config, False)
+  return loaded.config.replace(scan_layers=False), params["bert"], origin
+
+
+# -------------------------------------------------------------------------------- merging
+def merge_params(base: Mapping, loaded: Mapping, where: str = "checkpoint") -> dict:
+  """`base` with every leaf that `loaded` has replaced; shapes must agree (all listed if not)."""
+  base_flat, loaded_flat = flatten_params(base), flatten_params(loaded)
+  unknown = sorted(set(loaded_flat) - set(base_flat))
+  mismatched = [f"  {k}: {where} {tuple(np.shape(v))} vs model {tuple(np.shape(base_flat[k]))}"
+                for k, v in loaded_flat.items()
+                if k in base_flat and tuple(np.shape(v)) != tuple(np.shape(base_flat[k]))]
+  if unknown or mismatched:
+    msg = [f"{where} does not fit the model:"]
+    if mismatched:
+      msg += ["shape mismatches:"] + mismatched
+    if unknown:
+      msg += ["parameters the model does not have: " + ", ".join(unknown)]
+    raise ValueError("\n".join(msg))
+  merged = dict(base_flat)
+  merged.update(loaded_flat)
+  return unflatten_params(merged)
+
+
+def extend_positions(loaded: dict, fresh: dict) -> dict:
+  """A longer position table than the checkpoint has (phase 2 at length 512 after phase 1 at
+  128, or a longer fine-tuning length): keep the trained rows, take the rest from `fresh`."""
+  old = loaded.get("bert", {}).get("embeddings", {}).get("position_embeddings")
+  if old is None:
+    return loaded
+  old = np.asarray(old)
+  new = np.asarray(fresh["bert"]["embeddings"]["position_embeddings"])
+  if old.shape[0] < new.shape[0]:
+    logging.warning("Extending position embeddings from %d to %d rows.", old.shape[0],
+                    new.shape[0])
+    merged = new.copy()
+    merged[:old.shape[0]] = old
+    loaded["bert"]["embeddings"]["position_embeddings"] = merged
+  return loaded
+
+
+def select_scopes(loaded: Mapping, fresh: Mapping, scopes: Sequence[str] | None,
+                  where: str) -> dict:
+  """What of `loaded` a model takes: the top-level `scopes` (None: every scope the model has),
+  and of the encoder no pooler when the model has none (span heads do not read it)."""
+  wanted = [s for s in (scopes if scopes is not None else fresh) if s in fresh]
+  taken = {s: loaded[s] for s in wanted if s in loaded}
+  if "bert" not in taken:
+    raise ValueError(f"{where} holds no encoder weights (bert/...; it has {sorted(loaded)}).")
+  if "pooler" not in fresh["bert"] and "pooler" in taken["bert"]:
+    taken["bert"] = {k: v for k, v in taken["bert"].items() if k != "pooler"}
+  left = sorted(set(loaded) - set(taken))
+  if left:
+    logging.info("%s: not loaded into this model: %s", where, ", ".join(left))
+  return taken
+
+
+# ------------------------------------------------------------------------- the init order
+@dataclasses.dataclass
+class InitialState:
+  state: state_lib.TrainState
+  shardings: state_lib.TrainState
+  position: dict[str, int] | None   # the data position to resume from (own checkpoint only)
+  origin: str                       # where the state came from, for the run's first line
+
+
+def initial_state(objective, model, tx, mesh, rules, *, batch_size: int, seed: int,
+                  checkpoints: checkpointing.CheckpointManager | None,
+                  init_checkpoint: str | None = None, init_mode: str = "params",
+                  bert_config_file: str | None = None) -> InitialState:
+  """The train state of a run, by the init order of the module docstring."""
+  example = objective.example_batch(batch_size)
+  abstract, state_sh = state_lib.abstract_train_state(model, tx, mesh, rules, example,
+                                                      objective.input_names)
+  if checkpoints is not None and checkpoints.latest_step() is not None:
+    state, data_state, _ = checkpoints.restore(abstract)
+    position = checkpointing.own_position(data_state) if data_state else None
+    return InitialState(state, state_sh, position, f"resumed from step {int(state.step)} "
+                                                   f"of {checkpoints.directory}")
+  if init_checkpoint:
+    kind, where = checkpoint_kind(init_checkpoint)
+    if init_mode == "continue":
+      if kind != "orbax":
+        raise ValueError(f"init_checkpoint={init_checkpoint} is {KIND_NAMES[kind]}: weights, "
+                         "but no state of this trainer to continue; set init_mode='params' to "
+                         "start from its weights.")
+      source = orbax_directory(where)
+      other = checkpointing.CheckpointManager(source, max_to_keep=None, async_save=False)
+      state, _, _ = other.restore(abstract)
+      return InitialState(state, state_sh, None,
+                          f"continuing {source} from step {int(state.step)}")
+    if init_mode != "params":
+      raise ValueError(f"init_mode={init_mode!r}; expected 'continue' or 'params'.")
+    state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, seed, example,
+                                                   objective.input_names)
+    subtree = "params/bert" if objective.init_scopes == ("bert",) else "params"
+    loaded = load_any(init_checkpoint, bert_config_file, subtree=subtree)
+    if loaded.report is not None:
+      logging.info("%s", loaded.report.summary())
+    fresh = jax.device_get(state.params)
+    params = in_layout(loaded.params, loaded.config, model.config.scan_layers)
+    params = select_scopes(params, fresh, objective.init_scopes, loaded.origin)
+    merged = merge_params(fresh, extend_positions(params, fresh), where=loaded.origin)
+    return InitialState(state.replace(params=jax.device_put(merged, state_sh.params)),
+                        state_sh, None, f"weights from {init_checkpoint}")
+  state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, seed, example,
+                                                 objective.input_names)
+  return InitialState(state, state_sh, None, "initialised from scratch")
+
+
+# ----------------------------------------------------------------------------------- writing
+def save_orbax_params(params: Mapping, config: BertConfig, directory: str) -> str:
+  """Writes `params` as a run directory that every loader here and pre-training with
+  `init_mode="params"` read: `bert_config.json` + `checkpoints/0` (weights only, so not a run
+  that `init_mode="continue"` could resume)."""
+  manager = run_checkpoints(directory, max_to_keep=None, async_save=False)
+  manager.save(0, {"params": to_numpy(params)}, {}, {"bert_config": config.to_hf_dict()})
+  manager.close()
+  file_io.write_text_atomic(file_io.join(directory, tf1.TF1_CONFIG_NAME),
+                            tf1.original_config_json(config))
+  return directory

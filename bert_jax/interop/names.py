@@ -1,0 +1,269 @@
+"""The name table: our parameter paths ↔ Google's TF1 variable names ↔ Hugging Face names.
+
+One row per tensor, with our path, the original TF1 variable name and the Hugging Face (PyTorch)
+name, plus how the array is laid out in each (`T` = transposed: PyTorch `Linear.weight` is
+(out, in), our and TF1 kernels are (in, out); the TF1 NSP head `cls/seq_relationship/output_weights`
+is stored (2, hidden)). The format readers and writers (`hf.py`, `tf1.py`) only apply this
+table, through `apply_table` and `params_to_state`, so the formats cannot diverge.
+
+Our parameter tree is the pre-training model's: `{'bert': {...}, 'cls': {...}}`; a bare encoder
+is `params['bert']`. Layers are in the unrolled layout (`layer_{i}`); scanned models are
+converted with `modeling.stack_layers` / `unstack_layers`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.model import heads, modeling
+from bert_jax.model.configuration import BertConfig
+
+# --------------------------------------------------------------------------------- the table
+# (ours, tf1, tf1 layout, hugging face, hf layout); "{i}" is the layer index.
+_SAME, _T = "", "T"
+
+EMBEDDING_ROWS = (
+    ("bert/embeddings/word_embeddings", "bert/embeddings/word_embeddings", _SAME,
+     "bert.embeddings.word_embeddings.weight", _SAME),
+    ("bert/embeddings/position_embeddings", "bert/embeddings/position_embeddings", _SAME,
+     "bert.embeddings.position_embeddings.weight", _SAME),
+    ("bert/embeddings/token_type_embeddings", "bert/embeddings/token_type_embeddings", _SAME,
+     "bert.embeddings.token_type_embeddings.weight", _SAME),
+    ("bert/embeddings/LayerNorm/scale", "bert/embeddings/LayerNorm/gamma", _SAME,
+     "bert.embeddings.LayerNorm.weight", _SAME),
+    ("bert/embeddings/LayerNorm/bias", "bert/embeddings/LayerNorm/beta", _SAME,
+     "bert.embeddings.LayerNorm.bias", _SAME),
+)
+
+LAYER_ROWS = (
+    ("bert/encoder/layer_{i}/attention/self/query/kernel",
+     "bert/encoder/layer_{i}/attention/self/query/kernel", _SAME,
+     "bert.encoder.layer.{i}.attention.self.query.weight", _T),
+    ("bert/encoder/layer_{i}/attention/self/query/bias",
+     "bert/encoder/layer_{i}/attention/self/query/bias", _SAME,
+     "bert.encoder.layer.{i}.attention.self.query.bias", _SAME),
+    ("bert/encoder/layer_{i}/attention/self/key/kernel",
+     "bert/encoder/layer_{i}/attention/self/key/kernel", _SAME,
+     "bert.encoder.layer.{i}.attention.self.key.weight", _T),
+    ("bert/encoder/layer_{i}/attention/self/key/bias",
+     "bert/encoder/layer_{i}/attention/self/key/bias", _SAME,
+     "bert.encoder.layer.{i}.attention.self.key.bias", _SAME),
+    ("bert/encoder/layer_{i}/attention/self/value/kernel",
+     "bert/encoder/layer_{i}/attention/self/value/kernel", _SAME,
+     "bert.encoder.layer.{i}.attention.self.value.weight", _T),
+    ("bert/encoder/layer_{i}/attention/self/value/bias",
+     "bert/encoder/layer_{i}/attention/self/value/bias", _SAME,
+     "bert.encoder.layer.{i}.attention.self.value.bias", _SAME),
+    ("bert/encoder/layer_{i}/attention/output/dense/kernel",
+     "bert/encoder/layer_{i}/attention/output/dense/kernel", _SAME,
+     "bert.encoder.layer.{i}.attention.output.dense.weight", _T),
+    ("bert/encoder/layer_{i}/attention/output/dense/bias",
+     "bert/encoder/layer_{i}/attention/output/dense/bias", _SAME,
+     "bert.encoder.layer.{i}.attention.output.dense.bias", _SAME),
+    ("bert/encoder/layer_{i}/attention/output/LayerNorm/scale",
+     "bert/encoder/layer_{i}/attention/output/LayerNorm/gamma", _SAME,
+     "bert.encoder.layer.{i}.attention.output.LayerNorm.weight", _SAME),
+    ("bert/encoder/layer_{i}/attention/output/LayerNorm/bias",
+     "bert/encoder/layer_{i}/attention/output/LayerNorm/beta", _SAME,
+     "bert.encoder.layer.{i}.attention.output.LayerNorm.bias", _SAME),
+    ("bert/encoder/layer_{i}/intermediate/dense/kernel",
+     "bert/encoder/layer_{i}/intermediate/dense/kernel", _SAME,
+     "bert.encoder.layer.{i}.intermediate.dense.weight", _T),
+    ("bert/encoder/layer_{i}/intermediate/dense/bias",
+     "bert/encoder/layer_{i}/intermediate/dense/bias", _SAME,
+     "bert.encoder.layer.{i}.intermediate.dense.bias", _SAME),
+    ("bert/encoder/layer_{i}/output/dense/kernel",
+     "bert/encoder/layer_{i}/output/dense/kernel", _SAME,
+     "bert.encoder.layer.{i}.output.dense.weight", _T),
+    ("bert/encoder/layer_{i}/output/dense/bias",
+     "bert/encoder/layer_{i}/output/dense/bias", _SAME,
+     "bert.encoder.layer.{i}.output.dense.bias", _SAME),
+    ("bert/encoder/layer_{i}/output/LayerNorm/scale",
+     "bert/encoder/layer_{i}/output/LayerNorm/gamma", _SAME,
+     "bert.encoder.layer.{i}.output.LayerNorm.weight", _SAME),
+    ("bert/encoder/layer_{i}/output/LayerNorm/bias",
+     "bert/encoder/layer_{i}/output/LayerNorm/beta", _SAME,
+     "bert.encoder.layer.{i}.output.LayerNorm.bias", _SAME),
+)
+
+POOLER_ROWS = (
+    ("bert/pooler/dense/kernel", "bert/pooler/dense/kernel", _SAME,
+     "bert.pooler.dense.weight", _T),
+    ("bert/pooler/dense/bias", "bert/pooler/dense/bias", _SAME, "bert.pooler.dense.bias", _SAME),
+)
+
+PRETRAINING_HEAD_ROWS = (
+    ("cls/predictions/transform/dense/kernel", "cls/predictions/transform/dense/kernel", _SAME,
+     "cls.predictions.transform.dense.weight", _T),
+    ("cls/predictions/transform/dense/bias", "cls/predictions/transform/dense/bias", _SAME,
+     "cls.predictions.transform.dense.bias", _SAME),
+    ("cls/predictions/transform/LayerNorm/scale", "cls/predictions/transform/LayerNorm/gamma",
+     _SAME, "cls.predictions.transform.LayerNorm.weight", _SAME),
+    ("cls/predictions/transform/LayerNorm/bias", "cls/predictions/transform/LayerNorm/beta",
+     _SAME, "cls.predictions.transform.LayerNorm.bias", _SAME),
+    ("cls/predictions/output_bias", "cls/predictions/output_bias", _SAME,
+     "cls.predictions.bias", _SAME),
+    ("cls/seq_relationship/kernel", "cls/seq_relationship/output_weights", _T,
+     "cls.seq_relationship.weight", _T),
+    ("cls/seq_relationship/bias", "cls/seq_relationship/output_bias", _SAME,
+     "cls.seq_relationship.bias", _SAME),
+)
+
+# Hugging Face tensors that carry no information of their own: buffers and the tied decoder.
+HF_DERIVED = {
+    "bert.embeddings.position_ids": None,
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  ours: str
+  tf1: str
+  tf1_layout: str
+  hf: str
+  hf_layout: str
+
+
+def name_table(num_layers: int, pooler: bool = True, pretraining_heads: bool = True) -> list[Row]:
+  """The table expanded for a model with `num_layers` layers."""
+  rows = [Row(*r) for r in EMBEDDING_ROWS]
+  for i in range(num_layers):
+    rows += [Row(*(c.format(i=i) for c in r)) for r in LAYER_ROWS]
+  if pooler:
+    rows += [Row(*r) for r in POOLER_ROWS]
+  if pretraining_heads:
+    rows += [Row(*r) for r in PRETRAINING_HEAD_ROWS]
+  return rows
+
+
+def _to_layout(array: np.ndarray, layout: str) -> np.ndarray:
+  return np.ascontiguousarray(array.T) if layout == _T else array
+
+
+# ------------------------------------------------------------------------- tree <-> flat paths
+def flatten_params(params: Mapping) -> dict[str, np.ndarray]:
+  """{'bert': {'embeddings': {...}}} → {'bert/embeddings/...': array}."""
+  flat = {}
+
+  def visit(prefix, tree):
+    for key, value in tree.items():
+      path = f"{prefix}/{key}" if prefix else str(key)
+      if isinstance(value, Mapping):
+        visit(path, value)
+      else:
+        flat[path] = value
+  visit("", params)
+  return flat
+
+
+def unflatten_params(flat: Mapping[str, np.ndarray]) -> dict:
+  tree: dict = {}
+  for path, value in flat.items():
+    node = tree
+    *parents, leaf = path.split("/")
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = value
+  return tree
+
+@dataclasses.dataclass
+class LoadReport:
+  """What a conversion found. `missing` are our parameters the checkpoint lacks (left to the
+  caller's initialisation); `unexpected` are checkpoint tensors nothing here reads."""
+  source: str
+  missing: list[str] = dataclasses.field(default_factory=list)
+  unexpected: list[str] = dataclasses.field(default_factory=list)
+  # Training state stored beside the weights (TF1 optimizer moments, global_step): not weights,
+  # so not `unexpected`, but counted so that a summary accounts for every stored tensor.
+  skipped: list[str] = dataclasses.field(default_factory=list)
+
+  def summary(self) -> str:
+    parts = [f"{self.source}:"]
+    parts.append(f"{len(self.missing)} parameters not in the checkpoint" +
+                 (f" ({', '.join(sorted(self.missing)[:6])}{' ...' if len(self.missing) > 6 else ''})"
+                  if self.missing else ""))
+    parts.append(f"{len(self.unexpected)} checkpoint tensors unused" +
+                 (f" ({', '.join(sorted(self.unexpected)[:6])}{' ...' if len(self.unexpected) > 6 else ''})"
+                  if self.unexpected else ""))
+    if self.skipped:
+      parts.append(f"{len(self.skipped)} optimizer variables skipped")
+    return " ".join(parts)
+
+
+def apply_table(state: Mapping[str, np.ndarray], config: BertConfig, column: str,
+                 source: str) -> tuple[dict, LoadReport, set[str]]:
+  """Stored tensors named by the table's `column` ("hf" or "tf1") → our tree, plus what was
+  missing and which stored names were read. The one place where the table is applied to a
+  checkpoint, so the two formats cannot diverge in what they check.
+
+  Shapes are checked against `config` (in the checkpoint's own layout, so that the message
+  shows the shapes as they are stored); every mismatch is listed in one error.
+  """
+  expected = expected_shapes(config)
+  report = LoadReport(source)
+  flat, errors, used = {}, [], set()
+  for row in name_table(config.num_hidden_layers):
+    name, layout = getattr(row, column), getattr(row, column + "_layout")
+    if name not in state:
+      report.missing.append(row.ours)
+      continue
+    stored = np.asarray(state[name])
+    used.add(name)
+    want = expected[row.ours][::-1] if layout == _T else expected[row.ours]
+    if tuple(stored.shape) != want:
+      errors.append(f"  {name}: checkpoint {tuple(stored.shape)} vs model {want}")
+      continue
+    flat[row.ours] = _to_layout(stored, layout).astype(np.float32)
+  if errors:
+    raise ValueError(f"{source}: tensor shapes disagree with the config:\n" + "\n".join(errors))
+  params = unflatten_params(flat)
+  if config.scan_layers and "bert" in params and "encoder" in params["bert"]:
+    params = modeling.stack_layers(params, config.num_hidden_layers)
+  return params, report, used
+
+
+def params_to_state(params: Mapping, config: BertConfig, column: str,
+                     format_name: str) -> dict[str, np.ndarray]:
+  """Our tree (scanned or not) → the table's `column` names and layouts, numpy float32.
+  Parameters without a row are an error rather than left out, so an export is never silently
+  partial."""
+  params = to_numpy(params)
+  if "bert" in params and "layer" in params["bert"].get("encoder", {}):
+    params = modeling.unstack_layers(params, config.num_hidden_layers)
+  flat = flatten_params(params)
+  rows = name_table(config.num_hidden_layers)
+  state = {}
+  for row in rows:
+    if row.ours in flat:
+      state[getattr(row, column)] = _to_layout(np.asarray(flat[row.ours], np.float32),
+                                               getattr(row, column + "_layout"))
+  unknown = sorted(set(flat) - {r.ours for r in rows})
+  if unknown:
+    raise ValueError(f"No {format_name} name for parameters: {', '.join(unknown)}")
+  return state
+
+
+def to_numpy(tree):
+  if isinstance(tree, Mapping):
+    return {k: to_numpy(v) for k, v in tree.items()}
+  return np.asarray(tree)
+
+
+def expected_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
+  """Shape of every parameter of the pre-training model in the unrolled layout, from the model
+  itself (eval_shape), so the table and the modules cannot drift apart unnoticed."""
+  cfg = config.replace(scan_layers=False, remat_policy="none")
+  ids = jnp.zeros((1, 8), jnp.int32)
+  abstract = jax.eval_shape(
+      lambda: nn.unbox(heads.BertForPreTraining(cfg).init(
+          jax.random.PRNGKey(0), ids, ids, ids, jnp.zeros((1, 2), jnp.int32))["params"]))
+  return {k: tuple(v.shape) for k, v in flatten_params(abstract).items()}
+

@@ -1,0 +1,1 @@
+"""The model: `BertConfig` and presets, the encoder, and the heads with their losses."""

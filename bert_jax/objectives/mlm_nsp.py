@@ -1,0 +1,105 @@
+"""BERT's pre-training objective: masked-LM + next-sentence prediction (Devlin et al. 2019).
+
+The loss is the original's: the masked-LM cross-entropy weighted by `masked_lm_weights` and
+divided by `sum(weights) + 1e-5`, plus the mean next-sentence cross-entropy. Both divisors are
+taken over the whole batch (`denominators`), so accumulated micro-batches add up to the loss of
+the whole batch. This is the one pre-training loss: training, evaluation, the tests and the
+benchmarks all call it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.model import heads
+from bert_jax.model.configuration import BertConfig
+from bert_jax.text import features
+from bert_jax.training import perf
+from bert_jax.training.objective import Objective
+
+# int64 in the records, int32 in a batch (the pipeline casts); float32 stays float32.
+_BATCH_DTYPES = {"int64": np.int32, "float32": np.float32}
+
+
+def batch_spec_from_schema(schema: tuple[features.Feature, ...], batch_size: int
+                           ) -> dict[str, jax.ShapeDtypeStruct]:
+  """The batch layout of records of `schema` (`text/features.py`), as the pipeline yields it."""
+  return {f.name: jax.ShapeDtypeStruct((batch_size, f.length), _BATCH_DTYPES[f.dtype])
+          for f in schema}
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedLmNextSentence(Objective):
+  """Masked-LM at `masked_lm_positions` + next-sentence prediction on the pooled [CLS]."""
+  max_seq_length: int = 128
+  max_predictions_per_seq: int = 20
+  name: str = "mlm_nsp"
+
+  def model(self, bert_config: BertConfig) -> heads.BertForPreTraining:
+    return heads.BertForPreTraining(bert_config)
+
+  @property
+  def input_names(self) -> tuple[str, ...]:
+    return (features.INPUT_IDS, features.INPUT_MASK, features.SEGMENT_IDS,
+            features.MASKED_LM_POSITIONS)
+
+  def batch_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    # Static records carry the masks; dynamic ones get them drawn by the pipeline, so a batch
+    # always has the static layout.
+    return batch_spec_from_schema(features.pretraining_features(
+        self.max_seq_length, self.max_predictions_per_seq, features.STATIC), batch_size)
+
+  def denominators(self, batch) -> dict[str, jax.Array]:
+    return {"mlm": jnp.sum(batch[features.MASKED_LM_WEIGHTS].astype(jnp.float32)) + 1e-5,
+            "nsp": jnp.asarray(batch[features.NEXT_SENTENCE_LABELS].shape[0], jnp.float32)}
+
+  def loss(self, outputs, batch, denominators):
+    mlm_logits, nsp_logits = outputs
+    mlm = heads.masked_lm_loss(mlm_logits, batch[features.MASKED_LM_IDS],
+                               batch[features.MASKED_LM_WEIGHTS])
+    nsp = heads.next_sentence_loss(nsp_logits, batch[features.NEXT_SENTENCE_LABELS])
+    loss = mlm["loss_sum"] / denominators["mlm"] + nsp["loss_sum"] / denominators["nsp"]
+    sums = {"mlm_loss_sum": mlm["loss_sum"], "mlm_correct_sum": mlm["correct_sum"],
+            "mlm_weight_sum": mlm["weight_sum"], "nsp_loss_sum": nsp["loss_sum"],
+            "nsp_correct_sum": nsp["correct_sum"], "nsp_count": nsp["weight_sum"]}
+    return loss, sums
+
+  def summarize(self, sums: Mapping[str, Any]) -> dict[str, float]:
+    out = {}
+    if "mlm_weight_sum" in sums:
+      w = max(float(sums["mlm_weight_sum"]), 1e-5)
+      out["mlm_loss"] = float(sums["mlm_loss_sum"]) / w
+      out["mlm_accuracy"] = float(sums["mlm_correct_sum"]) / w
+    if "nsp_count" in sums:
+      n = max(float(sums["nsp_count"]), 1.0)
+      out["nsp_loss"] = float(sums["nsp_loss_sum"]) / n
+      out["nsp_accuracy"] = float(sums["nsp_correct_sum"]) / n
+    if "mlm_loss" in out and "nsp_loss" in out:
+      out["loss"] = out["mlm_loss"] + out["nsp_loss"]
+    return out
+
+  def flops_per_step(self, bert_config: BertConfig, batch_size: int) -> float:
+    """Encoder, plus the heads: pooler 2H² and NSP 4H per sequence, MLM transform 2H² and
+    decoder 2HV at the masked positions only."""
+    h, v = bert_config.hidden_size, bert_config.vocab_size
+    forward = perf.encoder_forward_flops(bert_config, batch_size, self.max_seq_length)
+    forward += batch_size * (2 * h * h + 4 * h)
+    forward += batch_size * self.max_predictions_per_seq * (2 * h * h + 2 * h * v)
+    return perf.training_flops(forward)
+
+
+def pretraining_loss(mlm_logits: jax.Array, nsp_logits: jax.Array, batch: Mapping[str, Any]
+                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The objective's loss on one whole batch, with its parts: `mlm_loss`, `nsp_loss` and the
+  sums (traceable, for `jax.grad` in tests and benchmarks)."""
+  objective = MaskedLmNextSentence()
+  denominators = objective.denominators(batch)
+  loss, sums = objective.loss((mlm_logits, nsp_logits), batch, denominators)
+  metrics = dict(sums, loss=loss, mlm_loss=sums["mlm_loss_sum"] / denominators["mlm"],
+                 nsp_loss=sums["nsp_loss_sum"] / denominators["nsp"])
+  return loss, metrics

@@ -1,0 +1,1 @@
+"""Parallelism: the device mesh, logical-axis rules and shardings; multi-process start-up."""

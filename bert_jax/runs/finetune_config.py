@@ -1,0 +1,61 @@
+"""The fine-tuning config every `--config` file starts from (`configs/glue.py`,
+`configs/squad.py` edit it), and the default of `python -m bert_jax.finetune`.
+
+Fields carry the names of the original `run_classifier.py` / `run_squad.py` flags; those flags
+keep working and, when given, override the config. `None` means "the task's default" (e.g.
+`max_seq_length` is 128 for GLUE, 384 for SQuAD).
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({
+      # What to run (the original flags).
+      "task_name": config_dict.placeholder(str),   # GLUE name, custom, squad, squad_v2
+      "data_dir": config_dict.placeholder(str),
+      "data_format": "auto",                       # auto | tsv | tfds
+      "init_checkpoint": config_dict.placeholder(str),
+      "bert_config_file": config_dict.placeholder(str),
+      "output_dir": config_dict.placeholder(str),
+      "do_train": False,
+      "do_eval": False,
+      "do_predict": False,
+      "max_seq_length": config_dict.placeholder(int),  # None: 128 (GLUE), 384 (SQuAD)
+      "train_batch_size": 32,
+      "eval_batch_size": 8,
+      "predict_batch_size": 8,
+      "learning_rate": 5e-5,
+      "num_train_epochs": 3.0,
+      "warmup_proportion": 0.1,
+      "seed": 12345,
+      # custom TSV tasks
+      "label_list": config_dict.placeholder(list),
+      "regression": False,
+      "text_a_column": 0,
+      "text_b_column": config_dict.placeholder(int),
+      "label_column": 1,
+      "skip_header": True,
+      # SQuAD
+      "train_file": config_dict.placeholder(str),
+      "predict_file": config_dict.placeholder(str),
+      "version_2_with_negative": False,
+      "doc_stride": 128,
+      "max_query_length": 64,
+      "n_best_size": 20,
+      "max_answer_length": 30,
+      "null_score_diff_threshold": 0.0,
+      # Beyond the original flags.
+      "mesh_shape": (-1, 1, 1),
+      "logical_axis_rules": None,
+      "dtype": "float32",            # compute dtype of the encoder (bfloat16 on TPU)
+      "weight_decay": 0.01,
+      "grad_clip_norm": 1.0,
+      "bias_correction": False,      # the released BERT optimizer has none
+      "hidden_dropout_prob": config_dict.placeholder(float),  # None: the checkpoint's value
+      "grad_accum_steps": 1,
+      "log_every_steps": 50,
+      "checkpoint_every_steps": 1000,
+      "shuffle_seed_offset": 0,
+  })

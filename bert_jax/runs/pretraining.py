@@ -1,0 +1,207 @@
+"""A pre-training run: TFRecords → the config's objective → the core loop, sharded over a mesh.
+
+`train_and_evaluate(config, workdir)` runs (or resumes) a run; the init order (this workdir's
+checkpoint, else `config.init_checkpoint`, else from scratch) is
+`interop.checkpoints.initial_state`. `compile_train_step(config)` builds the same step for the
+config's mesh without data or weights, to check that a config fits its pod before a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from bert_jax import file_io, objectives
+from bert_jax.data import input_pipeline
+from bert_jax.interop import checkpoints
+from bert_jax.model import configuration
+from bert_jax.parallel import sharding
+from bert_jax.text import features, masking
+from bert_jax.training import loop, metrics, optimizer, step as step_lib
+from bert_jax.training import state as state_lib
+from bert_jax.training.objective import Objective
+
+
+def bert_config_from(config: ml_collections.ConfigDict) -> configuration.BertConfig:
+  """The model section of a run config → BertConfig (preset, then the non-None fields)."""
+  fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
+  return configuration.get_preset(config.model.preset, **fields)
+
+
+def objective_from(config: ml_collections.ConfigDict) -> Objective:
+  return objectives.get_objective(config.get("objective", "mlm_nsp"),
+                                  max_seq_length=config.data.max_seq_length,
+                                  max_predictions_per_seq=config.data.max_predictions_per_seq)
+
+
+@dataclasses.dataclass
+class Run:
+  """What a run config builds: the objective, the model, its optimizer, and the mesh."""
+  bert_config: configuration.BertConfig
+  objective: Objective
+  model: Any
+  tx: Any
+  schedule: Any
+  mesh: jax.sharding.Mesh
+  rules: Any
+
+
+def build(config: ml_collections.ConfigDict, devices=None) -> Run:
+  bert_config = bert_config_from(config)
+  mesh, rules = sharding.mesh_from_config(config, devices)
+  sharding.check_batch_divisible(config.global_batch_size, mesh)
+  bert_config.check_sequence_length(config.data.max_seq_length, "data.max_seq_length")
+  opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
+  opt_config.total_steps = config.total_steps
+  tx, schedule = optimizer.create_optimizer(opt_config)
+  objective = objective_from(config)
+  return Run(bert_config, objective, objective.model(bert_config), tx, schedule, mesh, rules)
+
+
+def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_step: bool = True
+                       ) -> dict[str, Any]:
+  """Builds the config's train step for its mesh without data or parameters (ahead of time).
+
+  Catches a config that does not fit its pod before any chip time is spent: shapes, shardings,
+  and (when compiled) per-device memory and FLOPs. `devices` defaults to all; fake CPU devices
+  (`--xla_force_host_platform_device_count`) stand in for a slice.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = [int(s) for s in config.mesh_shape]
+  if -1 not in shape:  # a slice's worth of the given devices
+    devices = devices[:int(np.prod(shape))]
+  run = build(config, devices)
+  example = run.objective.example_batch(config.global_batch_size)
+  abstract, state_sh = state_lib.abstract_train_state(run.model, run.tx, run.mesh, run.rules,
+                                                      example, run.objective.input_names)
+  batch_sh = sharding.batch_sharding(run.mesh)
+  abstract_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sh)
+                    for k, v in example.items()}
+  step = step_lib.build_train_step(run.objective, run.model, run.tx, run.schedule, state_sh,
+                                   batch_sh, run.mesh, run.rules, config.grad_accum_steps)
+  lowered = step.lower(abstract, abstract_batch)
+  out = {"mesh": dict(run.mesh.shape), "lowered": lowered, "state_shardings": state_sh,
+         "num_parameters": sum(int(np.prod(p.shape)) for p in jax.tree.leaves(abstract.params)),
+         "analytic_flops_per_step": run.objective.flops_per_step(run.bert_config,
+                                                                 config.global_batch_size)}
+  if compile_step:
+    compiled = lowered.compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    out["compiled"] = compiled
+    out["compiled_flops_per_device"] = float(cost.get("flops", float("nan")))
+    memory = compiled.memory_analysis()
+    if memory is not None:
+      out["bytes_per_device"] = int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+                                    + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+  return out
+
+
+def masking_config(config, files) -> masking.MaskingConfig | None:
+  """Dynamic-masking records need the vocabulary's special ids; static ones carry masks.
+
+  The vocabulary is `config.data.vocab_file` / `spm_model_file`, or else the one named in the
+  `summary.json` that data_prep wrote beside the records.
+  """
+  if input_pipeline.detect_masking(files[0]) != features.DYNAMIC:
+    return None
+  from bert_jax.text import tokenization  # pylint: disable=g-import-not-at-top
+  vocab_file, spm_file = config.data.vocab_file, config.data.spm_model_file
+  lower, whole_word = config.data.do_lower_case, config.data.whole_word_mask
+  summary_path = file_io.join(os.path.dirname(files[0]), "summary.json")
+  if not (vocab_file or spm_file) and file_io.exists(summary_path):
+    settings = json.loads(file_io.read_text(summary_path)).get("settings", {})
+    vocab_file, spm_file = settings.get("vocab_file"), settings.get("spm_model_file")
+    lower = settings.get("do_lower_case", lower)
+    whole_word = settings.get("do_whole_word_mask", whole_word)
+    logging.info("Dynamic masking with the vocabulary named in %s.", summary_path)
+  if not (vocab_file or spm_file):
+    raise ValueError(f"{files[0]} holds dynamic-masking records: set config.data.vocab_file "
+                     "or config.data.spm_model_file so masks can be drawn.")
+  tokenizer = tokenization.load_tokenizer(vocab_file=vocab_file or None,
+                                          spm_model_file=spm_file or None, do_lower_case=lower)
+  return masking.MaskingConfig.from_tokenizer(
+      tokenizer, masked_lm_prob=config.data.masked_lm_prob,
+      max_predictions_per_seq=config.data.max_predictions_per_seq,
+      whole_word_mask=whole_word, per_word_draw=config.data.per_word_draw)
+
+
+def evaluator(objective: Objective, eval_step, data: input_pipeline.PretrainingData,
+              num_steps: int):
+  """`evaluate(state)`: the objective's metrics over the first `num_steps` held-out batches."""
+  def evaluate(state) -> dict[str, float]:
+    sums = []
+    for i, (batch, _) in enumerate(data.global_batches()):
+      if i >= num_steps:
+        break
+      sums.append(eval_step(state.params, batch))
+    if not sums:
+      return {}
+    total = jax.tree.map(lambda *x: float(np.sum(x)), *jax.device_get(sums))
+    return {f"eval/{k}": v for k, v in objective.summarize(total).items()}
+  return evaluate
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Runs (or resumes) pre-training; returns the last logged train and eval metrics, the step
+  reached and `stopped_early` (a stop was requested before `train_until_step`)."""
+  run = build(config)
+  seq_len, max_pred = config.data.max_seq_length, config.data.max_predictions_per_seq
+  files = input_pipeline.list_files(config.data.train_files)
+  eval_files = input_pipeline.list_files(config.data.eval_files) if config.data.eval_files else None
+  train_files, eval_files = input_pipeline.split_train_eval(files, eval_files)
+  batch_sh = sharding.batch_sharding(run.mesh)
+  data_kwargs = dict(global_batch_size=config.global_batch_size, max_seq_length=seq_len,
+                     max_predictions_per_seq=max_pred, sharding=batch_sh,
+                     masking_config=masking_config(config, train_files))
+  train_data = input_pipeline.PretrainingData(
+      None, files=train_files, seed=config.seed,
+      shuffle_buffer_size=config.data.shuffle_buffer_size, **data_kwargs)
+  eval_data = input_pipeline.PretrainingData(None, files=eval_files, seed=config.seed + 1,
+                                             shuffle=False, repeat=False, **data_kwargs)
+
+  writer = metrics.MetricWriter(workdir, tensorboard=config.tensorboard)
+  ckpt = checkpoints.run_checkpoints(workdir, max_to_keep=config.max_checkpoints_to_keep)
+  init = checkpoints.initial_state(
+      run.objective, run.model, run.tx, run.mesh, run.rules,
+      batch_size=config.global_batch_size, seed=config.seed, checkpoints=ckpt,
+      init_checkpoint=config.init_checkpoint or None, init_mode=config.init_mode)
+  if jax.process_index() == 0:
+    file_io.write_text_atomic(file_io.join(workdir, "config.json"), config.to_json_best_effort(
+        indent=2) + "\n")
+    run.bert_config.to_json_file(file_io.join(workdir, "bert_config.json"))
+  n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(init.state.params))
+  metrics.log(f"BERT {n_params / 1e6:.1f}M parameters | {run.objective.name} | mesh "
+              f"{dict(run.mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
+              f"devices, {jax.process_count()} processes | {init.origin} | train "
+              f"{len(train_files)} files, eval {len(eval_files)} files "
+              f"({train_data.masking_mode} masking) | workdir {workdir}")
+
+  train_step = step_lib.build_train_step(run.objective, run.model, run.tx, run.schedule,
+                                         init.shardings, batch_sh, run.mesh, run.rules,
+                                         config.grad_accum_steps)
+  eval_step = step_lib.jit_eval_step(step_lib.make_eval_step(run.objective, run.model),
+                                     init.shardings.params, batch_sh, run.mesh, run.rules)
+  result = loop.train(
+      init.state, train_step, train_data.global_batches(init.position),
+      objective=run.objective,
+      config=loop.LoopConfig(
+          until_step=config.train_until_step, examples_per_step=config.global_batch_size,
+          tokens_per_example=seq_len, log_every_steps=config.log_every_steps,
+          checkpoint_every_steps=config.checkpoint_every_steps,
+          eval_every_steps=config.eval_every_steps,
+          flops_per_step=run.objective.flops_per_step(run.bert_config,
+                                                      config.global_batch_size)),
+      writer=writer, checkpoints=ckpt,
+      metadata={"bert_config": run.bert_config.to_hf_dict(), "run": config.to_dict()},
+      evaluate=evaluator(run.objective, eval_step, eval_data, config.eval_steps))
+  ckpt.close()
+  writer.close()
+  return dict(result.scalars, step=result.step, stopped_early=result.stopped_early)

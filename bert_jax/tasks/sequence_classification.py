@@ -1,0 +1,103 @@
+"""GLUE classification / regression (and custom TSV tasks) as a plug-in of the training core.
+
+The data side — files, labels, metrics, prediction files — is `tasks/glue.py`; this module adds
+what training needs: the model (encoder + a dense layer on the pooled [CLS] vector, as
+`run_classifier.py`), the features of a batch, and the loss and accuracy sums.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from bert_jax.model import heads
+from bert_jax.model.configuration import BertConfig
+from bert_jax.tasks import glue
+from bert_jax.text import pairs
+from bert_jax.training import perf
+from bert_jax.training.objective import Objective
+
+ENCODER_INPUTS = ("input_ids", "input_mask", "segment_ids")
+
+
+def _labels_array(task: glue.Task, examples: Sequence[glue.Example]) -> np.ndarray:
+  """Targets; unlabelled examples (prediction splits) get 0, never scored."""
+  if task.is_regression:
+    return np.asarray([float(e.label) if e.label is not None else 0.0 for e in examples],
+                      np.float32)
+  index = {name: i for i, name in enumerate(task.label_list)}
+  return np.asarray([index[str(e.label)] if e.label is not None else 0 for e in examples],
+                    np.int32)
+
+
+def featurize(task: glue.Task, examples: Sequence[glue.Example], tokenizer,
+              max_seq_length: int) -> dict[str, np.ndarray]:
+  """Examples → `input_ids`, `input_mask`, `segment_ids`, `label`, `weight` arrays."""
+  feats = pairs.encode_examples(tokenizer, [e.text_a for e in examples],
+                                [e.text_b for e in examples], max_seq_length)
+  feats["label"] = _labels_array(task, examples)
+  feats["weight"] = np.ones(len(examples), np.float32)
+  return feats
+
+
+def to_predictions(task: glue.Task, logits: np.ndarray) -> np.ndarray:
+  """Logits → label indices, or the scores of a regression task."""
+  return logits.reshape(-1) if task.is_regression else np.argmax(logits, axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceClassification(Objective):
+  """One label (or one score) per sentence or sentence pair."""
+  task: glue.Task
+  max_seq_length: int = 128
+  init_scopes = ("bert",)
+  trim_batches = True  # padding columns no row uses are cut (results unchanged)
+
+  @property
+  def name(self) -> str:
+    return self.task.name
+
+  @property
+  def num_labels(self) -> int:
+    return self.task.num_labels
+
+  def model(self, bert_config: BertConfig) -> heads.BertForSequenceClassification:
+    return heads.BertForSequenceClassification(bert_config, self.num_labels)
+
+  @property
+  def input_names(self) -> tuple[str, ...]:
+    return ENCODER_INPUTS
+
+  def batch_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    tokens = jax.ShapeDtypeStruct((batch_size, self.max_seq_length), np.int32)
+    label = np.float32 if self.task.is_regression else np.int32
+    return {**{k: tokens for k in ENCODER_INPUTS},
+            "label": jax.ShapeDtypeStruct((batch_size,), label),
+            "weight": jax.ShapeDtypeStruct((batch_size,), np.float32)}
+
+  def featurize(self, examples: Sequence[glue.Example], tokenizer) -> dict[str, np.ndarray]:
+    return featurize(self.task, examples, tokenizer, self.max_seq_length)
+
+  def loss(self, outputs, batch, denominators):
+    if self.task.is_regression:
+      out = heads.regression_loss(outputs, batch["label"], batch["weight"])
+    else:
+      out = heads.classification_loss(outputs, batch["label"], batch["weight"])
+    sums = {k: v for k, v in out.items() if k != "loss"}
+    return out["loss_sum"] / denominators["examples"], sums
+
+  def summarize(self, sums: Mapping[str, Any]) -> dict[str, float]:
+    n = max(float(sums.get("weight_sum", 0.0)), 1.0)
+    out = {"loss": float(sums["loss_sum"]) / n}
+    if "correct_sum" in sums:
+      out["accuracy"] = float(sums["correct_sum"]) / n
+    return out
+
+  def flops_per_step(self, bert_config: BertConfig, batch_size: int) -> float:
+    h = bert_config.hidden_size
+    forward = perf.encoder_forward_flops(bert_config, batch_size, self.max_seq_length)
+    forward += batch_size * (2 * h * h + 2 * h * self.num_labels)
+    return perf.training_flops(forward)

@@ -1,0 +1,192 @@
+"""The one training loop, shared by pre-training and fine-tuning.
+
+Given a train state, the jitted step (`training/step.py`) and a stream of
+`(global_batch, data_position)` pairs, it trains up to `until_step` and owns everything around
+the steps: progress lines with rate, ETA and MFU; the objective's metrics, averaged exactly from
+their sums, to the console, TensorBoard and `metrics.jsonl`; evaluation every
+`eval_every_steps`; checkpoints with the data position (so a resumed run reads exactly the
+batches an uninterrupted one would); SIGTERM and TPU preemption (save, then stop); and a NaN/inf
+loss (stop, name the last good checkpoint). What the objective or task is does not matter here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+import numpy as np
+
+from bert_jax.training import checkpointing, metrics
+from bert_jax.training.objective import Objective
+from bert_jax.training.step import STEP_SCALARS
+
+
+@dataclasses.dataclass
+class LoopConfig:
+  """When the loop stops, reports, evaluates and saves; what a step holds (for throughput)."""
+  until_step: int
+  examples_per_step: int           # the global batch
+  tokens_per_example: int          # sequence length
+  log_every_steps: int = 100
+  checkpoint_every_steps: int | None = None   # None: only at the end (and when stopped)
+  eval_every_steps: int | None = None         # None: only at the end
+  flops_per_step: float | None = None         # analytic, for MFU
+
+
+@dataclasses.dataclass
+class LoopResult:
+  state: Any
+  step: int
+  scalars: dict[str, float]   # the last reported train/perf/eval scalars
+  stopped_early: bool         # a stop (SIGTERM, preemption) was requested before until_step
+
+
+class StopSignal:
+  """Turns SIGTERM (TPU preemption, `kill`, a scheduler) into 'save and exit at the next step'."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread: no signal handling
+      self._previous = None
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+    return False
+
+
+def _any_process(flag: bool) -> bool:
+  if jax.process_count() == 1:
+    return flag
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(np.asarray(multihost_utils.process_allgather(np.asarray([int(flag)]))).any())
+
+
+def _eval_line(step: int, scalars: dict[str, float]) -> str:
+  return f"eval at step {step}: " + ", ".join(f"{k.split('/', 1)[1]} {v:.4f}"
+                                              for k, v in scalars.items())
+
+
+def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]], *,
+          objective: Objective, config: LoopConfig, writer: metrics.MetricWriter,
+          checkpoints: checkpointing.CheckpointManager | None = None,
+          metadata: dict[str, Any] | None = None,
+          evaluate: Callable[[Any], dict[str, float]] | None = None) -> LoopResult:
+  """Trains from `state.step` to `config.until_step`; see the module docstring.
+
+  `evaluate(state)` returns prefixed scalars (`eval/...`); it runs every `eval_every_steps`
+  and at the end (also when nothing was left to train). Without `checkpoints` nothing is saved.
+  """
+  start_step = step = int(state.step)
+  until = config.until_step
+  peak = None
+  if config.flops_per_step:
+    from bert_jax.training import perf  # pylint: disable=g-import-not-at-top
+    peak = perf.peak_flops_per_device(jax.devices()[0])
+  last: dict[str, float] = {}
+  last_good_step = checkpoints.latest_step() if checkpoints is not None else None
+  window: list[dict[str, jax.Array]] = []
+  window_start, window_first_step = time.time(), start_step
+  evaluated = False
+  stopping = False
+
+  def check_finite(window_metrics, first, last_step):
+    losses = [float(m["loss"]) for m in window_metrics]
+    bad = [i for i, x in enumerate(losses) if not math.isfinite(x)]
+    if bad:
+      where = (f"the last good checkpoint is step {last_good_step} in {checkpoints.directory}"
+               if checkpoints is not None and last_good_step is not None
+               else "no checkpoint was saved")
+      if checkpoints is not None:
+        checkpoints.wait_until_finished()
+      raise FloatingPointError(
+          f"Loss became {losses[bad[0]]} at step {first + bad[0] + 1} (steps {first + 1}-"
+          f"{last_step}). Training stopped; {where}. Lower the learning rate or check the data, "
+          "then restart.")
+
+  def report(fetched):
+    elapsed = max(time.time() - window_start, 1e-9)
+    steps_per_sec = len(fetched) / elapsed
+    sums = {k: float(np.sum([m[k] for m in fetched])) for k in fetched[0]
+            if k not in STEP_SCALARS}
+    scalars = {"train/loss": float(np.mean([m["loss"] for m in fetched]))}
+    scalars.update({f"train/{k}": v for k, v in objective.summarize(sums).items()})
+    scalars.update({"train/learning_rate": float(fetched[-1]["learning_rate"]),
+                    "train/grad_norm": float(fetched[-1]["grad_norm"]),
+                    "perf/steps_per_sec": steps_per_sec,
+                    "perf/sequences_per_sec": steps_per_sec * config.examples_per_step,
+                    "perf/tokens_per_sec": (steps_per_sec * config.examples_per_step
+                                            * config.tokens_per_example),
+                    "perf/eta_seconds": (until - step) / steps_per_sec})
+    if peak:
+      scalars["perf/mfu"] = config.flops_per_step * steps_per_sec / (peak * jax.device_count())
+    writer.write(step, scalars)
+    metrics.log(metrics.console_line(step, until, scalars))
+    last.update(scalars)
+
+  def run_evaluation():
+    nonlocal evaluated
+    scalars = evaluate(state)
+    writer.write(step, scalars)
+    metrics.log(_eval_line(step, scalars))
+    last.update(scalars)
+    evaluated = True
+
+  with StopSignal() as stop:
+    position = None
+    compile_start = time.time()
+    while step < until:
+      batch, position = next(batches)
+      state, step_metrics = train_step(state, batch)
+      step += 1
+      window.append(step_metrics)
+      if step == start_step + 1:
+        check_finite([jax.device_get(step_metrics)], start_step, step)
+        metrics.log(f"first step (compilation included) took {time.time() - compile_start:.1f}s")
+        window_start, window_first_step, window = time.time(), step, []
+      is_log = step % config.log_every_steps == 0 or step == until
+      is_ckpt = step == until or bool(config.checkpoint_every_steps
+                                      and step % config.checkpoint_every_steps == 0)
+      is_eval = evaluate is not None and (step == until or bool(
+          config.eval_every_steps and step % config.eval_every_steps == 0))
+      stopping = _any_process(stop.requested) if (is_log or jax.process_count() == 1) else False
+      if checkpoints is not None:
+        stopping = stopping or checkpoints.reached_preemption(step)
+      if (is_log or is_ckpt or stopping) and window:
+        fetched = jax.device_get(window)
+        check_finite(fetched, window_first_step, step)
+        report(fetched)
+        window, window_start, window_first_step = [], time.time(), step
+      if is_eval:
+        run_evaluation()
+      if checkpoints is not None and (is_ckpt or stopping):
+        checkpoints.save(step, state, checkpointing.gather_positions(position), metadata or {})
+        last_good_step = step
+      if is_ckpt or is_eval:
+        window_start = time.time()  # evaluation and saving are not training throughput
+      if stopping:
+        if checkpoints is not None:
+          checkpoints.wait_until_finished()
+          metrics.log(f"Stop requested: saved step {step} to {checkpoints.directory}; run the "
+                      "same command again to resume.")
+        break
+  if evaluate is not None and not evaluated:  # nothing left to train: report where it is
+    run_evaluation()
+  if checkpoints is not None:
+    checkpoints.wait_until_finished()
+  last["step"] = step
+  return LoopResult(state, step, last, stopped_early=stopping and step < until)

@@ -1,0 +1,82 @@
+"""What the training core needs of an objective: the one interface pre-training objectives
+and fine-tuning tasks both implement.
+
+The step builder and the loop (`training/step.py`, `training/loop.py`) know nothing of masks,
+labels or spans. An objective says which model to build on the encoder, which batch features
+that model reads, and how the model's outputs and a batch become a loss and metric *sums*;
+everything else — accumulation, clipping, shardings, logging, checkpoints, preemption — is the
+core's. A new objective (sentence order, span boundary, replaced tokens, distillation) or task
+(tagging, multiple choice) is a new subclass, never a change to the step or the loop.
+
+Losses are written against whole-batch `denominators` (computed once per step, before any split
+into micro-batches): with them the loss is a plain sum over micro-batches, so `k` accumulated
+micro-batches give exactly the gradient of one `k`-times-larger batch.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Batch = Mapping[str, jax.Array]
+Sums = dict[str, jax.Array]
+
+
+class Objective(abc.ABC):
+  """A training objective (pre-training) or task (fine-tuning), as the core sees it."""
+
+  #: Short name, used in messages and recorded in checkpoints.
+  name: str = "objective"
+
+  #: Top-level parameter scopes that an `init_checkpoint`'s weights are loaded into; None loads
+  #: every scope of this model that the checkpoint has (continuing pre-training, heads
+  #: included). Fine-tuning loads only the encoder ("bert",): its head starts from its init.
+  init_scopes: tuple[str, ...] | None = None
+
+  # ------------------------------------------------------------------------------ the model
+  @abc.abstractmethod
+  def model(self, bert_config) -> nn.Module:
+    """The encoder with this objective's heads; `__call__(*inputs, deterministic=...)`."""
+
+  @property
+  @abc.abstractmethod
+  def input_names(self) -> tuple[str, ...]:
+    """The batch features the model's `__call__` takes, in order."""
+
+  @abc.abstractmethod
+  def batch_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """Every feature of a batch (model inputs and targets): name → shape and dtype."""
+
+  def example_batch(self, batch_size: int) -> dict[str, np.ndarray]:
+    """Zeros in the batch layout: traces initialisation and ahead-of-time compilation."""
+    return {name: np.zeros(s.shape, s.dtype) for name, s in self.batch_spec(batch_size).items()}
+
+  def sequence_length(self, batch_size: int = 1) -> int:
+    """Tokens per example (for tokens/s): the length of `input_ids`."""
+    return int(self.batch_spec(batch_size)["input_ids"].shape[1])
+
+  # ------------------------------------------------------------------------- loss and metrics
+  def denominators(self, batch: Batch) -> dict[str, jax.Array]:
+    """Whole-batch normalisers of the loss. Default: the examples of weight 1 (padding rows
+    of a partial batch carry weight 0), at least 1."""
+    return {"examples": jnp.maximum(jnp.sum(batch["weight"].astype(jnp.float32)), 1.0)}
+
+  @abc.abstractmethod
+  def loss(self, outputs: Any, batch: Batch, denominators: Mapping[str, jax.Array]
+           ) -> tuple[jax.Array, Sums]:
+    """`(loss, sums)`: the scalar to minimise, normalised by `denominators`, and float32 sums
+    from which `summarize` makes exact averages over any number of batches."""
+
+  @abc.abstractmethod
+  def summarize(self, sums: Mapping[str, Any]) -> dict[str, float]:
+    """Metric sums (of one batch or added over many) → the reported values, e.g.
+    `{"loss": ..., "accuracy": ...}`."""
+
+  def flops_per_step(self, bert_config, batch_size: int) -> float | None:
+    """Analytic matmul FLOPs of one training step, for MFU; None: not reported."""
+    return None

@@ -1,0 +1,134 @@
+"""The one step builder: the jitted train and eval steps of every objective and task.
+
+`make_train_step(objective, model, tx, schedule, k)` is the whole optimizer step: the objective's
+loss on the model's outputs, gradient accumulation over `k` micro-batches normalised by the
+*whole* batch (the objective's `denominators`, computed before the split), the optimizer (which
+clips and schedules), and the metrics the loop reports: the objective's sums, the loss, the
+gradient norm and the learning rate. `jit_train_step` compiles it with explicit shardings and
+the state donated, so parameters are updated in place; it is traced under the mesh and the
+logical-axis rules, so the model's activation constraints resolve to that mesh.
+
+Dropout: step `s` uses `fold_in(rng, s)` (micro-batch `i` folds in `i` as well), so a resumed
+run draws exactly the masks an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from bert_jax.training.objective import Objective
+from bert_jax.training.state import TrainState
+
+# Step metrics that are not the objective's sums.
+STEP_SCALARS = ("loss", "grad_norm", "learning_rate")
+
+
+def _split_micro_batches(batch: dict[str, jax.Array], k: int) -> dict[str, jax.Array]:
+  """(B, ...) → (k, B/k, ...), micro-batch i = rows i, i+k, i+2k, ... so that every device
+  keeps contributing rows of its own shard to every micro-batch (no resharding)."""
+  def split(x):
+    b = x.shape[0]
+    if b % k:
+      raise ValueError(f"Batch size {b} is not divisible by grad_accum_steps={k}.")
+    return jnp.swapaxes(x.reshape((b // k, k) + x.shape[1:]), 0, 1)
+  return jax.tree.map(split, batch)
+
+
+def apply_model(objective: Objective, model: nn.Module, params: Any, batch, *,
+                deterministic: bool, rng: jax.Array | None = None) -> Any:
+  """The model's outputs on a batch: its inputs are the objective's `input_names`."""
+  return model.apply({"params": params}, *(batch[k] for k in objective.input_names),
+                     deterministic=deterministic,
+                     rngs={"dropout": rng} if rng is not None else None)
+
+
+def make_train_step(objective: Objective, model: nn.Module, tx: optax.GradientTransformation,
+                    schedule: Callable, grad_accum_steps: int = 1
+                    ) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
+  """`step(state, batch) -> (state, metrics)`, not yet jitted (see `jit_train_step`)."""
+
+  def train_step(state: TrainState, batch: dict[str, jax.Array]):
+    dropout_rng = jax.random.fold_in(state.rng, state.step)
+    denominators = objective.denominators(batch)
+
+    def loss_fn(params, micro_batch, rng):
+      outputs = apply_model(objective, model, params, micro_batch, deterministic=False, rng=rng)
+      return objective.loss(outputs, micro_batch, denominators)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if grad_accum_steps == 1:
+      (loss, sums), grads = grad_fn(state.params, batch, dropout_rng)
+    else:
+      micro = _split_micro_batches(batch, grad_accum_steps)
+      first = jax.tree.map(lambda x: x[0], micro)
+      (loss_shape, sums_shape), _ = jax.eval_shape(grad_fn, state.params, first, dropout_rng)
+      zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
+
+      def body(carry, inputs):
+        acc_loss, acc_sums, acc_grads = carry
+        index, micro_batch = inputs
+        (l, s), g = grad_fn(state.params, micro_batch, jax.random.fold_in(dropout_rng, index))
+        return (acc_loss + l, jax.tree.map(jnp.add, acc_sums, s),
+                jax.tree.map(jnp.add, acc_grads, g)), None
+
+      init = (zeros(loss_shape), zeros(sums_shape), jax.tree.map(jnp.zeros_like, state.params))
+      (loss, sums, grads), _ = jax.lax.scan(body, init,
+                                            (jnp.arange(grad_accum_steps), micro))
+
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(sums)
+    metrics.update(loss=loss, grad_norm=optax.tree.norm(grads),
+                   learning_rate=schedule(state.step))
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  return train_step
+
+
+def make_eval_step(objective: Objective, model: nn.Module) -> Callable[[Any, dict], dict]:
+  """`eval_step(params, batch) -> sums` of the deterministic model (no dropout)."""
+  def eval_step(params, batch):
+    outputs = apply_model(objective, model, params, batch, deterministic=True)
+    _, sums = objective.loss(outputs, batch, objective.denominators(batch))
+    return sums
+  return eval_step
+
+
+def jit_train_step(train_step: Callable, state_shardings, batch_sharding, mesh, rules):
+  """The train step, jitted with explicit shardings and the state donated."""
+  jitted = jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
+                   out_shardings=(state_shardings, None), donate_argnums=(0,))
+  return with_mesh(jitted, mesh, rules)
+
+
+def jit_eval_step(eval_step: Callable, param_shardings, batch_sharding, mesh, rules):
+  jitted = jax.jit(eval_step, in_shardings=(param_shardings, batch_sharding), out_shardings=None)
+  return with_mesh(jitted, mesh, rules)
+
+
+def build_train_step(objective: Objective, model: nn.Module, tx, schedule, state_shardings,
+                     batch_sharding, mesh, rules, grad_accum_steps: int = 1):
+  """`make_train_step` + `jit_train_step`: what a run calls."""
+  return jit_train_step(make_train_step(objective, model, tx, schedule, grad_accum_steps),
+                        state_shardings, batch_sharding, mesh, rules)
+
+
+def with_mesh(fn, mesh, rules):
+  """Traces (and runs) `fn` with the mesh and logical rules in scope, so the model's
+  activation constraints resolve to this mesh. `.lower(...)` does the same for AOT."""
+  @functools.wraps(fn)
+  def wrapped(*args):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      return fn(*args)
+
+  def lower(*args):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      return fn.lower(*args)
+  wrapped.lower = lower
+  return wrapped

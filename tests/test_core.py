@@ -1,0 +1,122 @@
+"""The training core is open: an objective defined here, in the test, trains through the public
+interface (`Objective`, the step builder, the loop, the init order) with no change to them."""
+
+import dataclasses
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bert_jax.data import arrays
+from bert_jax.interop import checkpoints
+from bert_jax.model import configuration, modeling
+from bert_jax.parallel import sharding
+from bert_jax.training import loop, metrics, optimizer
+from bert_jax.training import step as step_lib
+from bert_jax.training.objective import Objective
+
+SEQ = 16
+
+
+class PooledRegressor(nn.Module):
+  """The encoder and one output on the pooled [CLS] vector."""
+  config: configuration.BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, deterministic=True):
+    out = modeling.BertModel(self.config, name="bert")(input_ids, input_mask, segment_ids,
+                                                        deterministic=deterministic)
+    return nn.Dense(1, name="regressor")(out["pooled_output"])[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class CountRegression(Objective):
+  """Regress the share of the sequence's tokens that are odd ids: a toy target that only the
+  tokens determine, so the model can learn it."""
+  name: str = "count_regression"
+
+  def model(self, bert_config):
+    return PooledRegressor(bert_config)
+
+  @property
+  def input_names(self):
+    return ("input_ids", "input_mask", "segment_ids")
+
+  def batch_spec(self, batch_size):
+    tokens = jax.ShapeDtypeStruct((batch_size, SEQ), np.int32)
+    return {"input_ids": tokens, "input_mask": tokens, "segment_ids": tokens,
+            "target": jax.ShapeDtypeStruct((batch_size,), np.float32),
+            "weight": jax.ShapeDtypeStruct((batch_size,), np.float32)}
+
+  def loss(self, outputs, batch, denominators):
+    error = jnp.square(outputs - batch["target"]) * batch["weight"]
+    sums = {"squared_error_sum": jnp.sum(error), "count": jnp.sum(batch["weight"])}
+    return sums["squared_error_sum"] / denominators["examples"], sums
+
+  def summarize(self, sums):
+    return {"mse": float(sums["squared_error_sum"]) / max(float(sums["count"]), 1.0)}
+
+
+def _data(n, rng):
+  ids = rng.integers(5, 60, size=(n, SEQ)).astype(np.int32)
+  return {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids),
+          "target": (ids % 2).mean(axis=1).astype(np.float32) * 4.0,
+          "weight": np.ones(n, np.float32)}
+
+
+def test_an_objective_defined_outside_the_package_trains_through_the_core(tmp_path):
+  objective = CountRegression()
+  bert_config = configuration.get_preset("test", vocab_size=64, max_position_embeddings=SEQ,
+                                         hidden_dropout_prob=0.0)
+  model = objective.model(bert_config)
+  mesh = sharding.create_mesh((8, 1, 1))
+  rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
+  tx, schedule = optimizer.create_optimizer(ml_collections.ConfigDict({
+      "name": "adamw", "learning_rate": 3e-3, "total_steps": 120, "warmup_steps": 10,
+      "weight_decay": 0.0, "eps": 1e-6, "bias_correction": True, "grad_clip_norm": 1.0}))
+  workdir = str(tmp_path / "run")
+  ckpt = checkpoints.run_checkpoints(workdir, async_save=False)
+  init = checkpoints.initial_state(objective, model, tx, mesh, rules, batch_size=16, seed=0,
+                                   checkpoints=ckpt)
+  assert init.origin == "initialised from scratch"
+  batch_sh = sharding.batch_sharding(mesh)
+  train_step = step_lib.build_train_step(objective, model, tx, schedule, init.shardings,
+                                         batch_sh, mesh, rules, grad_accum_steps=2)
+  feats = _data(390, np.random.default_rng(0))  # 390 rows: the last batch of an epoch is padded
+  held_out = _data(64, np.random.default_rng(1))
+  eval_step = step_lib.jit_eval_step(step_lib.make_eval_step(objective, model),
+                                     init.shardings.params, batch_sh, mesh, rules)
+
+  def evaluate(state):
+    sums = eval_step(state.params, arrays.to_global(held_out, batch_sh))
+    return {f"eval/{k}": v for k, v in objective.summarize(jax.device_get(sums)).items()}
+
+  writer = metrics.MetricWriter(workdir, tensorboard=False)
+  before = evaluate(init.state)["eval/mse"]
+  result = loop.train(
+      init.state, train_step,
+      arrays.training_batches(feats, 16, batch_sh, seed=0, trim=False, position=init.position),
+      objective=objective, writer=writer, checkpoints=ckpt, metadata={"toy": True},
+      evaluate=evaluate,
+      config=loop.LoopConfig(until_step=120, examples_per_step=16, tokens_per_example=SEQ,
+                             log_every_steps=20, checkpoint_every_steps=60,
+                             eval_every_steps=60))
+  writer.close()
+  ckpt.close()
+  assert result.step == 120 and not result.stopped_early
+  # Learned: held-out error far below the untrained model's and the constant-mean guess.
+  variance = float(np.var(held_out["target"]))
+  assert result.scalars["eval/mse"] < 0.5 * variance < before, (result.scalars, variance, before)
+  rows = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in rows if "train/mse" in r] == [20, 40, 60, 80, 100, 120]
+  assert [r["step"] for r in rows if "eval/mse" in r] == [60, 120]
+  # Saved with the data position, and the init order resumes it.
+  again = checkpoints.run_checkpoints(workdir, async_save=False)
+  assert again.all_steps() == [60, 120]
+  resumed = checkpoints.initial_state(objective, model, tx, mesh, rules, batch_size=16, seed=0,
+                                      checkpoints=again)
+  again.close()
+  assert int(resumed.state.step) == 120 and resumed.position == {"epoch": 4, "batch": 20}
