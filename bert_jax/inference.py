@@ -83,8 +83,10 @@ class Predictor:
     padded = arrays.pad_rows(feats, rows)
     outputs = []
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-    for start in tqdm(range(0, len(padded["weight"]), rows), desc=desc, unit="batch",
-                      disable=not progress or jax.process_index() != 0, leave=False):
+    starts = range(0, len(padded["weight"]), rows)
+    # A bar only where there is progress to show: several batches, on the reporting process.
+    for start in tqdm(starts, desc=desc, unit="batch", leave=False,
+                      disable=not progress or len(starts) < 2 or jax.process_index() != 0):
       batch = {k: v[start:start + rows] for k, v in padded.items()}
       if trim:
         batch = arrays.trim_to_bucket(batch)

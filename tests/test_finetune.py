@@ -145,3 +145,31 @@ def test_cli_mnli_from_a_hugging_face_checkpoint(tmp_path):
     lines = (tmp_path / "o" / name).read_text().splitlines()
     assert lines[0] == "index\tprediction" and len(lines) == n + 1
     assert {l.split("\t")[1] for l in lines[1:]} <= {"entailment", "neutral", "contradiction"}
+
+
+def test_cli_takes_a_config_file_and_the_original_flags_override_it(bert_config_file, tmp_path):
+  """`--config=configs/glue.py:sst2` sets the task and the paper's settings (train, eval and
+  predict on); an original flag given beside it (`--num_train_epochs`, `--train_batch_size`)
+  wins. 13 training rows in batches of 8: two steps an epoch, the second padded."""
+  data = _sst2_dir(tmp_path / "sst2", dev_size=13)
+  with open(os.path.join(data, "train.tsv")) as f:
+    rows = f.read().splitlines()
+  with open(os.path.join(data, "train.tsv"), "w") as f:
+    f.write("\n".join(rows[:14]) + "\n")  # header + 13 rows
+  env = dict(os.environ)
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  out = tmp_path / "o"
+  proc = subprocess.run(
+      [sys.executable, "-m", "bert_jax.finetune",
+       f"--config={os.path.join(REPO, 'configs', 'glue.py')}:sst2", f"--data_dir={data}",
+       f"--bert_config_file={bert_config_file}", f"--vocab_file={VOCAB}", f"--output_dir={out}",
+       "--max_seq_length=16", "--train_batch_size=8", "--num_train_epochs=3",
+       "--config.mesh_shape=(8, 1, 1)"],
+      env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  results = json.load(open(out / "eval_results.json"))
+  assert results["task"] == "sst2" and results["train_steps"] == 6
+  assert results["dev"]["num_examples"] == 13
+  assert (out / "SST-2.tsv").exists()  # do_predict came from the config
+  meta_rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+  assert max(r["step"] for r in meta_rows) == 6

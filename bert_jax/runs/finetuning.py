@@ -131,6 +131,25 @@ def _train(job: _Job, objective, model, tx, schedule, init, feats, num_steps: in
   return result
 
 
+def _fit(job: _Job, objective, model, tokenizer, *, feats, num_steps: int, batch_size: int,
+         learning_rate: float, warmup_proportion: float, seed: int, init_checkpoint,
+         bert_config_file, metadata: dict[str, Any], header: str,
+         results: dict[str, Any]) -> tuple[Any, Any, Any]:
+  """The init order, then (when `feats` are given) training: `(state, init, loop result or
+  None)`. Training settings and time go into `results`."""
+  tx, schedule = _optimizer(job.config, num_steps, learning_rate, warmup_proportion)
+  init = _state(job, objective, model, tx, batch_size, seed, init_checkpoint, bert_config_file)
+  metrics.log(f"{header}: {init.origin}; {job.bert_config.num_hidden_layers} layers; mesh "
+              f"{dict(job.mesh.shape)}")
+  if feats is None:
+    return init.state, init, None
+  result = _train(job, objective, model, tx, schedule, init, feats, num_steps, batch_size, seed,
+                  tokenizer, metadata)
+  results["train_steps"] = num_steps
+  results["train_seconds"] = time.time() - job.started
+  return result.state, init, result
+
+
 def _stopped(job: _Job, result, num_steps: int, results: dict[str, Any]) -> dict[str, Any]:
   metrics.log(f"Stopped at step {result.step} of {num_steps}: no evaluation of a half-trained "
               "model. Run the same command again to resume.")
@@ -181,28 +200,24 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
   train_examples = read_examples(task, data_dir, "train", data_format) if do_train else []
   num_steps = (num_train_steps(len(train_examples), train_batch_size, num_train_epochs)
                if do_train else 1)
-  tx, schedule = _optimizer(job.config, num_steps, learning_rate, warmup_proportion)
-  init = _state(job, objective, model, tx, train_batch_size, seed, init_checkpoint,
-                bert_config_file)
-  metrics.log(f"{task.name}: {init.origin}; {job.bert_config.num_hidden_layers} layers, "
-              f"{objective.num_labels} outputs; mesh {dict(job.mesh.shape)}")
-  state = init.state
+  feats = None
   if do_train:
     feats = objective.featurize(train_examples, tokenizer)
     metrics.log(f"training: {len(train_examples)} examples, {num_steps} steps "
                 f"({num_train_epochs} epochs of "
                 f"{arrays.steps_per_epoch(len(train_examples), train_batch_size)}), "
                 f"batch {train_batch_size}")
-    result = _train(job, objective, model, tx, schedule, init, feats, num_steps,
-                    train_batch_size, seed, tokenizer, {
-                        "task": task.name, "num_labels": objective.num_labels,
-                        "max_seq_length": max_seq_length,
-                        "label_list": None if task.is_regression else list(task.label_list)})
-    results["train_steps"] = num_steps
-    results["train_seconds"] = time.time() - job.started
-    if result.stopped_early:
-      return _stopped(job, result, num_steps, results)
-    state = result.state
+  state, init, result = _fit(
+      job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
+      batch_size=train_batch_size, learning_rate=learning_rate,
+      warmup_proportion=warmup_proportion, seed=seed, init_checkpoint=init_checkpoint,
+      bert_config_file=bert_config_file, header=f"{task.name} ({objective.num_labels} outputs)",
+      results=results, metadata={
+          "task": task.name, "num_labels": objective.num_labels,
+          "max_seq_length": max_seq_length,
+          "label_list": None if task.is_regression else list(task.label_list)})
+  if result is not None and result.stopped_early:
+    return _stopped(job, result, num_steps, results)
 
   predictor = _predictor(job, objective, model, init)
   if do_eval:
@@ -268,6 +283,7 @@ def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
   window = {"max_seq_length": max_seq_length, "doc_stride": doc_stride,
             "max_query_length": max_query_length}
 
+  feats = None
   if do_train:
     examples, source = _squad_examples(train_file, data_dir, "train", version_2_with_negative)
     if not version_2_with_negative and any(e.is_impossible for e in examples):
@@ -284,20 +300,14 @@ def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
                 f"{num_steps} steps of {train_batch_size}")
   else:
     num_steps = 1
-  tx, schedule = _optimizer(job.config, num_steps, learning_rate, warmup_proportion)
-  init = _state(job, objective, model, tx, train_batch_size, seed, init_checkpoint,
-                bert_config_file)
-  metrics.log(f"SQuAD {version}: {init.origin}; {job.bert_config.num_hidden_layers} layers; "
-              f"mesh {dict(job.mesh.shape)}")
-  state = init.state
-  if do_train:
-    result = _train(job, objective, model, tx, schedule, init, feats, num_steps,
-                    train_batch_size, seed, tokenizer, {"task": f"squad {version}", **window})
-    results["train_steps"] = num_steps
-    results["train_seconds"] = time.time() - job.started
-    if result.stopped_early:
-      return _stopped(job, result, num_steps, results)
-    state = result.state
+  state, init, result = _fit(
+      job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
+      batch_size=train_batch_size, learning_rate=learning_rate,
+      warmup_proportion=warmup_proportion, seed=seed, init_checkpoint=init_checkpoint,
+      bert_config_file=bert_config_file, header=f"SQuAD {version}", results=results,
+      metadata={"task": f"squad {version}", **window})
+  if result is not None and result.stopped_early:
+    return _stopped(job, result, num_steps, results)
 
   if do_predict:
     examples, source = _squad_examples(predict_file, data_dir, "validation",
