@@ -11,6 +11,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -284,7 +286,13 @@ def test_command_line_conversions(pretraining_tf1, tmp_path, capsys):
   for key, value in variables.items():
     np.testing.assert_array_equal(back[key], value, err_msg=key)
 
-  convert.convert(directory, str(tmp_path / "workdir"), "orbax")
+  # The command itself (absl flags), as users type it.
+  env = dict(os.environ, PYTHONPATH=ph.REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  proc = subprocess.run([sys.executable, "-m", "bert_jax.convert", f"--from={directory}",
+                         f"--to={tmp_path / 'workdir'}", "--format=orbax"],
+                        env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"wrote orbax: {tmp_path / 'workdir'}" in proc.stdout
   assert checkpoints.checkpoint_kind(str(tmp_path / "workdir"))[0] == "orbax"
   config, params = checkpoints.load_pretraining_model(str(tmp_path / "workdir"))
   np.testing.assert_array_equal(params["cls"]["seq_relationship"]["kernel"],
