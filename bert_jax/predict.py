@@ -49,6 +49,7 @@ from absl import app, flags, logging
 from bert_jax import cli, file_io, inference
 from bert_jax.interop import checkpoints
 from bert_jax.model import configuration, heads
+from bert_jax.tasks import question_answering, sequence_classification
 from bert_jax.text import pairs, tokenization
 
 MODES = ("fill_mask", "classify", "qa")
@@ -155,7 +156,9 @@ def load_finetuned(info: CheckpointInfo, mode: str) -> FinetunedModel:
   """
   check_mode(info, mode)
   config, params = _load(info, require_heads=False)
-  head = "classifier" if mode == "classify" else "qa_outputs"
+  plugin = (sequence_classification.SequenceClassification if mode == "classify"
+            else question_answering.SquadSpans)
+  head = plugin.head_scopes[0]
   if head not in params:
     raise PredictError(f"{info.path}: the checkpoint records task {info.task!r} but holds no "
                        f"'{head}' parameters (it has {sorted(params)}).")

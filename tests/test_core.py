@@ -120,3 +120,24 @@ def test_an_objective_defined_outside_the_package_trains_through_the_core(tmp_pa
                                       checkpoints=again)
   again.close()
   assert int(resumed.state.step) == 120 and resumed.position == {"epoch": 4, "batch": 20}
+
+
+def test_in_memory_batches_resume_exactly_and_count_every_row():
+  """The fine-tuning stream: a position taken from it restarts it exactly, every row is seen
+  once per epoch, and the padding rows of a partial batch carry weight 0."""
+  mesh = sharding.create_mesh((8, 1, 1))
+  batch_sh = sharding.batch_sharding(mesh)
+  feats = {"input_ids": np.arange(21 * SEQ, dtype=np.int32).reshape(21, SEQ),
+           "input_mask": np.ones((21, SEQ), np.int32), "weight": np.ones(21, np.float32)}
+  stream = arrays.training_batches(feats, 8, batch_sh, seed=[3, 0], trim=False)
+  first = [next(stream) for _ in range(7)]  # 3 batches an epoch: 8, 8, 5 rows + 3 padding
+  epoch0 = np.concatenate([np.asarray(b["input_ids"])[np.asarray(b["weight"]) > 0, 0]
+                           for b, _ in first[:3]])
+  assert sorted(epoch0 // SEQ) == list(range(21))
+  assert float(np.asarray(first[2][0]["weight"]).sum()) == 5.0
+  assert [p for _, p in first[:4]] == [{"epoch": 0, "batch": 1}, {"epoch": 0, "batch": 2},
+                                       {"epoch": 0, "batch": 3}, {"epoch": 1, "batch": 1}]
+  resumed = arrays.training_batches(feats, 8, batch_sh, seed=[3, 0], trim=False,
+                                    position=first[3][1])
+  for (expected, _), (got, _) in zip(first[4:], [next(resumed) for _ in range(3)]):
+    np.testing.assert_array_equal(np.asarray(got["input_ids"]), np.asarray(expected["input_ids"]))

@@ -98,10 +98,8 @@ def load_any(path: str, bert_config_file: str | None = None, subtree: str = "par
     config, params, report = tf1.load_tf1_checkpoint(where, bert_config_file)
     return Loaded(config, params, report, kind, where)
   if kind == "hf":
-    config, params, report = hf.load_hf_checkpoint(where)
-    if bert_config_file:
-      config = BertConfig.from_json_file(bert_config_file)
-      params, report = hf.hf_state_to_params(hf.read_hf_state(where), config, source=where)
+    config = BertConfig.from_json_file(bert_config_file or file_io.join(where, "config.json"))
+    params, report = hf.hf_state_to_params(hf.read_hf_state(where), config, source=where)
     return Loaded(config, params, report, kind, where)
   ckpt_dir = orbax_directory(where)
   tree, meta = checkpointing.load_params(ckpt_dir, subtree=subtree)
@@ -191,6 +189,19 @@ def read_config(path: str | None, bert_config_file: str | None = None) -> BertCo
   return _orbax_config(where, orbax_directory(where), run_metadata(where))
 
 
+def _unused_note(report: LoadReport | None) -> str:
+  """What a conversion read but nothing takes (a fine-tuned classifier's `output_weights` in a
+  TF1 checkpoint, say), for the line that says where a run's weights came from."""
+  if report is None:
+    return ""
+  logging.info("%s", report.summary())
+  unused = report.unexpected
+  if not unused:
+    return ""
+  return (f" ({len(unused)} tensors unused: {', '.join(unused[:4])}"
+          f"{' ...' if len(unused) > 4 else ''})")
+
+
 def load_encoder(init_checkpoint: str | None, bert_config_file: str | None = None
                  ) -> tuple[BertConfig, Any | None, str]:
   """`(config, encoder params in the unrolled layout or None, where they came from)`.
@@ -202,13 +213,7 @@ def load_encoder(init_checkpoint: str | None, bert_config_file: str | None = Non
     config = read_config(None, bert_config_file)
     return config, None, "encoder initialised from scratch (no --init_checkpoint)"
   loaded = load_any(init_checkpoint, bert_config_file, subtree="params/bert")
-  origin = loaded.origin
-  if loaded.report is not None:
-    logging.info("%s", loaded.report.summary())
-    if loaded.kind == "tf1" and loaded.report.unexpected:
-      unused = loaded.report.unexpected
-      origin += (f" ({len(unused)} variables unused: {', '.join(unused[:4])}"
-                 f"{' ...' if len(unused) > 4 else ''})")
+  origin = loaded.origin + _unused_note(loaded.report)
   params = in_layout(loaded.params, loaded.config, False)
   return loaded.config.replace(scan_layers=False), params["bert"], origin
 
@@ -306,14 +311,13 @@ def initial_state(objective, model, tx, mesh, rules, *, batch_size: int, seed: i
                                                    objective.input_names)
     subtree = "params/bert" if objective.init_scopes == ("bert",) else "params"
     loaded = load_any(init_checkpoint, bert_config_file, subtree=subtree)
-    if loaded.report is not None:
-      logging.info("%s", loaded.report.summary())
     fresh = jax.device_get(state.params)
     params = in_layout(loaded.params, loaded.config, model.config.scan_layers)
     params = select_scopes(params, fresh, objective.init_scopes, loaded.origin)
     merged = merge_params(fresh, extend_positions(params, fresh), where=loaded.origin)
     return InitialState(state.replace(params=jax.device_put(merged, state_sh.params)),
-                        state_sh, None, f"weights from {init_checkpoint}")
+                        state_sh, None,
+                        f"weights from {init_checkpoint}{_unused_note(loaded.report)}")
   state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, seed, example,
                                                  objective.input_names)
   return InitialState(state, state_sh, None, "initialised from scratch")

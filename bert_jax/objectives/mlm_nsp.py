@@ -39,6 +39,7 @@ class MaskedLmNextSentence(Objective):
   max_seq_length: int = 128
   max_predictions_per_seq: int = 20
   name: str = "mlm_nsp"
+  head_scopes = ("cls",)
 
   def model(self, bert_config: BertConfig) -> heads.BertForPreTraining:
     return heads.BertForPreTraining(bert_config)

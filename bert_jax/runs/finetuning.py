@@ -151,10 +151,13 @@ def _fit(job: _Job, objective, model, tokenizer, *, feats, num_steps: int, batch
 
 
 def _stopped(job: _Job, result, num_steps: int, results: dict[str, Any]) -> dict[str, Any]:
-  metrics.log(f"Stopped at step {result.step} of {num_steps}: no evaluation of a half-trained "
-              "model. Run the same command again to resume.")
-  results["stopped_early"] = True
-  return _finish(job, results)
+  """A stop before the last step: no evaluation of a half-trained model, and no
+  eval_results.json that could be taken for a finished run's."""
+  metrics.log(f"Stopped at step {result.step} of {num_steps}: not evaluated. Run the same "
+              "command again to resume.")
+  job.checkpoints.close()
+  job.writer.close()
+  return dict(results, stopped_early=True, seconds=time.time() - job.started)
 
 
 def _finish(job: _Job, results: dict[str, Any]) -> dict[str, Any]:

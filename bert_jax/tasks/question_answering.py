@@ -28,6 +28,7 @@ class SquadSpans(Objective):
   """Start and end of the answer span in each window (`[CLS]` for no answer)."""
   max_seq_length: int = 384
   version_2_with_negative: bool = False
+  head_scopes = ("qa_outputs",)
   init_scopes = ("bert",)
   trim_batches = False
 

@@ -53,6 +53,7 @@ class SequenceClassification(Objective):
   """One label (or one score) per sentence or sentence pair."""
   task: glue.Task
   max_seq_length: int = 128
+  head_scopes = ("classifier",)
   init_scopes = ("bert",)
   trim_batches = True  # padding columns no row uses are cut (results unchanged)
 

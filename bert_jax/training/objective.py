@@ -33,6 +33,9 @@ class Objective(abc.ABC):
   #: Short name, used in messages and recorded in checkpoints.
   name: str = "objective"
 
+  #: The top-level parameter scopes of this objective's heads (beside the encoder's "bert").
+  head_scopes: tuple[str, ...] = ()
+
   #: Top-level parameter scopes that an `init_checkpoint`'s weights are loaded into; None loads
   #: every scope of this model that the checkpoint has (continuing pre-training, heads
   #: included). Fine-tuning loads only the encoder ("bert",): its head starts from its init.
