@@ -5,8 +5,8 @@
 
 Where `model_step.py` compares the two models inside one hand-written step, this times the step
 `bert_jax.pretrain` actually runs: the train state created sharded on the mesh
-(`training.state.create_train_state`), `training.step.build_train_step` with explicit shardings, donated
-state and the paper's optimizer (`optimizer.create_optimizer`: clipping, AdamW without bias
+(`training.state.create_train_state`), `training.step.build_train_step` with explicit
+shardings, donated state and the paper's optimizer (`optimizer.create_optimizer`: clipping, AdamW without bias
 correction, weight-decay mask, warmup + decay schedule). The peer runs the same optimizer
 transformation on the same weights and batch. Reported per model: compile time, steps/s,
 tokens/s, and XLA's FLOP count of the compiled step next to the analytic count of
@@ -130,7 +130,8 @@ def report(results) -> str:
            f"- Machine: {ms.machine_description()}; load average {os.getloadavg()[0]:.2f} at "
            "the end",
            f"- Versions: jax {jax.__version__}, transformers {transformers.__version__}",
-           "- Step: ours = `training.step.build_train_step` on the mesh shown (sharded state, donated, "
+           "- Step: ours = `training.step.build_train_step` on the mesh shown (sharded state, "
+           "donated, "
            "the paper's AdamW without bias correction, clipping, schedule); peer = "
            "FlaxBertForPreTraining + the same optax transformation; same weights and batch, "
            "dropout on, float32; steps alternate between the two.", "",

@@ -123,8 +123,8 @@ def check_mode(info: CheckpointInfo, mode: str) -> None:
 
 
 def _load(info: CheckpointInfo, require_heads: bool) -> tuple[configuration.BertConfig, Any]:
-  """`checkpoints.load_pretraining_model`, whose errors (no heads, shapes that do not fit the config,
-  no config beside a TF1 checkpoint) are about the checkpoint, so are reported as such."""
+  """`checkpoints.load_pretraining_model`, whose errors (no heads, shapes that do not fit the
+  config, no config beside a TF1 checkpoint) are about the checkpoint, so are reported as such."""
   try:
     return checkpoints.load_pretraining_model(info.where, require_heads=require_heads)
   except (ValueError, FileNotFoundError) as e:

@@ -97,8 +97,8 @@ def checkpoint_kind(path: str) -> tuple[str, str]:
   found = []
   tf1_found = tf1_prefixes_in(path)
   if len(tf1_found) > 1:
-    raise ValueError(f"{path} holds several TF1 checkpoints ({', '.join(tf1_found)}); pass the prefix "
-                     f"of one, e.g. {tf1_found[-1]}.")
+    raise ValueError(f"{path} holds several TF1 checkpoints ({', '.join(tf1_found)}); pass the "
+                     f"prefix of one, e.g. {tf1_found[-1]}.")
   if tf1_found:
     found.append(("tf1", tf1_found[0]))
   if _is_hf_dir(path):

@@ -13,8 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.model.modeling import (BATCH, LENGTH, VOCAB, BertConfig, BertModel, activation_fn, dense,
-                               layer_norm)
+from bert_jax.model.modeling import (BATCH, LENGTH, VOCAB, BertConfig, BertModel,
+                                     activation_fn, dense, layer_norm)
 
 
 def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:

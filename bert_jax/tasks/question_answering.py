@@ -1,8 +1,8 @@
 """SQuAD v1.1 / v2.0 answer spans as a plug-in of the training core.
 
 The data side — reading the official JSON or tfds, sliding windows, answer maps, n-best
-post-processing, prediction files — is `tasks/squad.py`, the official scores `tasks/squad_eval.py`;
-this module adds the model (a start and an end logit per token, as `run_squad.py`), the features
+post-processing, prediction files — is `tasks/squad.py`, the official scores
+`tasks/squad_eval.py`; this module adds the model (a start and an end logit per token, as `run_squad.py`), the features
 of a batch and the original's span loss. Batches keep their full length: the original's softmax
 runs over every position, padding included.
 """
