@@ -36,9 +36,9 @@ def quiet_unless_verbose() -> None:
     logging.set_verbosity(logging.WARNING)
 
 
-def tokenizer_from_flags(do_lower_case: bool | None = None):
-  """The tokenizer of --vocab_file / --spm_model_file."""
+def tokenizer_from_flags():
+  """The tokenizer of --vocab_file / --spm_model_file and --do_lower_case."""
   from bert_jax.text import tokenization  # pylint: disable=g-import-not-at-top
-  return tokenization.load_tokenizer(
-      vocab_file=FLAGS.vocab_file, spm_model_file=FLAGS.spm_model_file,
-      do_lower_case=FLAGS.do_lower_case if do_lower_case is None else do_lower_case)
+  return tokenization.load_tokenizer(vocab_file=FLAGS.vocab_file,
+                                     spm_model_file=FLAGS.spm_model_file,
+                                     do_lower_case=FLAGS.do_lower_case)

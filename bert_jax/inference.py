@@ -20,10 +20,8 @@ from bert_jax.data import arrays
 from bert_jax.model import heads
 from bert_jax.model.configuration import BertConfig
 from bert_jax.parallel import sharding
+from bert_jax.text import features
 from bert_jax.training.step import with_mesh
-
-# The inputs of the encoder-based models' `__call__`, in order.
-ENCODER_INPUTS = ("input_ids", "input_mask", "segment_ids")
 
 
 class Predictor:
@@ -34,7 +32,7 @@ class Predictor:
   parameters exactly as training laid them out.
   """
 
-  def __init__(self, module: nn.Module, input_names: Sequence[str] = ENCODER_INPUTS, *,
+  def __init__(self, module: nn.Module, input_names: Sequence[str] = features.ENCODER_INPUTS, *,
                mesh=None, rules=None, param_shardings=None, output_fn=None):
     self.module = module
     self.input_names = tuple(input_names)
@@ -52,6 +50,7 @@ class Predictor:
     self._jitted = None
 
   def _compiled(self, params):
+    """The forward pass, jitted once (parameters replicated unless shardings were given)."""
     if self._jitted is None:
       if self.param_shardings is None:
         self.param_shardings = jax.tree.map(lambda _: sharding.replicated(self.mesh), params)
@@ -60,9 +59,8 @@ class Predictor:
     return self._jitted
 
   def place(self, params):
-    """`params` laid out as this predictor takes them (replicated unless told otherwise)."""
-    step = self._compiled(params)
-    del step
+    """`params` laid out as this predictor takes them."""
+    self._compiled(params)
     return jax.device_put(params, self.param_shardings)
 
   def batch_rows(self, batch_size: int, num_rows: int) -> int:
@@ -121,9 +119,8 @@ def fill_mask(config: BertConfig, params: Any, tokenizer, texts: Sequence[str],
     feats["input_ids"][b, :len(ids)] = ids
     feats["input_mask"][b, :len(ids)] = 1
     feats["masked_lm_positions"][b, :len(masks[b])] = masks[b]
-  params = {"bert": {k: v for k, v in params["bert"].items() if k != "pooler"},
-            "cls": {"predictions": params["cls"]["predictions"]}}
-  predictor = Predictor(heads.BertForMaskedLM(config), ENCODER_INPUTS + ("masked_lm_positions",),
+  params = heads.masked_lm_params(params)
+  predictor = Predictor(heads.BertForMaskedLM(config), features.ENCODER_INPUTS + (features.MASKED_LM_POSITIONS,),
                         output_fn=lambda logits: jax.nn.softmax(logits, axis=-1))
   probs = predictor(predictor.place(params), feats, batch_size, trim=False, progress=False)
   out = []

@@ -29,7 +29,7 @@ from absl import logging
 from bert_jax import file_io
 from bert_jax.interop import hf, kinds, tf1
 from bert_jax.interop.names import LoadReport, flatten_params, to_numpy, unflatten_params
-from bert_jax.model import modeling
+from bert_jax.model import heads, modeling
 from bert_jax.model.configuration import BertConfig
 from bert_jax.training import checkpointing
 from bert_jax.training import state as state_lib
@@ -83,28 +83,29 @@ class Loaded:
     return f"{names[self.kind]} {self.location}"
 
 
-def _orbax_config(path: str, ckpt_dir: str, meta: Mapping[str, Any]) -> BertConfig:
+def _orbax_config(path: str, meta: Mapping[str, Any] | None = None) -> BertConfig:
+  """A run directory's `bert_config.json`, else the config its checkpoint metadata records
+  (read only then)."""
   workdir_config = file_io.join(path, tf1.TF1_CONFIG_NAME)
   if file_io.exists(workdir_config):
     return BertConfig.from_json_file(workdir_config)
-  return BertConfig.from_dict(meta["bert_config"], source=ckpt_dir)
+  meta = run_metadata(path) if meta is None else meta
+  return BertConfig.from_dict(meta["bert_config"], source=orbax_directory(path))
 
 
 def load_any(path: str, bert_config_file: str | None = None, subtree: str = "params") -> Loaded:
   """Config and weights of any checkpoint kind, layers as stored. `subtree` limits what an
   Orbax checkpoint reads (`params/bert`: the encoder only, no head or optimizer state)."""
   kind, where = checkpoint_kind(path)
-  if kind == "tf1":
-    config, params, report = tf1.load_tf1_checkpoint(where, bert_config_file)
-    return Loaded(config, params, report, kind, where)
-  if kind == "hf":
-    config = BertConfig.from_json_file(bert_config_file or file_io.join(where, "config.json"))
-    params, report = hf.hf_state_to_params(hf.read_hf_state(where), config, source=where)
+  if kind in ("tf1", "hf"):
+    reader = tf1.load_tf1_checkpoint if kind == "tf1" else hf.load_hf_checkpoint
+    config, params, report = reader(where, bert_config_file)
+    logging.info("%s", report.summary())
     return Loaded(config, params, report, kind, where)
   ckpt_dir = orbax_directory(where)
   tree, meta = checkpointing.load_params(ckpt_dir, subtree=subtree)
   config = (BertConfig.from_json_file(bert_config_file) if bert_config_file
-            else _orbax_config(where, ckpt_dir, meta))
+            else _orbax_config(where, meta))
   for key in reversed(subtree.split("/")[1:]):
     tree = {key: tree}
   params = to_numpy(tree)
@@ -136,19 +137,8 @@ def load_masked_lm(path: str, scan_layers: bool | None = None) -> tuple[BertConf
   """`(config, params)` of the encoder and its masked-LM head (`cls/predictions`) from any
   checkpoint: what fill-in-the-[MASK] needs. A next-sentence head and a pooler are not needed
   (a Hugging Face `BertForMaskedLM` has neither) and are left out."""
-  loaded = load_any(path)
-  params = loaded.params
-  if loaded.report is not None:
-    logging.info("%s", loaded.report.summary())
-  if "predictions" not in params.get("cls", {}):
-    raise ValueError(_no_heads_message(path, loaded.kind, params))
-  params = {"bert": {k: v for k, v in params["bert"].items() if k != "pooler"},
-            "cls": {"predictions": params["cls"]["predictions"]}}
-  config = loaded.config
-  if scan_layers is not None:
-    params = in_layout(params, config, scan_layers)
-    config = config.replace(scan_layers=scan_layers)
-  return config, params
+  config, params = load_pretraining_model(path, require_heads=True, scan_layers=scan_layers)
+  return config, heads.masked_lm_params(params)
 
 
 def load_pretraining_model(path: str, require_heads: bool = True,
@@ -158,8 +148,6 @@ def load_pretraining_model(path: str, require_heads: bool = True,
   MLM-only checkpoints have none). `scan_layers` converts the layers to that layout; None keeps
   the stored one."""
   loaded = load_any(path)
-  if loaded.report is not None:
-    logging.info("%s", loaded.report.summary())
   if require_heads and "predictions" not in loaded.params.get("cls", {}):
     raise ValueError(_no_heads_message(path, loaded.kind, loaded.params))
   config, params = loaded.config, loaded.params
@@ -178,15 +166,10 @@ def read_config(path: str | None, bert_config_file: str | None = None) -> BertCo
     raise ValueError("Give --init_checkpoint or --bert_config_file.")
   kind, where = checkpoint_kind(path)
   if kind == "tf1":
-    config_file = file_io.join(tf1.dirname(where) or ".", tf1.TF1_CONFIG_NAME)
-    if not file_io.exists(config_file):
-      raise FileNotFoundError(f"{where}: no {tf1.TF1_CONFIG_NAME} beside the checkpoint "
-                              f"({config_file}); give the model's config file "
-                              "(--bert_config_file).")
-    return BertConfig.from_json_file(config_file)
+    return tf1.read_config(where)
   if kind == "hf":
     return BertConfig.from_json_file(file_io.join(where, "config.json"))
-  return _orbax_config(where, orbax_directory(where), run_metadata(where))
+  return _orbax_config(where)
 
 
 def _unused_note(report: LoadReport | None) -> str:
@@ -194,7 +177,6 @@ def _unused_note(report: LoadReport | None) -> str:
   TF1 checkpoint, say), for the line that says where a run's weights came from."""
   if report is None:
     return ""
-  logging.info("%s", report.summary())
   unused = report.unexpected
   if not unused:
     return ""
@@ -309,7 +291,8 @@ def initial_state(objective, model, tx, mesh, rules, *, batch_size: int, seed: i
       raise ValueError(f"init_mode={init_mode!r}; expected 'continue' or 'params'.")
     state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, seed, example,
                                                    objective.input_names)
-    subtree = "params/bert" if objective.init_scopes == ("bert",) else "params"
+    scopes = objective.init_scopes
+    subtree = f"params/{scopes[0]}" if scopes is not None and len(scopes) == 1 else "params"
     loaded = load_any(init_checkpoint, bert_config_file, subtree=subtree)
     fresh = jax.device_get(state.params)
     params = in_layout(loaded.params, loaded.config, model.config.scan_layers)

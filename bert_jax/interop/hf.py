@@ -75,14 +75,16 @@ def read_hf_state(directory: str) -> dict[str, np.ndarray]:
   raise FileNotFoundError(f"{directory}: no model.safetensors or model.safetensors.index.json.")
 
 
-def load_hf_checkpoint(directory: str, **config_overrides) -> tuple[BertConfig, dict, LoadReport]:
+def load_hf_checkpoint(directory: str, bert_config_file: str | None = None, **config_overrides
+                       ) -> tuple[BertConfig, dict, LoadReport]:
   """A Hugging Face BERT directory → `(config, params, report)`.
 
   Works for `BertModel` (keys without prefix), `BertForPreTraining` / `BertForMaskedLM` (with
   `bert.` and `cls.*`), with or without pooler. Parameters the checkpoint lacks are listed in
-  `report.missing`; `merge_params` fills them from an initialised tree.
+  `report.missing`; `merge_params` fills them from an initialised tree. The config is
+  `bert_config_file` when given (it must fit the tensors), else the directory's `config.json`.
   """
-  config = BertConfig.from_json_file(file_io.join(directory, "config.json"))
+  config = BertConfig.from_json_file(bert_config_file or file_io.join(directory, "config.json"))
   if config_overrides:
     config = config.replace(**config_overrides)
   params, report = hf_state_to_params(read_hf_state(directory), config, source=directory)

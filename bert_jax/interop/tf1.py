@@ -82,6 +82,17 @@ def tf1_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig,
   return params, report
 
 
+def read_config(prefix: str, bert_config_file: str | None = None) -> BertConfig:
+  """The config of the checkpoint at `prefix`: `bert_config_file`, else the `bert_config.json`
+  beside it (as in Google's release); the original code needed one too."""
+  config_file = bert_config_file or file_io.join(dirname(prefix) or ".", TF1_CONFIG_NAME)
+  if not file_io.exists(config_file):
+    raise FileNotFoundError(f"{prefix}: no {TF1_CONFIG_NAME} beside the checkpoint "
+                            f"({config_file}); give the model's config file "
+                            "(--bert_config_file).")
+  return BertConfig.from_json_file(config_file)
+
+
 def load_tf1_checkpoint(path: str, bert_config_file: str | None = None, **config_overrides
                         ) -> tuple[BertConfig, dict, LoadReport]:
   """A TF1 checkpoint (Google's release or the original code's training output) →
@@ -92,12 +103,7 @@ def load_tf1_checkpoint(path: str, bert_config_file: str | None = None, **config
   never read from disk, only counted in `report.skipped`.
   """
   prefix, reader = _open_tf1(path)
-  config_file = bert_config_file or file_io.join(dirname(prefix) or ".", TF1_CONFIG_NAME)
-  if not file_io.exists(config_file):
-    raise FileNotFoundError(f"{prefix}: no {TF1_CONFIG_NAME} beside the checkpoint "
-                            f"({config_file}); give the model's config file "
-                            "(--bert_config_file).")
-  config = BertConfig.from_json_file(config_file)
+  config = read_config(prefix, bert_config_file)
   if config_overrides:
     config = config.replace(**config_overrides)
   names = sorted(reader.get_variable_to_shape_map())

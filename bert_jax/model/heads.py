@@ -85,6 +85,13 @@ class BertForMaskedLM(nn.Module):
         bert.attend)
 
 
+def masked_lm_params(params: dict) -> dict:
+  """The part of a pre-training tree that `BertForMaskedLM` reads: the encoder without its
+  pooler, and `cls/predictions` (no next-sentence head)."""
+  return {"bert": {k: v for k, v in params["bert"].items() if k != "pooler"},
+          "cls": {"predictions": params["cls"]["predictions"]}}
+
+
 class _PreTrainingHeads(nn.Module):
   """The `cls/...` scope of the original checkpoint: `predictions` and `seq_relationship`."""
   config: BertConfig

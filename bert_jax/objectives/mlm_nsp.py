@@ -46,8 +46,7 @@ class MaskedLmNextSentence(Objective):
 
   @property
   def input_names(self) -> tuple[str, ...]:
-    return (features.INPUT_IDS, features.INPUT_MASK, features.SEGMENT_IDS,
-            features.MASKED_LM_POSITIONS)
+    return features.ENCODER_INPUTS + (features.MASKED_LM_POSITIONS,)
 
   def batch_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
     # Static records carry the masks; dynamic ones get them drawn by the pipeline, so a batch

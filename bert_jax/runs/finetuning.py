@@ -88,17 +88,6 @@ def _optimizer(config, num_steps: int, learning_rate: float, warmup_proportion: 
       "grad_clip_norm": config.grad_clip_norm}))
 
 
-def _state(job: _Job, objective, model, tx, batch_size: int, seed: int,
-           init_checkpoint: str | None, bert_config_file: str | None):
-  init = checkpoints.initial_state(objective, model, tx, job.mesh, job.rules,
-                                   batch_size=batch_size, seed=seed,
-                                   checkpoints=job.checkpoints, init_checkpoint=init_checkpoint,
-                                   bert_config_file=bert_config_file)
-  if init.origin == "initialised from scratch":
-    init.origin = "encoder initialised from scratch (no --init_checkpoint)"
-  return init
-
-
 def _train(job: _Job, objective, model, tx, schedule, init, feats, num_steps: int,
            batch_size: int, seed: int, tokenizer, metadata: dict[str, Any]):
   """Trains through the core loop (checkpoints with the data position: an interrupted run
@@ -138,7 +127,10 @@ def _fit(job: _Job, objective, model, tokenizer, *, feats, num_steps: int, batch
   """The init order, then (when `feats` are given) training: `(state, init, loop result or
   None)`. Training settings and time go into `results`."""
   tx, schedule = _optimizer(job.config, num_steps, learning_rate, warmup_proportion)
-  init = _state(job, objective, model, tx, batch_size, seed, init_checkpoint, bert_config_file)
+  init = checkpoints.initial_state(objective, model, tx, job.mesh, job.rules,
+                                   batch_size=batch_size, seed=seed,
+                                   checkpoints=job.checkpoints, init_checkpoint=init_checkpoint,
+                                   bert_config_file=bert_config_file)
   metrics.log(f"{header}: {init.origin}; {job.bert_config.num_hidden_layers} layers; mesh "
               f"{dict(job.mesh.shape)}")
   if feats is None:

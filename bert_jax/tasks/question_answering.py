@@ -17,11 +17,9 @@ import numpy as np
 
 from bert_jax.model import heads
 from bert_jax.model.configuration import BertConfig
+from bert_jax.text import features
 from bert_jax.training import perf
-from bert_jax.training.objective import Objective
-
-ENCODER_INPUTS = ("input_ids", "input_mask", "segment_ids")
-
+from bert_jax.training.objective import Objective, per_example_averages
 
 @dataclasses.dataclass(frozen=True)
 class SquadSpans(Objective):
@@ -41,12 +39,12 @@ class SquadSpans(Objective):
 
   @property
   def input_names(self) -> tuple[str, ...]:
-    return ENCODER_INPUTS
+    return features.ENCODER_INPUTS
 
   def batch_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
     tokens = jax.ShapeDtypeStruct((batch_size, self.max_seq_length), np.int32)
     position = jax.ShapeDtypeStruct((batch_size,), np.int32)
-    return {**{k: tokens for k in ENCODER_INPUTS}, "start_positions": position,
+    return {**{k: tokens for k in features.ENCODER_INPUTS}, "start_positions": position,
             "end_positions": position,
             "weight": jax.ShapeDtypeStruct((batch_size,), np.float32)}
 
@@ -58,8 +56,7 @@ class SquadSpans(Objective):
     return out["loss_sum"] / denominators["examples"], sums
 
   def summarize(self, sums: Mapping[str, Any]) -> dict[str, float]:
-    n = max(float(sums.get("weight_sum", 0.0)), 1.0)
-    return {"loss": float(sums["loss_sum"]) / n, "accuracy": float(sums["correct_sum"]) / n}
+    return per_example_averages(sums)
 
   def flops_per_step(self, bert_config: BertConfig, batch_size: int) -> float:
     forward = perf.encoder_forward_flops(bert_config, batch_size, self.max_seq_length)

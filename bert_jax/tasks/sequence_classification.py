@@ -17,11 +17,9 @@ from bert_jax.model import heads
 from bert_jax.model.configuration import BertConfig
 from bert_jax.tasks import glue
 from bert_jax.text import pairs
+from bert_jax.text import features
 from bert_jax.training import perf
-from bert_jax.training.objective import Objective
-
-ENCODER_INPUTS = ("input_ids", "input_mask", "segment_ids")
-
+from bert_jax.training.objective import Objective, per_example_averages
 
 def _labels_array(task: glue.Task, examples: Sequence[glue.Example]) -> np.ndarray:
   """Targets; unlabelled examples (prediction splits) get 0, never scored."""
@@ -70,12 +68,12 @@ class SequenceClassification(Objective):
 
   @property
   def input_names(self) -> tuple[str, ...]:
-    return ENCODER_INPUTS
+    return features.ENCODER_INPUTS
 
   def batch_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
     tokens = jax.ShapeDtypeStruct((batch_size, self.max_seq_length), np.int32)
     label = np.float32 if self.task.is_regression else np.int32
-    return {**{k: tokens for k in ENCODER_INPUTS},
+    return {**{k: tokens for k in features.ENCODER_INPUTS},
             "label": jax.ShapeDtypeStruct((batch_size,), label),
             "weight": jax.ShapeDtypeStruct((batch_size,), np.float32)}
 
@@ -91,11 +89,7 @@ class SequenceClassification(Objective):
     return out["loss_sum"] / denominators["examples"], sums
 
   def summarize(self, sums: Mapping[str, Any]) -> dict[str, float]:
-    n = max(float(sums.get("weight_sum", 0.0)), 1.0)
-    out = {"loss": float(sums["loss_sum"]) / n}
-    if "correct_sum" in sums:
-      out["accuracy"] = float(sums["correct_sum"]) / n
-    return out
+    return per_example_averages(sums)
 
   def flops_per_step(self, bert_config: BertConfig, batch_size: int) -> float:
     h = bert_config.hidden_size

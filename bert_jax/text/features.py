@@ -36,6 +36,9 @@ MASKED_LM_WEIGHTS = "masked_lm_weights"
 NEXT_SENTENCE_LABELS = "next_sentence_labels"
 WORD_STARTS = "word_starts"
 
+# What every encoder-based model reads, in its `__call__` order.
+ENCODER_INPUTS = (INPUT_IDS, INPUT_MASK, SEGMENT_IDS)
+
 STATIC, DYNAMIC = "static", "dynamic"
 MASKING_MODES = (STATIC, DYNAMIC)
 

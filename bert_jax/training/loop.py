@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
-from bert_jax.training import checkpointing, metrics
+from bert_jax.training import checkpointing, metrics, perf
 from bert_jax.training.objective import Objective
 from bert_jax.training.step import STEP_SCALARS
 
@@ -93,10 +93,7 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
   """
   start_step = step = int(state.step)
   until = config.until_step
-  peak = None
-  if config.flops_per_step:
-    from bert_jax.training import perf  # pylint: disable=g-import-not-at-top
-    peak = perf.peak_flops_per_device(jax.devices()[0])
+  peak = perf.peak_flops_per_device(jax.devices()[0]) if config.flops_per_step else None
   last: dict[str, float] = {}
   last_good_step = checkpoints.latest_step() if checkpoints is not None else None
   window: list[dict[str, jax.Array]] = []
@@ -123,8 +120,8 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
     steps_per_sec = len(fetched) / elapsed
     sums = {k: float(np.sum([m[k] for m in fetched])) for k in fetched[0]
             if k not in STEP_SCALARS}
-    scalars = {"train/loss": float(np.mean([m["loss"] for m in fetched]))}
-    scalars.update({f"train/{k}": v for k, v in objective.summarize(sums).items()})
+    scalars = {f"train/{k}": v for k, v in objective.summarize(sums).items()}
+    scalars.setdefault("train/loss", float(np.mean([m["loss"] for m in fetched])))
     scalars.update({"train/learning_rate": float(fetched[-1]["learning_rate"]),
                     "train/grad_norm": float(fetched[-1]["grad_norm"]),
                     "perf/steps_per_sec": steps_per_sec,

@@ -93,7 +93,7 @@ def console_line(step: int, total_steps: int, scalars: Mapping[str, Any]) -> str
   shown = {name for name, _, _ in _CONSOLE + _PERF}
   extra = [(name, name.split("/", 1)[1], ".4f") for name in scalars
            if name.startswith("train/") and name not in shown and "loss" not in name]
-  for name, label, fmt in _CONSOLE[:1] + _CONSOLE[1:] + tuple(extra) + _PERF:
+  for name, label, fmt in _CONSOLE + tuple(extra) + _PERF:
     value = scalars.get(name)
     if value is not None:
       parts.append(f"{label} {format(value, fmt)}")

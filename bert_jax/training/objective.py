@@ -41,6 +41,10 @@ class Objective(abc.ABC):
   #: included). Fine-tuning loads only the encoder ("bert",): its head starts from its init.
   init_scopes: tuple[str, ...] | None = None
 
+  #: In-memory batches (fine-tuning) may cut padding columns no row uses: true where the loss
+  #: ignores padded positions (not for SQuAD spans, whose softmax runs over every position).
+  trim_batches: bool = False
+
   # ------------------------------------------------------------------------------ the model
   @abc.abstractmethod
   def model(self, bert_config) -> nn.Module:
@@ -58,10 +62,6 @@ class Objective(abc.ABC):
   def example_batch(self, batch_size: int) -> dict[str, np.ndarray]:
     """Zeros in the batch layout: traces initialisation and ahead-of-time compilation."""
     return {name: np.zeros(s.shape, s.dtype) for name, s in self.batch_spec(batch_size).items()}
-
-  def sequence_length(self, batch_size: int = 1) -> int:
-    """Tokens per example (for tokens/s): the length of `input_ids`."""
-    return int(self.batch_spec(batch_size)["input_ids"].shape[1])
 
   # ------------------------------------------------------------------------- loss and metrics
   def denominators(self, batch: Batch) -> dict[str, jax.Array]:
@@ -83,3 +83,13 @@ class Objective(abc.ABC):
   def flops_per_step(self, bert_config, batch_size: int) -> float | None:
     """Analytic matmul FLOPs of one training step, for MFU; None: not reported."""
     return None
+
+
+def per_example_averages(sums: Mapping[str, Any]) -> dict[str, float]:
+  """`loss` (and `accuracy`, where there is a `correct_sum`) per example of weight 1, from the
+  sums of a head's loss (`loss_sum`, `correct_sum`, `weight_sum`)."""
+  n = max(float(sums.get("weight_sum", 0.0)), 1.0)
+  out = {"loss": float(sums["loss_sum"]) / n}
+  if "correct_sum" in sums:
+    out["accuracy"] = float(sums["correct_sum"]) / n
+  return out

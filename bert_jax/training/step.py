@@ -67,7 +67,7 @@ def make_train_step(objective: Objective, model: nn.Module, tx: optax.GradientTr
     else:
       micro = _split_micro_batches(batch, grad_accum_steps)
       first = jax.tree.map(lambda x: x[0], micro)
-      (loss_shape, sums_shape), _ = jax.eval_shape(grad_fn, state.params, first, dropout_rng)
+      loss_shape, sums_shape = jax.eval_shape(loss_fn, state.params, first, dropout_rng)
       zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
 
       def body(carry, inputs):
