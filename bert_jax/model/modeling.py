@@ -94,10 +94,17 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   recipe drops attention *probabilities* (p=0.1), which the fused kernels do not expose; then the
   same math runs explicitly, with the softmax in float32.
   """
-  mask = input_mask[:, None, None, :].astype(jnp.bool_)  # (batch, 1, 1, kv_length)
   if deterministic or dropout_rate == 0.0:
+    if implementation == "cudnn":
+      # cuDNN's fused kernel takes padding as per-row lengths, not a mask: BERT rows are always
+      # right-padded (real tokens first), so the length is the mask's sum.
+      lengths = jnp.sum(input_mask.astype(jnp.int32), axis=-1)
+      return jax.nn.dot_product_attention(query, key, value, key_value_seq_lengths=lengths,
+                                          implementation=implementation)
+    mask = input_mask[:, None, None, :].astype(jnp.bool_)  # (batch, 1, 1, kv_length)
     return jax.nn.dot_product_attention(query, key, value, mask=mask,
                                         implementation=implementation)
+  mask = input_mask[:, None, None, :].astype(jnp.bool_)
   scale = 1.0 / math.sqrt(query.shape[-1])
   logits = jnp.einsum("btnd,bsnd->bnts", query, key, preferred_element_type=jnp.float32) * scale
   logits = jnp.where(mask, logits, _MASK_VALUE)
