@@ -51,7 +51,11 @@ setuptools.setup(
     description="BERT pre-training and fine-tuning in JAX/Flax for TPU pods, GPUs and CPUs",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=setuptools.find_packages(include=["bert_jax", "bert_jax.*"]),
+    # `data_prep` is a top-level package (`python -m data_prep.create_pretraining_data` from any
+    # directory); `configs/` ships inside the package as `bert_jax.configs`.
+    packages=setuptools.find_packages(include=["bert_jax", "bert_jax.*", "data_prep"])
+    + ["bert_jax.configs"],
+    package_dir={"bert_jax.configs": "configs"},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

@@ -4,9 +4,18 @@ multi-process start-up, and console verbosity. Entry points call `define_*` in t
 
 from __future__ import annotations
 
-from absl import flags, logging
+import functools
+import os
+import sys
+from typing import Callable
+
+from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
+
+# What a user can cause and fix: bad values, missing or unreadable files, a full disk, a
+# diverged run, a damaged checkpoint. Everything else is a defect and keeps its traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FloatingPointError)
 
 
 def define_vocab_flags(vocab_help: str = "WordPiece vocab.txt of the model.") -> None:
@@ -42,3 +51,51 @@ def tokenizer_from_flags():
   return tokenization.load_tokenizer(vocab_file=FLAGS.vocab_file,
                                      spm_model_file=FLAGS.spm_model_file,
                                      do_lower_case=FLAGS.do_lower_case)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+  from bert_jax.training import checkpointing  # pylint: disable=g-import-not-at-top
+  extra = getattr(checkpointing, "CheckpointError", None)
+  return USER_ERRORS + ((extra,) if extra else ())
+
+
+def one_line_errors(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:
+  """Wraps an absl `main` so that a user error prints `error: <message>` and exits 1, instead
+  of a traceback; `--verbosity=1` (or any verbosity given) shows the traceback as well."""
+  @functools.wraps(main)
+  def wrapped(argv):
+    try:
+      return main(argv)
+    except KeyboardInterrupt:
+      sys.exit("stopped (Ctrl-C).")
+    except Exception as e:  # pylint: disable=broad-except
+      if not isinstance(e, _user_errors()) or FLAGS["verbosity"].present:
+        raise
+      sys.exit(f"error: {e}")
+  return wrapped
+
+
+def resolve_config_argument(argv: list[str], default_dir: str) -> list[str]:
+  """`--config=configs/pretrain.py:demo` names a file of this package's `configs/` folder:
+  when that path does not exist where the command runs, use the installed copy, so documented
+  commands work from any directory."""
+  out = []
+  for arg in argv:
+    if arg.startswith("--config=") and not arg.startswith("--config.") :
+      value = arg[len("--config="):]
+      path, colon, variant = value.partition(":")
+      if not os.path.exists(path) and path.startswith("configs" + os.sep):
+        installed = os.path.join(default_dir, os.path.basename(path))
+        if os.path.exists(installed):
+          arg = f"--config={installed}{colon}{variant}"
+    out.append(arg)
+  return out
+
+
+def run(main: Callable[[list[str]], None], define_flags: Callable[[], None]) -> None:
+  """What every command's `if __name__ == "__main__"` does: define its flags, find `configs/`
+  files from any directory, and run `main` with one-line user errors."""
+  from bert_jax import configs_dir  # pylint: disable=g-import-not-at-top
+  define_flags()
+  sys.argv = resolve_config_argument(sys.argv, configs_dir())
+  app.run(one_line_errors(main))

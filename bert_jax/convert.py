@@ -8,16 +8,20 @@ r"""Convert a BERT checkpoint between the kinds this package reads and writes.
 `--from` is any kind (`interop.checkpoints.checkpoint_kind`): a TF1 prefix or its directory, a
 Hugging Face directory, one of our workdirs or Orbax directories. `--format` is `hf`
 (`config.json` + `model.safetensors`), `tf1` (Google's layout, `bert_config.json` beside it) or
-`orbax` (a workdir that fine-tuning and pre-training read). The vocabulary (`vocab.txt`) found
-beside the source is copied beside the output.
+`orbax` (a workdir that fine-tuning and pre-training read). The vocabulary kept beside the source
+(`vocab.txt` or `spm.model`, with its hash in `vocab.json`) is copied beside the output; an Orbax
+source says which step was exported.
 """
 
 from __future__ import annotations
 
+import os
+
 from absl import app, flags
 
-from bert_jax import file_io
+from bert_jax import cli
 from bert_jax.interop import checkpoints, hf, tf1
+from bert_jax.text import vocab_files
 
 FLAGS = flags.FLAGS
 FORMATS = ("hf", "tf1", "orbax")
@@ -39,7 +43,8 @@ def convert(source: str, target: str, output_format: str,
   if output_format not in FORMATS:
     raise ValueError(f"format={output_format!r}; expected one of {', '.join(FORMATS)}.")
   loaded = checkpoints.load_any(source, bert_config_file)
-  detail = loaded.report.summary() if loaded.report else loaded.location
+  detail = loaded.report.summary() if loaded.report else (
+      f"{loaded.location} step {loaded.step}" if loaded.step is not None else loaded.location)
   print(f"read {checkpoints.KIND_NAMES[loaded.kind]}: {detail}")
   params = checkpoints.in_layout(loaded.params, loaded.config, False)
   config = loaded.config.replace(scan_layers=False)
@@ -51,11 +56,18 @@ def convert(source: str, target: str, output_format: str,
     written = checkpoints.save_orbax_params(params, config, target)
   # The vocabulary travels with the weights: every consumer of a checkpoint needs both.
   source_dir = tf1.dirname(loaded.location) if loaded.kind == "tf1" else source
-  vocab = file_io.join(source_dir or ".", "vocab.txt")
   target_dir = tf1.dirname(written) if output_format == "tf1" else written
-  if file_io.exists(vocab):
-    file_io.write_bytes_atomic(file_io.join(target_dir or ".", "vocab.txt"),
-                               file_io.read_bytes(vocab))
+  candidates = [source_dir or "."]
+  if loaded.kind == "orbax":  # a checkpoints/ folder or one of its steps: the run dir above
+    candidates += [os.path.dirname(loaded.location.rstrip("/")),
+                   os.path.dirname(os.path.dirname(loaded.location.rstrip("/")))]
+  kept = next((k for k in (vocab_files.copy_kept(c, target_dir or ".") for c in candidates
+                           if c and vocab_files.find_kept(c)) if k), None)
+  if kept:
+    print(f"copied the vocabulary: {kept}")
+  else:
+    print(f"no vocabulary (vocab.txt / spm.model) beside {source}: give the model's own to "
+          "whatever reads the export (predict --vocab_file=...).")
   print(f"wrote {output_format}: {written}")
   return written
 
@@ -70,5 +82,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  cli.run(main, define_flags)

@@ -81,7 +81,7 @@ def main(argv):
   print(f"{FLAGS.output_file}: {len(texts_a)} examples, layers {layers}, from {origin}")
 
 
-if __name__ == "__main__":
+def define_flags() -> None:
   flags.DEFINE_string("input_file", None, "One text per line ('a' or 'a ||| b').", required=True)
   flags.DEFINE_string("output_file", None, "The .npz to write.", required=True)
   flags.DEFINE_string("init_checkpoint", None, "Workdir, Orbax or Hugging Face directory.",
@@ -91,4 +91,7 @@ if __name__ == "__main__":
   flags.DEFINE_list("layers", ["-1", "-2", "-3", "-4"], "Layer indices (-1: the last).")
   flags.DEFINE_integer("max_seq_length", 128, "Maximum tokens per example.")
   flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.")
-  app.run(main)
+
+
+if __name__ == "__main__":
+  cli.run(main, define_flags)

@@ -113,5 +113,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  cli.run(main, define_flags)

@@ -40,7 +40,6 @@ import dataclasses
 import json
 import math
 import os
-import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -50,7 +49,7 @@ from bert_jax import cli, file_io, inference
 from bert_jax.interop import checkpoints
 from bert_jax.model import configuration, heads
 from bert_jax.tasks import question_answering, sequence_classification
-from bert_jax.text import pairs, tokenization
+from bert_jax.text import pairs, tokenization, vocab_files
 
 MODES = ("fill_mask", "classify", "qa")
 # What each mode needs, for messages that say why a checkpoint does not fit.
@@ -187,12 +186,21 @@ def find_vocab(info: CheckpointInfo, vocab_file: str | None = None,
   if vocab_file and spm_model_file:
     raise PredictError("Give one of --vocab_file and --spm_model_file, not both.")
   given = vocab_file or spm_model_file
-  if given:
-    if not file_io.exists(given):
-      raise PredictError(f"{given} does not exist (--{'vocab' if vocab_file else 'spm_model'}"
-                         "_file).")
-    return vocab_file, spm_model_file
   candidates = vocab_candidates(info)
+  if given:
+    flag = f"--{'vocab' if vocab_file else 'spm_model'}_file"
+    if not file_io.exists(given):
+      raise PredictError(f"{given} does not exist ({flag}).")
+    # The model keeps the vocabulary it was trained with: a different one is refused.
+    for directory in dict.fromkeys(os.path.dirname(c) or "." for c in candidates):
+      kept = vocab_files.find_kept(directory)
+      if kept:
+        try:
+          vocab_files.check_same(given, kept, flag)
+        except ValueError as e:
+          raise PredictError(str(e)) from None
+        break
+    return vocab_file, spm_model_file
   found = next((c for c in candidates if file_io.exists(c)), None)
   if found is None:  # a SentencePiece model that fine-tuning copied beside its checkpoint
     spm = [os.path.join(os.path.dirname(c), "spm.model") for c in candidates]
@@ -538,16 +546,9 @@ def run_from_flags() -> None:
     tokenizer = load_tokenizer(info, config, FLAGS.vocab_file, FLAGS.spm_model_file,
                                setting["do_lower_case"])
     predictions = inference.fill_mask(config, params, tokenizer, texts, FLAGS.top_k)
-    if FLAGS.output_file:
-      file_io.write_text_atomic(FLAGS.output_file, "".join(
-          json.dumps({"text": t, "predictions": p}, ensure_ascii=False) + "\n"
-          for t, p in zip(texts, predictions)))
-    if FLAGS.json:
-      print(json.dumps([{"text": t, "predictions": r} for t, r in zip(texts, predictions)],
-                       indent=2))
-    else:
-      for text, preds in zip(texts, predictions):
-        print(inference.format_fill_mask(text, preds))
+    # One object per input, like the other modes: `--output_file` and `--json` alike.
+    _emit([{"text": t, "predictions": p} for t, p in zip(texts, predictions)],
+          [inference.format_fill_mask(t, p) for t, p in zip(texts, predictions)])
     return
   inputs = _classify_inputs() if mode == "classify" else _qa_examples()
   model = load_finetuned(info, mode)
@@ -573,12 +574,8 @@ def main(argv):
   if not FLAGS.checkpoint:
     raise app.UsageError("--checkpoint is required.")
   cli.quiet_unless_verbose()
-  try:
-    run_from_flags()
-  except PredictError as e:
-    sys.exit(f"error: {e}")
+  run_from_flags()
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  cli.run(main, define_flags)

@@ -28,7 +28,9 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict({
       "preset": "base",
       # Fields of BertConfig; None keeps the preset's value.
-      "vocab_size": 30522,           # must match the vocabulary the data was written with
+      # None: the vocabulary size data_prep recorded in the records' summary.json (else the
+      # preset's 30522). A size below the data's is refused.
+      "vocab_size": None,
       "hidden_size": None,
       "num_hidden_layers": None,
       "num_attention_heads": None,
@@ -118,7 +120,6 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
     # 4-layer, 256-wide model in the same time, which matters more this early in training.
     config.model.preset = "tiny"
     config.model.dtype = "float32"
-    config.model.vocab_size = 8000
     config.model.max_position_embeddings = 128
     config.data.max_seq_length = 128
     config.global_batch_size = 32

@@ -246,7 +246,7 @@ def test_fill_mask_finds_the_vocab_beside_a_tf1_prefix(tmp_path, tokenizer):
   shutil.copy(VOCAB, looked)
   proc = _ok(_cli(f"--checkpoint={prefix}", *[f"--text={t}" for t in texts], "--top_k=3",
                   "--json"))
-  got = json.loads(proc.stdout)
+  got = [json.loads(line) for line in proc.stdout.splitlines()]  # one object per input
   want = inference.fill_mask(config, params, tokenizer, texts, top_k=3)
   assert [g["text"] for g in got] == texts
   assert [len(g["predictions"]) for g in got] == [1, 2]
@@ -299,5 +299,17 @@ def test_a_checkpoint_of_another_kind_is_refused_with_what_it_is(squad_out, sst2
     predict.load_tokenizer(info, model.config)
   with pytest.raises(predict.PredictError, match="nowhere.txt does not exist"):
     predict.load_tokenizer(info, model.config, vocab_file=str(tmp_path / "nowhere.txt"))
+  # A vocabulary of the same size in another order (another corpus's) is refused: the model
+  # keeps its own, with its hash.
+  lines = open(VOCAB, encoding="utf-8").read().splitlines()
+  lines[1000], lines[1001] = lines[1001], lines[1000]
+  other = tmp_path / "other_vocab.txt"
+  other.write_text("\n".join(lines) + "\n", encoding="utf-8")
+  assert json.load(open(os.path.join(sst2_out, "vocab.json")))["file"] == "vocab.txt"
+  with pytest.raises(predict.PredictError, match=(
+      r"--vocab_file=.*other_vocab.txt \(sha256 \w+\) is not the vocabulary this model was "
+      r"trained with \(.*vocab.txt, sha256 \w+\): leave --vocab_file out")):
+    predict.find_vocab(predict.inspect_checkpoint(sst2_out), str(other))
+  assert predict.find_vocab(predict.inspect_checkpoint(sst2_out), VOCAB)[0] == VOCAB
   with pytest.raises(predict.PredictError, match="does not exist"):
     predict.inspect_checkpoint(str(tmp_path / "missing"))

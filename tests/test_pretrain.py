@@ -1,5 +1,7 @@
 """The pre-training loop: sharded steps, accumulation, exact resume, preemption, faults."""
 
+import hashlib
+import json
 import os
 import re
 import signal
@@ -12,7 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import inference
+from bert_jax import convert, inference
 from bert_jax.interop import checkpoints
 from bert_jax.runs import pretraining
 from bert_jax.data import input_pipeline
@@ -219,7 +221,8 @@ def test_two_processes_match_one(records, tmp_path):
     assert abs(multi[s] - single[s]) <= 1e-5, (s, multi[s], single[s])
 
 
-def test_sigterm_saves_and_resume_continues(records, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_stop_signal_saves_and_resume_continues(records, tmp_path, signum):
   workdir = str(tmp_path / "preempted")
   proc = subprocess.Popen(_cli_args(records, workdir, train_until_step=100000,
                                     total_steps=200000, checkpoint_every_steps=100000,
@@ -230,10 +233,10 @@ def test_sigterm_saves_and_resume_continues(records, tmp_path):
   helpers.wait_until(lambda: proc.poll() is not None or (
       os.path.exists(metrics_file) and len(metrics.read_jsonl(metrics_file)) >= 3),
                      "three logged steps", poll_s=0.5)
-  proc.send_signal(signal.SIGTERM)
+  proc.send_signal(signum)
   output = proc.communicate(timeout=120)[0]
   assert proc.returncode == 0, output[-3000:]
-  assert "Stop requested: saved step" in output
+  assert "Stop requested: saved step" in output and "Traceback" not in output
   steps = checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints")).all_steps()
   assert len(steps) == 1 and 3 <= steps[0] < 100000
   saved = steps[0]
@@ -309,10 +312,13 @@ def test_dynamic_masking_draws_fresh_masks_each_epoch(tmp_path):
   assert 0.75 < frac_mask < 0.85 and 0.06 < frac_same < 0.16, (frac_mask, frac_same)
 
 
-def test_real_text_dynamic_masking_end_to_end(tmp_path):
-  """Shakespeare → WordPiece vocab → dynamic-masking TFRecords → pre-training → fill-mask.
+def test_real_text_dynamic_masking_end_to_end(tmp_path, capsys):
+  """Shakespeare → WordPiece vocab → dynamic-masking TFRecords → pre-training → fill-mask →
+  export.
 
-  The vocabulary for drawing masks is found through data_prep's summary.json."""
+  The vocabulary for drawing masks, and the model's vocabulary size, are found through
+  data_prep's summary.json; the workdir keeps the vocabulary (and its hash), and an export
+  carries it on and says which step it exported."""
   from bert_jax.text import tokenization
   from data_prep import create_pretraining_data as cpd
   from data_prep import demo_corpus, train_tokenizer
@@ -327,7 +333,7 @@ def test_real_text_dynamic_masking_end_to_end(tmp_path):
   config = ph.run_config(str(tmp_path / "data" / "*.tfrecord"), train_until_step=60,
                          total_steps=60, eval_every_steps=60, checkpoint_every_steps=60,
                          log_every_steps=10, mesh_shape=(2, 2, 2), tensorboard=True,
-                         **{"model.vocab_size": tokenizer.vocab_size,
+                         **{"model.vocab_size": None,  # unset: read from summary.json
                             "model.hidden_dropout_prob": 0.0,
                             "data.max_seq_length": 64, "data.max_predictions_per_seq": 10,
                             "optimizer.learning_rate": 3e-3, "optimizer.warmup_steps": 5})
@@ -345,3 +351,13 @@ def test_real_text_dynamic_masking_end_to_end(tmp_path):
                             top_k=3)
   assert len(preds[0]) == 1 and len(preds[0][0]) == 3
   assert all(0.0 <= p <= 1.0 for _, p in preds[0][0])
+  assert bert_config.vocab_size == tokenizer.vocab_size
+  kept = json.load(open(os.path.join(workdir, "vocab.json")))
+  assert open(os.path.join(workdir, "vocab.txt"), "rb").read() == open(vocab, "rb").read()
+  assert kept["sha256"] == hashlib.sha256(open(vocab, "rb").read()).hexdigest()
+  capsys.readouterr()
+  exported = convert.convert(workdir, str(tmp_path / "hf"), "hf")
+  said = capsys.readouterr().out
+  assert f"{os.path.join(workdir, 'checkpoints')} step 60" in said, said
+  assert f"copied the vocabulary: {os.path.join(exported, 'vocab.txt')}" in said, said
+  assert json.load(open(os.path.join(exported, "vocab.json")))["sha256"] == kept["sha256"]

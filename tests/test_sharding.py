@@ -112,7 +112,8 @@ def test_create_mesh_shapes_and_errors():
   assert dict(sharding.create_mesh((-1, 2, 1)).shape) == {"data": 4, "fsdp": 2, "model": 1}
   assert dict(sharding.create_mesh((1, 1, 1), jax.devices()[:1]).shape) == {
       "data": 1, "fsdp": 1, "model": 1}
-  with pytest.raises(ValueError, match="needs 12 devices; 8 are available"):
+  with pytest.raises(ValueError, match=r"uses 12 devices but 8 are available: a mesh must use "
+                                       r"every device\. Write -1"):
     sharding.create_mesh((3, 2, 2))
   with pytest.raises(ValueError, match="at most one entry may be -1"):
     sharding.create_mesh((-1, -1, 2))

@@ -43,7 +43,7 @@ def list_files(patterns: str | Sequence[str]) -> list[str]:
   return sorted(set(files))
 
 
-def _record_lengths(path: str) -> dict[str, int]:
+def record_lengths(path: str) -> dict[str, int]:
   """Feature name → number of values in the first record of `path`."""
   tf = _tf()
   try:
@@ -62,7 +62,7 @@ def _record_lengths(path: str) -> dict[str, int]:
 
 def detect_masking(path: str) -> str:
   """'static' for records with masked-LM features, 'dynamic' for unmasked ones."""
-  lengths = _record_lengths(path)
+  lengths = record_lengths(path)
   return features.STATIC if features.MASKED_LM_POSITIONS in lengths else features.DYNAMIC
 
 
@@ -70,7 +70,7 @@ def check_record_shapes(path: str, max_seq_length: int, max_predictions_per_seq:
                         masking_mode: str) -> None:
   """Compares the first record of `path` with the schema the config implies; names the feature
   and both sizes when they disagree (instead of tf.data's parse error mid-training)."""
-  lengths = _record_lengths(path)
+  lengths = record_lengths(path)
   for f in features.pretraining_features(max_seq_length, max_predictions_per_seq, masking_mode):
     if f.name not in lengths:
       raise ValueError(f"{path}: records have no feature {f.name!r} (have {sorted(lengths)}); "

@@ -76,6 +76,7 @@ class Loaded:
   report: LoadReport | None   # what the table found (HF, TF1); None for Orbax trees
   kind: str
   location: str               # the TF1 prefix, HF directory or Orbax checkpoint directory
+  step: int | None = None     # the Orbax step that was read
 
   @property
   def origin(self) -> str:
@@ -110,7 +111,8 @@ def load_any(path: str, bert_config_file: str | None = None, subtree: str = "par
     tree = {key: tree}
   params = to_numpy(tree)
   encoder = params.get("bert", {}).get("encoder", {})
-  return Loaded(config.replace(scan_layers="layer" in encoder), params, None, kind, ckpt_dir)
+  return Loaded(config.replace(scan_layers="layer" in encoder), params, None, kind, ckpt_dir,
+                step=meta.get("step"))
 
 
 def in_layout(params: dict, config: BertConfig, scan_layers: bool) -> dict:

@@ -68,11 +68,13 @@ def create_mesh(mesh_shape: Sequence[int] = (-1, 1, 1),
   if -1 in shape:
     known = math.prod(s for s in shape if s != -1)
     if len(devices) % known:
-      raise ValueError(f"mesh_shape {tuple(mesh_shape)} does not divide {len(devices)} devices.")
+      raise ValueError(f"mesh_shape {tuple(mesh_shape)}: the fixed axes ({known} devices) do "
+                       f"not divide the {len(devices)} devices available.")
     shape[shape.index(-1)] = len(devices) // known
   if math.prod(shape) != len(devices):
-    raise ValueError(f"mesh_shape {tuple(shape)} needs {math.prod(shape)} devices; "
-                     f"{len(devices)} are available.")
+    raise ValueError(f"mesh_shape {tuple(shape)} uses {math.prod(shape)} devices but "
+                     f"{len(devices)} are available: a mesh must use every device. Write -1 for "
+                     "one axis to take the rest, e.g. --config.mesh_shape='(-1, 1, 1)'.")
   try:
     # Topology-aware order on TPU slices (neighbours on the ICI torus share the model axis).
     from jax.experimental import mesh_utils

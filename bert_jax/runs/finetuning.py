@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import time
 from typing import Any
 
@@ -29,6 +28,7 @@ from bert_jax.model import configuration
 from bert_jax.parallel import sharding
 from bert_jax.runs import finetune_config
 from bert_jax.tasks import glue, question_answering, sequence_classification
+from bert_jax.text import vocab_files
 from bert_jax.training import loop, metrics, optimizer
 from bert_jax.training import step as step_lib
 
@@ -113,10 +113,9 @@ def _train(job: _Job, objective, model, tx, schedule, init, feats, num_steps: in
     job.bert_config.to_json_file(file_io.join(job.output_dir, "bert_config.json"))
     source = getattr(tokenizer, "vocab_file", None) or getattr(tokenizer, "model_file", None)
     if source:
-      name = "vocab.txt" if getattr(tokenizer, "vocab_file", None) else "spm.model"
-      target = file_io.join(job.output_dir, name)
-      if os.path.abspath(source) != os.path.abspath(target):
-        file_io.write_bytes_atomic(target, file_io.read_bytes(source))
+      vocab_files.keep(source, job.output_dir,
+                       sentencepiece=not getattr(tokenizer, "vocab_file", None),
+                       do_lower_case=bool(tokenizer.do_lower_case))
   return result
 
 
@@ -346,11 +345,37 @@ def task_from_config(config: ml_collections.ConfigDict):
                               text_a_column=config.text_a_column,
                               text_b_column=config.text_b_column,
                               label_column=config.label_column, skip_header=config.skip_header)
-  return glue.get_task(config.task_name)
+  try:
+    return glue.get_task(config.task_name)
+  except ValueError:
+    raise ValueError(
+        f"--task_name={config.task_name!r} is not a task: expected a GLUE task "
+        f"({', '.join(glue.GLUE_TASKS)}), SQuAD ({', '.join(SQUAD_TASKS)}), or 'custom' (your "
+        "own TSV files, with --label_list or --regression).") from None
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Refuses fine-tuning settings that cannot work, naming the flag, before any data is read."""
+  for name in ("train_batch_size", "eval_batch_size", "predict_batch_size", "learning_rate",
+               "num_train_epochs"):
+    value = config.get(name)
+    if value is not None and value <= 0:
+      raise ValueError(f"--{name}={value}: must be positive.")
+  if config.max_seq_length is not None and config.max_seq_length < 8:
+    raise ValueError(f"--max_seq_length={config.max_seq_length}: too short for any input "
+                     "(the original uses 128, SQuAD 384).")
+  if not 0.0 <= config.warmup_proportion <= 1.0:
+    raise ValueError(f"--warmup_proportion={config.warmup_proportion}: must lie in [0, 1].")
+  if config.init_checkpoint is not None and not str(config.init_checkpoint).strip() and \
+      config.do_train:
+    raise ValueError("--init_checkpoint is empty: name the pre-trained model (a pre-training "
+                     "workdir, a Hugging Face directory or a TF1 bert_model.ckpt), or leave the "
+                     "flag out to train from random weights.")
 
 
 def run_from_config(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
   """Every fine-tuning run a config describes (what `python -m bert_jax.finetune` calls)."""
+  check_config(config)
   squad_version = SQUAD_TASKS.get(config.task_name.lower(), "not squad")
   if squad_version != "not squad":
     if squad_version is False and config.version_2_with_negative:

@@ -23,7 +23,7 @@ from bert_jax.data import input_pipeline
 from bert_jax.interop import checkpoints
 from bert_jax.model import configuration
 from bert_jax.parallel import sharding
-from bert_jax.text import features, masking
+from bert_jax.text import features, masking, vocab_files
 from bert_jax.training import loop, metrics, optimizer, step as step_lib
 from bert_jax.training import state as state_lib
 from bert_jax.training.objective import Objective
@@ -53,7 +53,122 @@ class Run:
   rules: Any
 
 
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Refuses values that contradict each other or cannot work, before anything is built: each
+  message names the field and the fix (`--config.<field>=...`)."""
+  def positive(name, value):
+    if value is None or value <= 0:
+      raise ValueError(f"config.{name}={value}: must be a positive number.")
+
+  positive("global_batch_size", config.global_batch_size)
+  positive("grad_accum_steps", config.grad_accum_steps)
+  if config.global_batch_size % config.grad_accum_steps:
+    raise ValueError(f"config.global_batch_size={config.global_batch_size} is not divisible by "
+                     f"config.grad_accum_steps={config.grad_accum_steps}.")
+  positive("total_steps", config.total_steps)
+  positive("train_until_step", config.train_until_step)
+  if config.train_until_step > config.total_steps:
+    raise ValueError(
+        f"config.train_until_step={config.train_until_step} is past config.total_steps="
+        f"{config.total_steps}, where the learning-rate schedule ends at "
+        f"{config.optimizer.get('end_learning_rate', 0.0)}: raise --config.total_steps or lower "
+        "--config.train_until_step.")
+  warmup = config.optimizer.warmup_steps
+  if warmup < 0 or warmup > config.total_steps:
+    raise ValueError(f"config.optimizer.warmup_steps={warmup} must lie in [0, total_steps="
+                     f"{config.total_steps}].")
+  positive("optimizer.learning_rate", config.optimizer.learning_rate)
+  positive("log_every_steps", config.log_every_steps)
+  for name in ("checkpoint_every_steps", "eval_every_steps"):
+    if config.get(name) is not None and config[name] <= 0:
+      raise ValueError(f"config.{name}={config[name]}: must be positive.")
+  positive("data.max_seq_length", config.data.max_seq_length)
+  if not 0 < config.data.max_predictions_per_seq <= config.data.max_seq_length:
+    raise ValueError(f"config.data.max_predictions_per_seq={config.data.max_predictions_per_seq}"
+                     f" must lie in [1, max_seq_length={config.data.max_seq_length}].")
+  if config.init_mode not in ("continue", "params"):
+    raise ValueError(f"config.init_mode={config.init_mode!r}: expected 'continue' or 'params'.")
+
+
+def data_summary(files: list[str]) -> dict[str, Any]:
+  """The `summary.json` data_prep wrote beside the records (empty if there is none)."""
+  path = file_io.join(os.path.dirname(files[0]), "summary.json")
+  if not file_io.exists(path):
+    return {}
+  try:
+    summary = json.loads(file_io.read_text(path))
+  except ValueError as e:
+    raise ValueError(f"{path}: not valid JSON ({e}); it is data_prep's summary of the records "
+                     "beside it: rewrite it by running data_prep again, or delete it.") from None
+  summary["path"] = path
+  return summary
+
+
+def max_token_id(path: str, num_records: int = 1000) -> int:
+  """The largest token id in the first records of `path` (inputs and masked-LM labels)."""
+  tf = file_io.tensorflow()
+  lengths = input_pipeline.record_lengths(path)
+  spec = {name: tf.io.FixedLenFeature([lengths[name]], tf.int64)
+          for name in (features.INPUT_IDS, features.MASKED_LM_IDS) if name in lengths}
+  largest = 0
+  for batch in tf.data.TFRecordDataset([path]).take(num_records).batch(num_records).map(
+      lambda s: tf.io.parse_example(s, spec)).as_numpy_iterator():
+    largest = max([largest] + [int(np.max(v)) for v in batch.values() if v.size])
+  return largest
+
+
+def resolve_vocabulary(config: ml_collections.ConfigDict, files: list[str]
+                       ) -> ml_collections.ConfigDict:
+  """`model.vocab_size` checked against the data: taken from data_prep's `summary.json` when
+  the config leaves it unset, refused when it is smaller than the data's vocabulary or than the
+  ids in the records (an embedding lookup past the table's end gives NaN losses, not an error).
+  Returns the config with the resolved size."""
+  summary = data_summary(files)
+  data_vocab = summary.get("vocab_size")
+  config = ml_collections.ConfigDict(config.to_dict())
+  if config.model.vocab_size is None:
+    config.model.vocab_size = data_vocab or configuration.get_preset(
+        config.model.preset).vocab_size
+    if data_vocab:
+      logging.info("model.vocab_size=%d from %s", data_vocab, summary["path"])
+  size = config.model.vocab_size
+  if data_vocab and size < data_vocab:
+    raise ValueError(
+        f"config.model.vocab_size={size} but the records were written with a vocabulary of "
+        f"{data_vocab} entries ({summary['path']}): set --config.model.vocab_size={data_vocab} "
+        "or leave it unset (it is then read from there).")
+  largest = max_token_id(files[0])
+  if largest >= size:
+    raise ValueError(
+        f"{files[0]} holds token id {largest} but config.model.vocab_size={size}: set "
+        f"--config.model.vocab_size to the size of the vocabulary the records were written with "
+        f"(at least {largest + 1}).")
+  return config
+
+
+def keep_vocabulary(config: ml_collections.ConfigDict, files: list[str], workdir: str) -> None:
+  """Copies the run's vocabulary (`config.data.vocab_file`/`spm_model_file`, else the one named
+  in the data's `summary.json`) into the workdir with its hash, so that exports and `predict`
+  use the vocabulary the model was trained with."""
+  settings = data_summary(files).get("settings", {})
+  source = (config.data.vocab_file or config.data.spm_model_file or settings.get("vocab_file")
+            or settings.get("spm_model_file"))
+  if not source:
+    return
+  if not file_io.exists(source):
+    logging.warning("The vocabulary %s named for these records does not exist: the workdir "
+                    "keeps none (pass --vocab_file to predict).", source)
+    return
+  kept = vocab_files.find_kept(workdir)
+  if kept is not None:
+    vocab_files.check_same(source, kept, "the records' vocabulary")
+  vocab_files.keep(source, workdir, sentencepiece=source == (
+      config.data.spm_model_file or settings.get("spm_model_file")), do_lower_case=bool(
+          settings.get("do_lower_case", config.data.do_lower_case)))
+
+
 def build(config: ml_collections.ConfigDict, devices=None) -> Run:
+  check_config(config)
   bert_config = bert_config_from(config)
   mesh, rules = sharding.mesh_from_config(config, devices)
   sharding.check_batch_divisible(config.global_batch_size, mesh)
@@ -152,9 +267,16 @@ def evaluator(objective: Objective, eval_step, data: input_pipeline.PretrainingD
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Runs (or resumes) pre-training; returns the last logged train and eval metrics, the step
   reached and `stopped_early` (a stop was requested before `train_until_step`)."""
+  if not workdir or not str(workdir).strip():
+    raise ValueError("--workdir is empty: name the directory for checkpoints and logs.")
+  if not config.data.train_files:
+    raise ValueError("config.data.train_files is not set: pass "
+                     "--config.data.train_files='DIR/*.tfrecord' (the shards data_prep wrote).")
+  check_config(config)
+  files = input_pipeline.list_files(config.data.train_files)
+  config = resolve_vocabulary(config, files)
   run = build(config)
   seq_len, max_pred = config.data.max_seq_length, config.data.max_predictions_per_seq
-  files = input_pipeline.list_files(config.data.train_files)
   eval_files = input_pipeline.list_files(config.data.eval_files) if config.data.eval_files else None
   train_files, eval_files = input_pipeline.split_train_eval(files, eval_files)
   batch_sh = sharding.batch_sharding(run.mesh)
@@ -177,6 +299,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     file_io.write_text_atomic(file_io.join(workdir, "config.json"), config.to_json_best_effort(
         indent=2) + "\n")
     run.bert_config.to_json_file(file_io.join(workdir, "bert_config.json"))
+    keep_vocabulary(config, train_files, workdir)
   n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(init.state.params))
   metrics.log(f"BERT {n_params / 1e6:.1f}M parameters | {run.objective.name} | mesh "
               f"{dict(run.mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "

@@ -172,7 +172,7 @@ def load_params(directory: str, step: int | None = None, subtree: str = "params"
   tree = restored["state"]
   for key in keys:
     tree = tree[key]
-  meta = dict(restored["meta"])
+  meta = dict(restored["meta"], step=step)  # which step was read (the caller reports it)
   manager.close()
   return tree, meta
 

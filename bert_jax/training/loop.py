@@ -5,14 +5,16 @@ Given a train state, the jitted step (`training/step.py`) and a stream of
 the steps: progress lines with rate, ETA and MFU; the objective's metrics, averaged exactly from
 their sums, to the console, TensorBoard and `metrics.jsonl`; evaluation every
 `eval_every_steps`; checkpoints with the data position (so a resumed run reads exactly the
-batches an uninterrupted one would); SIGTERM and TPU preemption (save, then stop); and a NaN/inf
-loss (stop, name the last good checkpoint). What the objective or task is does not matter here.
+batches an uninterrupted one would); SIGTERM, Ctrl-C and TPU preemption (save, then stop); and a
+NaN/inf loss (stop, name the last good checkpoint). What the objective or task is does not matter
+here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import signal
 import time
 from typing import Any, Callable, Iterator
@@ -42,30 +44,41 @@ class LoopResult:
   state: Any
   step: int
   scalars: dict[str, float]   # the last reported train/perf/eval scalars
-  stopped_early: bool         # a stop (SIGTERM, preemption) was requested before until_step
+  stopped_early: bool         # a stop (SIGTERM, Ctrl-C, preemption) came before until_step
 
 
 class StopSignal:
-  """Turns SIGTERM (TPU preemption, `kill`, a scheduler) into 'save and exit at the next step'."""
+  """Turns SIGTERM (TPU preemption, `kill`, a scheduler) and Ctrl-C (SIGINT) into 'save and
+  exit at the next step'. A second Ctrl-C aborts at once, without saving."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self.requested = False
-    self._previous = None
+    self._previous: dict[int, Any] = {}
 
   def __enter__(self):
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not the main thread: no signal handling
-      self._previous = None
+    for signum in self.SIGNALS:
+      try:
+        self._previous[signum] = signal.signal(signum, self._handle)
+      except ValueError:  # not the main thread: no signal handling
+        pass
     return self
 
   def _handle(self, signum, frame):
-    del signum, frame
+    del frame
+    if signum == signal.SIGINT:
+      if self.requested:  # the second Ctrl-C: the user does not want to wait
+        raise KeyboardInterrupt
+      # os.write, not print: a signal handler may interrupt a print in progress.
+      os.write(2, b"\nCtrl-C: saving a checkpoint after this step, then stopping "
+                  b"(Ctrl-C again aborts without saving).\n")
     self.requested = True
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+    self._previous = {}
     return False
 
 

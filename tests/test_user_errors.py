@@ -1,0 +1,165 @@
+"""What a newcomer meets first: contradictory settings refused before anything starts, one-line
+errors that name the field and the fix (no tracebacks), the model's vocabulary checked against
+the data, and the documented commands working from any directory once the package is installed."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax.runs import pretraining
+from tests import helpers
+from tests import pretrain_helpers as ph
+
+VOCAB = os.path.join(helpers.minilm_dir(), "vocab.txt")
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+  return ph.write_records(str(tmp_path_factory.mktemp("records")), num_files=2, per_file=16)
+
+
+def _cli(module: str, *args: str, cwd: str, devices: int = 1) -> subprocess.CompletedProcess:
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=600)
+
+
+def _one_line_error(proc: subprocess.CompletedProcess) -> str:
+  """The error line of a failed command, checked to come without a traceback."""
+  assert proc.returncode != 0, proc.stdout[-2000:]
+  assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: "), proc.stderr[-3000:]
+  return last
+
+
+# ------------------------------------------------------------------- settings that contradict
+@pytest.mark.parametrize("overrides, message", [
+    ({"total_steps": 100, "train_until_step": 200},
+     r"config\.train_until_step=200 is past config\.total_steps=100, where the learning-rate "
+     r"schedule ends at 0\.0: raise --config\.total_steps or lower --config\.train_until_step"),
+    ({"global_batch_size": 0}, r"config\.global_batch_size=0: must be a positive number"),
+    ({"optimizer.warmup_steps": 500},
+     r"config\.optimizer\.warmup_steps=500 must lie in \[0, total_steps=40\]"),
+    ({"data.max_predictions_per_seq": 64},
+     r"config\.data\.max_predictions_per_seq=64 must lie in \[1, max_seq_length=32\]"),
+    ({"grad_accum_steps": 3}, r"global_batch_size=16 is not divisible by "
+                              r"config\.grad_accum_steps=3"),
+])
+def test_contradictory_settings_are_refused_before_anything_starts(records, tmp_path, overrides,
+                                                                   message):
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=message):
+    pretraining.train_and_evaluate(ph.run_config(records, **overrides), str(workdir))
+  assert not workdir.exists()  # nothing was started, nothing written
+
+
+def test_missing_workdir_and_train_files_are_named(records, tmp_path):
+  with pytest.raises(ValueError, match="--workdir is empty: name the directory"):
+    pretraining.train_and_evaluate(ph.run_config(records), "")
+  with pytest.raises(ValueError, match=r"config\.data\.train_files is not set: pass "
+                                       r"--config\.data\.train_files='DIR/\*\.tfrecord'"):
+    pretraining.train_and_evaluate(ph.run_config(""), str(tmp_path / "run"))
+
+
+# --------------------------------------------------------------------- the data's vocabulary
+def test_vocab_size_comes_from_the_data_and_is_checked_against_it(tmp_path):
+  pattern = ph.write_records(str(tmp_path / "data"), num_files=2, per_file=8)
+  files = sorted(str(p) for p in (tmp_path / "data").glob("train-*.tfrecord"))
+  # Without data_prep's summary, the ids in the records are the check: a smaller table would
+  # turn into NaN losses (and advice about the learning rate) rather than an error.
+  with pytest.raises(ValueError, match=r"train-00000\.tfrecord holds token id \d+ but "
+                                       r"config\.model\.vocab_size=256: set "
+                                       r"--config\.model\.vocab_size"):
+    pretraining.resolve_vocabulary(ph.run_config(pattern, **{"model.vocab_size": 256}), files)
+  (tmp_path / "data" / "summary.json").write_text(json.dumps({"vocab_size": ph.VOCAB}))
+  unset = pretraining.resolve_vocabulary(ph.run_config(pattern, **{"model.vocab_size": None}),
+                                         files)
+  assert unset.model.vocab_size == ph.VOCAB
+  with pytest.raises(ValueError, match=(
+      r"config\.model\.vocab_size=400 but the records were written with a vocabulary of 512 "
+      r"entries \(.*summary\.json\): set --config\.model\.vocab_size=512 or leave it unset")):
+    pretraining.resolve_vocabulary(ph.run_config(pattern, **{"model.vocab_size": 400}), files)
+  # A larger table than the data needs is allowed (vocabularies padded to a multiple of 128).
+  assert pretraining.resolve_vocabulary(ph.run_config(pattern, **{"model.vocab_size": 640}),
+                                        files).model.vocab_size == 640
+
+
+# ---------------------------------------------------------------------- one-line CLI errors
+def test_command_errors_are_one_line_that_names_the_fix(records, tmp_path):
+  elsewhere = tmp_path / "elsewhere"  # not the repository: configs/ is found all the same
+  elsewhere.mkdir()
+  cwd = str(elsewhere)
+  pretrain = ("bert_jax.pretrain", "--config=configs/pretrain.py:tiny", "--workdir=w")
+  line = _one_line_error(_cli(*pretrain, cwd=cwd))
+  assert line == ("error: config.data.train_files is not set: pass "
+                  "--config.data.train_files='DIR/*.tfrecord' (the shards data_prep wrote).")
+  line = _one_line_error(_cli(*pretrain, f"--config.data.train_files={records}",
+                              "--config.total_steps=10", "--config.train_until_step=50",
+                              cwd=cwd))
+  assert "config.train_until_step=50 is past config.total_steps=10" in line
+  line = _one_line_error(_cli(
+      *pretrain, f"--config.data.train_files={records}", "--config.model.preset=test",
+      f"--config.data.max_seq_length={ph.SEQ}", f"--config.data.max_predictions_per_seq={ph.PRED}",
+      "--config.mesh_shape=(3,1,1)", cwd=cwd, devices=8))
+  assert line.startswith("error: mesh_shape (3, 1, 1) uses 3 devices but 8 are available: a "
+                         "mesh must use every device. Write -1 for one axis"), line
+  assert not (elsewhere / "w" / "checkpoints").exists()
+
+  finetune = ("bert_jax.finetune", f"--vocab_file={VOCAB}", "--do_train",
+              f"--output_dir={tmp_path / 'out'}", f"--data_dir={tmp_path}")
+  line = _one_line_error(_cli(*finetune, "--task_name=SST3", cwd=cwd))
+  for name in ("sst2", "mnli", "squad", "squad_v2", "'custom'"):
+    assert name in line, line
+  line = _one_line_error(_cli(*finetune, "--task_name=SST-2", "--init_checkpoint=", cwd=cwd))
+  assert line.startswith("error: --init_checkpoint is empty: name the pre-trained model"), line
+  line = _one_line_error(_cli(*finetune, "--task_name=SST-2", "--warmup_proportion=1.5",
+                              cwd=cwd))
+  assert line == "error: --warmup_proportion=1.5: must lie in [0, 1].", line
+
+
+# ------------------------------------------------------------ commands from any directory
+def test_an_installed_package_runs_its_commands_from_any_directory(tmp_path):
+  """A wheel of the package (not the checkout) holds `data_prep` and the run configs, so the
+  README's `python -m data_prep...` and `--config=configs/pretrain.py:...` work anywhere."""
+  source = tmp_path / "source"
+  source.mkdir()
+  for name in ("setup.py", "README.md"):
+    shutil.copy(os.path.join(ph.REPO, name), source / name)
+  for name in ("bert_jax", "data_prep", "configs"):
+    shutil.copytree(os.path.join(ph.REPO, name), source / name,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+  subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                  "-w", str(tmp_path / "wheel"), str(source)], check=True, capture_output=True,
+                 timeout=600)
+  (wheel,) = (tmp_path / "wheel").glob("bert_jax-*.whl")
+  site = tmp_path / "site"
+  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                  str(site), str(wheel)], check=True, capture_output=True, timeout=600)
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+  env = dict(os.environ, PYTHONPATH=str(site))
+  where = subprocess.run(
+      [sys.executable, "-c", "import bert_jax, data_prep; print(bert_jax.__file__); "
+       "print(data_prep.__file__); print(bert_jax.configs_dir())"],
+      cwd=elsewhere, env=env, capture_output=True, text=True, check=True).stdout.split()
+  assert all(path.startswith(str(site)) for path in where), where
+  assert os.path.isfile(os.path.join(where[2], "pretrain.py"))
+
+  corpus = elsewhere / "corpus.txt"
+  corpus.write_text("\n\n".join("the king and the queen went to the castle . "
+                                f"it was day {i} of the war ." for i in range(200)))
+  proc = subprocess.run([sys.executable, "-m", "data_prep.train_tokenizer",
+                         f"--input_file={corpus}", "--model_type=wordpiece", "--vocab_size=200",
+                         "--output_prefix=wp"], cwd=elsewhere, env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (elsewhere / "wp.vocab.txt").exists()
+  proc = subprocess.run([sys.executable, "-m", "bert_jax.pretrain",
+                         "--config=configs/pretrain.py:tiny", "--workdir=w"], cwd=elsewhere,
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert "error: config.data.train_files is not set" in _one_line_error(proc)
