@@ -7,6 +7,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from bert_jax import inference
 from bert_jax.runs import finetuning
@@ -49,6 +50,10 @@ def test_tiny_model_learns_a_tiny_task_and_counts_every_dev_example(tokenizer, b
                      warmup_proportion=0.1, do_train=True, do_eval=True, do_predict=True)
   assert out["dev"]["num_examples"] == 13
   assert out["dev"]["accuracy"] == 1.0          # memorised: the dev rows are training rows
+  # Beside it, what always answering the most frequent dev label scores.
+  dev_labels = [1] * len(POSITIVE) + [0] * len(NEGATIVE)
+  assert out["dev"]["majority_class_accuracy"] == pytest.approx(
+      max(dev_labels[:13].count(0), dev_labels[:13].count(1)) / 13)
   lines = open(os.path.join(tmp_path, "out", "SST-2.tsv")).read().splitlines()
   assert lines[0] == "index\tprediction" and len(lines) == 6
   assert [l.split("\t")[1] for l in lines[1:]] == ["1"] * 5

@@ -5,12 +5,15 @@ the data, and the documented commands working from any directory once the packag
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
 
+from bert_jax.objectives import mlm_nsp
 from bert_jax.runs import pretraining
+from bert_jax.training import metrics
 from tests import helpers
 from tests import pretrain_helpers as ph
 
@@ -163,3 +166,34 @@ def test_an_installed_package_runs_its_commands_from_any_directory(tmp_path):
                          "--config=configs/pretrain.py:tiny", "--workdir=w"], cwd=elsewhere,
                         env=env, capture_output=True, text=True, timeout=600)
   assert "error: config.data.train_files is not set" in _one_line_error(proc)
+
+
+# ------------------------------------------------------------------------ baselines beside
+def test_next_sentence_accuracy_comes_with_its_majority_baseline():
+  """58% next-sentence accuracy means nothing when 58% of the pairs are 'random next'."""
+  sums = {"nsp_loss_sum": 6.9, "nsp_correct_sum": 58.0, "nsp_count": 100.0,
+          "nsp_random_next_sum": 58.0}
+  out = mlm_nsp.MaskedLmNextSentence().summarize(sums)
+  assert out["nsp_accuracy"] == pytest.approx(0.58)
+  assert out["nsp_majority_baseline"] == pytest.approx(0.58)
+  assert mlm_nsp.MaskedLmNextSentence().summarize(
+      dict(sums, nsp_random_next_sum=30.0))["nsp_majority_baseline"] == pytest.approx(0.70)
+
+
+def test_a_demo_stopped_with_ctrl_c_says_so_and_how_to_resume(tmp_path):
+  workdir = tmp_path / "demo"
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "bert_jax.demo", f"--workdir={workdir}", "--steps=100000",
+       "--dupe_factor=1", "--num_shards=2", "--vocab_size=1000"], cwd=str(tmp_path),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  rows = workdir / "pretrain" / "metrics.jsonl"
+  helpers.wait_until(lambda: proc.poll() is not None or (
+      rows.exists() and len(metrics.read_jsonl(str(rows))) >= 2), "two logged steps",
+                     poll_s=0.5)
+  proc.send_signal(signal.SIGINT)
+  output = proc.communicate(timeout=300)[0]
+  assert proc.returncode == 1, output[-3000:]
+  assert "Traceback" not in output and "=== done" not in output, output[-3000:]
+  assert "=== stopped early, at step" in output and "of 100000" in output, output[-3000:]
+  assert "Run the same command again (make demo) to resume where it stopped." in output
+  assert (workdir / "pretrain" / "checkpoints").is_dir()

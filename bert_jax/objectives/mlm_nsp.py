@@ -66,7 +66,10 @@ class MaskedLmNextSentence(Objective):
     loss = mlm["loss_sum"] / denominators["mlm"] + nsp["loss_sum"] / denominators["nsp"]
     sums = {"mlm_loss_sum": mlm["loss_sum"], "mlm_correct_sum": mlm["correct_sum"],
             "mlm_weight_sum": mlm["weight_sum"], "nsp_loss_sum": nsp["loss_sum"],
-            "nsp_correct_sum": nsp["correct_sum"], "nsp_count": nsp["weight_sum"]}
+            "nsp_correct_sum": nsp["correct_sum"], "nsp_count": nsp["weight_sum"],
+            # For the majority-label baseline beside the accuracy.
+            "nsp_random_next_sum": jnp.sum(
+                batch[features.NEXT_SENTENCE_LABELS].astype(jnp.float32))}
     return loss, sums
 
   def summarize(self, sums: Mapping[str, Any]) -> dict[str, float]:
@@ -79,6 +82,9 @@ class MaskedLmNextSentence(Objective):
       n = max(float(sums["nsp_count"]), 1.0)
       out["nsp_loss"] = float(sums["nsp_loss_sum"]) / n
       out["nsp_accuracy"] = float(sums["nsp_correct_sum"]) / n
+      if "nsp_random_next_sum" in sums:  # what always guessing the majority label scores
+        random_next = float(sums["nsp_random_next_sum"]) / n
+        out["nsp_majority_baseline"] = max(random_next, 1.0 - random_next)
     if "mlm_loss" in out and "nsp_loss" in out:
       out["loss"] = out["mlm_loss"] + out["nsp_loss"]
     return out

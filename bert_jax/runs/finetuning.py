@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 
 from bert_jax import file_io, inference
 from bert_jax.data import arrays
@@ -222,6 +223,9 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
       preds = sequence_classification.to_predictions(task, logits)
       split_metrics = task.compute_metrics(preds, feats["label"])
       split_metrics["num_examples"] = len(examples)
+      if not task.is_regression:  # what always answering the most frequent label scores
+        split_metrics["majority_class_accuracy"] = float(
+            np.max(np.bincount(np.asarray(feats["label"], np.int64))) / max(len(examples), 1))
       results[split] = split_metrics
       job.writer.write(int(state.step),
                        {f"eval_{split}/{k}": v for k, v in split_metrics.items()})
