@@ -170,7 +170,7 @@ def test_checkpoint_manager_accepts_relative_paths(tmp_path, monkeypatch):
   manager.close()
   tree, meta = checkpointing.load_params("relative/ckpts", subtree="w")
   np.testing.assert_array_equal(np.asarray(tree), np.ones(3))
-  assert meta == {"note": "x"}
+  assert meta["note"] == "x" and meta["step"] == 1  # the metadata, and which step was read
 
 
 def test_metric_writer_on_a_filesystem_without_append(tmp_path):
