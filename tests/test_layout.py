@@ -35,8 +35,10 @@ def _imports(path: str) -> list[str]:
       base = node.module[len("bert_jax"):].lstrip(".")
       if base:
         out.append(base)
-      else:
-        out += [alias.name for alias in node.names]
+      else:  # `from bert_jax import x`: a module, or a name of the package's __init__
+        out += [alias.name for alias in node.names
+                if os.path.exists(os.path.join(PACKAGE, alias.name + ".py"))
+                or os.path.isdir(os.path.join(PACKAGE, alias.name))]
     elif isinstance(node, ast.Import):
       out += [a.name[len("bert_jax."):] for a in node.names if a.name.startswith("bert_jax.")]
   return out
