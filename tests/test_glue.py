@@ -1,6 +1,7 @@
 """GLUE readers on files in the official layouts, the metrics against scikit-learn and scipy, the
 tfds path on mocked data, GLUE-server prediction files, bad input, and users' own TSV tasks."""
 
+import logging
 import os
 import warnings
 
@@ -681,3 +682,97 @@ def test_custom_tsv_task_headerless_pairs_and_regression(tmp_path):
   assert glue.CustomTsvTask([], regression=True).is_regression  # an unset list flag is empty
   with pytest.raises(ValueError, match="must differ"):
     glue.CustomTsvTask(["a", "b"], text_a_column=1, label_column=1)
+
+
+# -- one header rule for users' TSV files; empty texts; long fields -------------------------------
+
+def test_custom_tsv_header_is_detected_not_assumed(tmp_path, caplog):
+  """A headerless file keeps its first line (it was silently dropped by a skip-the-header
+  default), a file with a header loses exactly that line, and the decision is logged."""
+  caplog.set_level(logging.INFO)
+  d = str(tmp_path)
+  task = glue.get_task("custom", label_list=["rotten", "fresh"], text_a_column=1, label_column=0)
+  write(f"{d}/train.tsv", [["fresh", "A gripping film."], ["rotten", "Dull."]])
+  assert [e.text_a for e in task.read_tsv(d, "train")] == ["A gripping film.", "Dull."]
+  assert ("reading train.tsv: first line is data (its label column 0 holds 'fresh', a label"
+          in caplog.text)
+  write(f"{d}/train.tsv", [["label", "review"], ["fresh", "A gripping film."]])
+  assert [e.text_a for e in task.read_tsv(d, "train")] == ["A gripping film."]
+  assert ("reading train.tsv: first line is a header (its label column 0 holds 'label', not a "
+          "label" in caplog.text)
+  # The test file may leave labels out: column names tell a header there.
+  write(f"{d}/test.tsv", [["label", "review"], ["", "Unseen."]])
+  assert [e.text_a for e in task.read_tsv(d, "test")] == ["Unseen."]
+  write(f"{d}/test.tsv", [["", "Unseen."], ["", "Also unseen."]])
+  assert len(task.read_tsv(d, "test")) == 2
+  # Regression: a first line whose score is not a number is a header.
+  scores = glue.CustomTsvTask(regression=True, text_a_column=1, label_column=0)
+  write(f"{d}/dev.tsv", [["score", "text"], ["4.5", "Good."]])
+  assert [e.label for e in scores.read_tsv(d, "dev")] == [4.5]
+  write(f"{d}/dev.tsv", [["3.0", "Fine."], ["4.5", "Good."]])
+  assert [e.label for e in scores.read_tsv(d, "dev")] == [3.0, 4.5]
+  # Said outright, the flag wins: a header read as data is an unknown label on line 1.
+  write(f"{d}/train.tsv", [["label", "review"], ["fresh", "A gripping film."]])
+  strict = glue.CustomTsvTask(["rotten", "fresh"], text_a_column=1, label_column=0,
+                              has_header=False)
+  with pytest.raises(ValueError, match=r"train\.tsv: line 1: unknown label 'label'"):
+    strict.read_tsv(d, "train")
+  assert len(glue.CustomTsvTask(["rotten", "fresh"], text_a_column=1, label_column=0,
+                                has_header="true").read_tsv(d, "train")) == 1
+  assert glue.CustomTsvTask(["a", "b"], skip_header=False).has_header is False  # older spelling
+  assert glue.parse_has_header("Auto") == "auto" and glue.parse_has_header("no") is False
+  with pytest.raises(ValueError, match=r"has_header='maybe': use auto, true or false"):
+    glue.parse_has_header("maybe")
+
+
+def test_prediction_inputs_follow_the_same_header_rule(tmp_path):
+  d = str(tmp_path)
+  path = write(f"{d}/inputs.tsv", [["sentence"], ["A gripping film."], ["Dull."]])
+  assert glue.read_text_tsv(path) == [("A gripping film.", None), ("Dull.", None)]
+  path = write(f"{d}/inputs.tsv", [["A gripping film."], ["Dull."]])
+  assert glue.read_text_tsv(path) == [("A gripping film.", None), ("Dull.", None)]
+  path = write(f"{d}/inputs.tsv", [["premise", "hypothesis"], ["A man sleeps.", "He rests."]],
+               bom=True)
+  assert glue.read_text_tsv(path) == [("A man sleeps.", "He rests.")]
+  assert glue.read_text_tsv(path, has_header=False)[0] == ("premise", "hypothesis")
+  assert glue.decide_header(path, ["sentence", "label"]) is True
+  assert glue.decide_header(path, ["Sentence one here", "label"]) is False
+  path = write(f"{d}/inputs.tsv", [["a", "b", "c"]])
+  with pytest.raises(ValueError, match=r"inputs\.tsv: line 1: 3 tab-separated fields; expected "
+                                       r"text or text<TAB>text_b"):
+    glue.read_text_tsv(path)
+  path = write(f"{d}/inputs.tsv", [["Fine."], ["\t"]])
+  with pytest.raises(ValueError, match=r"inputs\.tsv: line 2: an empty text field"):
+    glue.read_text_tsv(path)
+
+
+def test_an_empty_sentence_is_an_error_naming_file_and_line(tmp_path):
+  d = str(tmp_path)
+  write(f"{d}/train.tsv", [["sentence", "label"], ["Fine film.", "1"], [" ", "0"]])
+  with pytest.raises(ValueError, match=r"train\.tsv: line 3: the 'sentence' field is empty; "
+                                       r"every example needs its text\.$"):
+    glue.get_task("sst2").read_tsv(d, "train")
+  write(f"{d}/dev.tsv", [["q1", "How old is it?", "", "yes"]])
+  pairs = glue.CustomTsvTask(["no", "yes"], text_a_column=1, text_b_column=2, label_column=3,
+                             index_column=0)
+  with pytest.raises(ValueError, match=r"dev\.tsv: line 1: the text_b \(column 2, 0-based\) "
+                                       r"field is empty"):
+    pairs.read_tsv(d, "dev")
+  # QQP skips (and counts) malformed rows as its original processor did; an empty one is one.
+  rows = qqp_rows(200)
+  write(f"{d}/train.tsv", [QQP_HEADER] + rows[:50] + [["999", "1", "2", "Why?", "", "0"]]
+        + rows[50:])
+  task = glue.get_task("qqp")
+  assert len(task.read_tsv(d, "train")) == 200 and task.skipped_lines["train"] == [52]
+
+
+def test_a_field_of_200k_characters_is_read(tmp_path):
+  import csv  # pylint: disable=g-import-not-at-top
+  default = csv.field_size_limit(131072)  # Python's own default, as in a fresh process
+  try:
+    d = str(tmp_path)
+    long_text = "word " * 40_000
+    write(f"{d}/train.tsv", [["sentence", "label"], [long_text, "1"]])
+    assert glue.get_task("sst2").read_tsv(d, "train")[0].text_a == long_text
+  finally:
+    csv.field_size_limit(max(default, csv.field_size_limit()))

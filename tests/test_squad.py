@@ -577,3 +577,37 @@ def test_predictions_equal_the_original_write_predictions(tmp_path, tokenizer, v
   if version_2:
     want_odds = json.load(open(out / "null_odds.json"))
     assert odds == pytest.approx(want_odds)
+
+
+def test_an_empty_question_is_an_error_naming_its_id(tmp_path):
+  data = json.loads(json.dumps(OFFICIAL))
+  data["data"][0]["paragraphs"][0]["qas"][1]["question"] = " \t"
+  path = _write(tmp_path / "train.json", data)
+  with pytest.raises(ValueError, match=re.escape(
+      f"{path}: data[0].paragraphs[0].qas[1] (id 'q2'): the question is empty.")):
+    squad.read_squad_json(path)
+
+
+def test_a_vocabulary_that_does_not_fit_the_text_is_refused(tmp_path, tokenizer):
+  """Questions and contexts mostly [UNK] (here a vocab.txt cut at 1,000 entries): the features
+  would be noise, so featurization stops and names the file, the rate and the vocabulary."""
+  passage = demo_corpus.corpus_text(max_bytes=3000).replace("\n", " ")
+  data = {"data": [{"title": "t", "paragraphs": [{"context": passage, "qas": [
+      {"id": "p1", "question": "Who speaks first?", "answers": [
+          {"text": passage[:12], "answer_start": 0}]}]}]}]}
+  path = _write(tmp_path / "dev.json", data)
+  examples = squad.read_squad_json(path)
+  short_vocab = tmp_path / "vocab.txt"
+  short_vocab.write_text("\n".join(open(VOCAB, encoding="utf-8").read().split("\n")[:1000]) + "\n",
+                         encoding="utf-8")
+  short = tokenization.load_tokenizer(vocab_file=str(short_vocab))
+  with pytest.raises(ValueError, match=(
+      rf"^{re.escape(path)}: 9\d\.\d% of [\d,]+ word pieces are \[UNK\] with vocab\.txt "
+      r"\(1,000 entries\): the vocabulary does not fit this text.*max_unknown_rate")):
+    squad.convert_examples_to_features(examples, short, max_seq_length=64, doc_stride=32)
+  forced = squad.convert_examples_to_features(examples, short, max_seq_length=64,
+                                              doc_stride=32, max_unknown_rate=1.0)
+  assert forced.report["unknown_piece_fraction"] > 0.9
+  fits = squad.convert_examples_to_features(examples, tokenizer, max_seq_length=64,
+                                            doc_stride=32)
+  assert fits.report["unknown_piece_fraction"] < 0.01

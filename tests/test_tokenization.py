@@ -172,6 +172,77 @@ def test_vocabulary_without_specials_is_refused(tmp_path):
     tokenization.load_tokenizer()
 
 
+# -- damaged vocabularies: refused by file and line; released ones load -----------------------
+
+SMALL_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "##s"]
+
+
+def _write_vocab(tmp_path, tokens, prefix=b"", newline="\n"):
+  path = tmp_path / "vocab.txt"
+  path.write_bytes(prefix + (newline.join(tokens) + newline).encode("utf-8"))
+  return str(path)
+
+
+@pytest.mark.parametrize("tokens, message", [
+    (SMALL_VOCAB + ["dog", "cat"], "line 10: the token 'cat' is already on line 7"),
+    (SMALL_VOCAB[:6] + [""] + SMALL_VOCAB[6:], "line 7 is empty"),
+    (SMALL_VOCAB + ["new york"], "line 9: the token 'new york' holds a space"),
+    (SMALL_VOCAB + ["new\tyork"], "line 9: the token 'new\\tyork' holds a tab"),
+    (SMALL_VOCAB + ["nu\x00l"], "line 9: the token 'nu\\x00l' holds a NUL byte"),
+    (SMALL_VOCAB + ["esc\x1b[0m"], "line 9: the token 'esc\\x1b[0m' holds the control "
+                                   "character U+001B"),
+    (SMALL_VOCAB + ["x" * 100_000], "line 9: a token of 100,000 characters"),
+], ids=["duplicate", "empty", "space", "tab", "nul", "control", "long"])
+def test_a_damaged_vocabulary_is_refused_naming_file_and_line(tmp_path, tokens, message):
+  path = _write_vocab(tmp_path, tokens)
+  with pytest.raises(ValueError) as caught:
+    tokenization.load_tokenizer(vocab_file=path)
+  assert str(caught.value).startswith(f"{path}: {message}")
+  assert "\n" not in str(caught.value)
+
+
+def test_vocabulary_quirks_of_real_files_are_accepted(tmp_path):
+  """A byte-order mark, CRLF line ends, spaces around a token (the original stripped them), and
+  entries that are non-ASCII whitespace — the Chinese BERT vocab.txt holds U+2028 — as ids that
+  keep the following entries in place. The MiniLM vocabulary (BERT's uncased one) loads whole."""
+  tok = tokenization.load_tokenizer(vocab_file=_write_vocab(
+      tmp_path, SMALL_VOCAB + [" dog ", "\u2028", "\u3000", "fish"], prefix=b"\xef\xbb\xbf",
+      newline="\r\n"))
+  assert (tok.pad_id, tok.mask_id, tok.vocab_size) == (0, 4, 12)
+  assert tok.vocab["dog"] == 8 and tok.vocab["fish"] == 11
+  assert tok.encode("the cats dog fish") == [5, 6, 7, 8, 11]
+  assert tokenization.load_tokenizer(vocab_file=vocab_path()).vocab_size == 30522
+
+
+def test_a_vocabulary_that_does_not_fit_the_text_is_found_by_its_unknown_rate(tmp_path, caplog):
+  """A vocabulary cut short looks like any other file; its effect shows in the share of [UNK]
+  pieces. (BERT's vocab.txt keeps its single characters and "##" characters early, so a cut
+  after them leaves no [UNK], only longer piece sequences — the cut at 1,000 entries drops
+  them.)"""
+  text = demo_corpus.corpus_text(max_bytes=20_000)
+  first = open(vocab_path(), encoding="utf-8").read().split("\n")[:1000]
+  short = tokenization.load_tokenizer(vocab_file=_write_vocab(tmp_path, first))
+  ids, _ = short.encode_lines(text)
+  unknown, pieces = tokenization.count_unknown(short, ids)
+  assert unknown / pieces > 0.9 and pieces > tokenization.MIN_PIECES_TO_REFUSE
+  with pytest.raises(ValueError, match=(
+      r"^corpus\.txt: 9\d\.\d% of [\d,]+ word pieces are \[UNK\] with vocab\.txt \(1,000 "
+      r"entries\): the vocabulary does not fit this text .*; pass --x=1 to go on anyway\.$")):
+    tokenization.check_unknown_rate(short, unknown, pieces, "corpus.txt", override="pass --x=1")
+  assert tokenization.check_unknown_rate(short, unknown, pieces, "corpus.txt",
+                                         max_rate=1.0) > 0.9
+  assert "word pieces are [UNK]" in caplog.text
+  # A handful of pieces says little: a warning, never an error.
+  assert tokenization.check_unknown_rate(short, 5, 10, "one question") == 0.5
+  full = tokenization.load_tokenizer(vocab_file=vocab_path())
+  ids, _ = full.encode_lines(text)
+  assert tokenization.count_unknown(full, ids)[0] == 0
+  # Model inputs can be passed as they are: [CLS], [SEP] and [PAD] are not pieces of text.
+  row = np.array([[full.cls_id, full.unk_id, 2158, full.sep_id, full.pad_id, full.pad_id]])
+  assert tokenization.count_unknown(full, row) == (1, 2)
+  assert tokenization.count_unknown(full, [[full.unk_id], [7, 8]]) == (1, 3)
+
+
 @pytest.fixture(scope="module")
 def training_text(tmp_path_factory):
   path = tmp_path_factory.mktemp("tok") / "corpus.txt"

@@ -17,6 +17,11 @@ column. The one exception is QQP, whose original processors drop short rows; her
 skipped too, but counted, logged with their line numbers, kept in `Task.skipped_lines`, and
 refused outright if more than 1% of a file is malformed (then it is the wrong file, not a few
 broken rows). `get_task(name, skip_malformed=True)` extends the same tolerance to any task.
+A row whose text field is empty is malformed too: refused by file and line, or skipped likewise.
+
+Users' own TSV files have no fixed header convention; `decide_header` is the one rule (used by
+`CustomTsvTask` and by prediction's `read_text_tsv`) for whether a first line is a header, and
+it logs what it decided and why.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import csv
 import dataclasses
 import math
 import os
+import sys
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -35,6 +41,9 @@ from bert_jax.tasks import classification
 
 # More malformed rows than this share of a file means a wrong or corrupt file, never "a few rows".
 MAX_SKIPPED_FRACTION = 0.01
+# Python's csv module refuses fields over 128 KiB by default; a GLUE-style field can be a whole
+# document. Memory bounds it, not an arbitrary limit.
+_CSV_FIELD_LIMIT = min(sys.maxsize, 2**31 - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +66,8 @@ class TsvLayout:
 
   `header`: "named" — the first line names the columns and the fields are column names (the
   official GLUE files); "skip" — a first line to ignore, fields are 0-based positions; "none" —
-  no header, fields are positions (CoLA's train and dev files, users' headerless files). Every
+  no header, fields are positions (CoLA's train and dev files, users' headerless files); "auto"
+  — positions, and `decide_header` tells from the first line whether it is a header. Every
   row must have as many fields as a header; without one, `num_columns`, or when that is None,
   as many as the first line. `label_optional` lets a file leave the label column out or empty.
   """
@@ -97,6 +107,8 @@ def read_tsv_rows(path: str) -> Iterator[tuple[int, list[str]]]:
                          f"byte {e.start} of the line).") from e
       yield line[1:] if line_number == 1 and line.startswith("\ufeff") else line
 
+  if csv.field_size_limit() < _CSV_FIELD_LIMIT:
+    csv.field_size_limit(_CSV_FIELD_LIMIT)
   with _open_binary(path) as f:
     # One reader for the whole file (a reader per line costs a third more on MNLI's 393k rows);
     # it pulls one line at a time, so `line_number` is the line each row came from.
@@ -111,6 +123,99 @@ def read_tsv_rows(path: str) -> Iterator[tuple[int, list[str]]]:
         raise ValueError(f"{path}: line {line_number}: {reason}.") from e
       if fields:  # blank lines (trailing ones, "\r" alone) give no fields
         yield line_number, fields
+
+
+# Column names of the official GLUE files and the usual names in users' own files: a first line
+# made only of these is a header even where no label column tells.
+COLUMN_NAMES = frozenset({
+    "index", "id", "idx", "guid", "qid", "pairid", "#1 id", "#2 id", "qid1", "qid2", "source",
+    "sentence", "sentence1", "sentence2", "sentence_a", "sentence_b", "text", "text_a",
+    "text_b", "texts", "question", "question1", "question2", "premise", "hypothesis",
+    "#1 string", "#2 string", "passage", "context", "review", "document", "query", "title",
+    "label", "labels", "gold_label", "score", "quality", "is_duplicate", "class", "target",
+    "sentiment", "category", "prediction", "acceptability", "original mark"})
+
+
+def parse_has_header(value: Any) -> str | bool:
+  """`has_header` as given on a command line or in a config ("auto", true/false, yes/no, 1/0)."""
+  if value is None:
+    return "auto"
+  if isinstance(value, bool):
+    return value
+  text = str(value).strip().lower()
+  if text == "auto":
+    return "auto"
+  if text in ("true", "yes", "1"):
+    return True
+  if text in ("false", "no", "0"):
+    return False
+  raise ValueError(f"has_header={value!r}: use auto, true or false.")
+
+
+def decide_header(path: str, first: Sequence[str], *, has_header: Any = "auto",
+                  label_column: int | None = None, label_list: Sequence[str] | None = None,
+                  regression: bool = False) -> bool:
+  """Whether the first line (`first`: its fields) of the TSV file `path` is a header.
+
+  The one rule for users' own TSV files, in fine-tuning and in prediction alike. `has_header`
+  true or false decides outright; "auto" looks at the line. Where the file has a label column
+  and the first line fills it, the line is a header exactly when that value is not a label (a
+  label name, or a finite number for regression); otherwise when every field of it is a known
+  column name (`COLUMN_NAMES`: "sentence", "text", "label", ...). The decision and its reason
+  are logged, so a first line dropped or kept is never a surprise.
+  """
+  has_header = parse_has_header(has_header)
+  name = os.path.basename(path)
+  if has_header != "auto":
+    logging.info("reading %s: first line %s (has_header=%s)", name,
+                 "is a header" if has_header else "is data", has_header)
+    return has_header
+  value = (first[label_column].strip() if label_column is not None and
+           label_column < len(first) else "")
+  if value:
+    if regression:
+      try:
+        is_label = math.isfinite(float(value))
+      except ValueError:
+        is_label = False
+      kind = "a score"
+    else:
+      is_label = value in (label_list or ())
+      kind = "a label"
+    is_header = not is_label
+    reason = (f"its label column {label_column} holds {value!r}, "
+              f"{'' if is_label else 'not '}{kind}")
+  else:
+    fields = [f.strip().lower() for f in first if f.strip()]
+    is_header = bool(fields) and all(f in COLUMN_NAMES for f in fields)
+    reason = (f"its fields {[f.strip() for f in first]} are "
+              f"{'' if is_header else 'not '}column names")
+  logging.info("reading %s: first line is %s (%s; pass has_header=true or false to decide "
+               "otherwise)", name, "a header" if is_header else "data", reason)
+  return is_header
+
+
+def read_text_tsv(path: str, has_header: Any = "auto") -> list[tuple[str, str | None]]:
+  """`(text, text_b or None)` per line of a file of `text` or `text<TAB>text_b` lines (blank
+  lines skipped), for prediction; whether the first line is a header is `decide_header`'s
+  decision, as in fine-tuning."""
+  inputs: list[tuple[str, str | None]] = []
+  first = True
+  for line_number, fields in read_tsv_rows(path):
+    if first:
+      first = False
+      if decide_header(path, fields, has_header=has_header):
+        continue
+    if len(fields) > 2:
+      raise ValueError(f"{path}: line {line_number}: {len(fields)} tab-separated fields; "
+                       "expected text or text<TAB>text_b.")
+    if not fields[0].strip() or (len(fields) == 2 and not fields[1].strip()):
+      raise ValueError(f"{path}: line {line_number}: an empty text field; every input needs "
+                       "its text.")
+    inputs.append((fields[0], fields[1] if len(fields) == 2 else None))
+  if not inputs:
+    raise ValueError(f"{path}: no input lines.")
+  return inputs
 
 
 def _parent_dir(path: str) -> str:
@@ -237,11 +342,26 @@ class Task:
     for line_number, fields in read_tsv_rows(path):
       if columns is None:
         columns, expected, described = self._columns(layout, fields, path, line_number)
-        if layout.header != "none":
+        header = layout.header
+        if header == "auto":
+          label = columns.get("label", layout.label if isinstance(layout.label, int) else None)
+          header = "skip" if decide_header(
+              path, fields, has_header="auto", label_column=label, label_list=self.label_list,
+              regression=self.is_regression) else "none"
+        if header != "none":
           continue
       if len(fields) != expected:
         message = (f"{path}: line {line_number}: expected {expected} tab-separated fields "
                    f"({described}), found {len(fields)}.")
+        if self.skip_malformed:
+          skipped.append(line_number)
+          continue
+        raise ValueError(message)
+      empty = [role for role in ("text_a", "text_b")
+               if role in columns and not fields[columns[role]].strip()]
+      if empty:
+        message = (f"{path}: line {line_number}: the {self._field_name(layout, empty[0])} field "
+                   "is empty; every example needs its text.")
         if self.skip_malformed:
           skipped.append(line_number)
           continue
@@ -261,6 +381,11 @@ class Task:
     if not examples:
       raise ValueError(f"{path}: no examples (an empty file, or only a header).")
     return examples
+
+  @staticmethod
+  def _field_name(layout: TsvLayout, role: str) -> str:
+    where = getattr(layout, role)
+    return repr(where) if isinstance(where, str) else f"{role} (column {where}, 0-based)"
 
   def _columns(self, layout: TsvLayout, first: list[str], path: str,
                line_number: int) -> tuple[dict[str, int], int, str]:
@@ -317,11 +442,11 @@ class Task:
     shown = ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else "")
     if len(skipped) > MAX_SKIPPED_FRACTION * total:
       raise ValueError(f"{path}: {len(skipped)} of {total} rows have the wrong number of fields "
-                       f"(lines {shown}): more than {MAX_SKIPPED_FRACTION:.0%}, so this is not "
-                       f"the {self.name} layout.")
-    logging.warning("%s: skipped %d of %d rows with the wrong number of fields (lines %s), as "
-                    "the original %s processor does.", path, len(skipped), total, shown,
-                    self.name)
+                       f"or an empty text (lines {shown}): more than "
+                       f"{MAX_SKIPPED_FRACTION:.0%}, so this is not the {self.name} layout.")
+    logging.warning("%s: skipped %d of %d rows with the wrong number of fields or an empty "
+                    "text (lines %s), as the original %s processor skips short rows.", path,
+                    len(skipped), total, shown, self.name)
 
   # -- tfds ----------------------------------------------------------------------------------------
 
@@ -561,16 +686,20 @@ class CustomTsvTask(Task):
   """A user's own single-sentence or sentence-pair task in `{train,dev,test}.tsv` files.
 
   Columns are 0-based positions; every row of a file must have as many fields as its first
-  line. The test file may leave the label column out or empty (then examples are unlabelled)
-  or fill it in. With two labels, F1 (of `label_list[1]`) and Matthews correlation are reported
+  line. Whether that first line is a header is `decide_header`'s rule (`has_header`: "auto",
+  the default, or true/false), the one prediction uses too. The test file may leave the label
+  column out or empty (then examples are unlabelled) or fill it in. With two labels, F1 (of `label_list[1]`) and Matthews correlation are reported
   besides accuracy; a regression task reports Pearson and Spearman.
   """
 
   def __init__(self, label_list: Sequence[str] | None = None, *, regression: bool = False,
                text_a_column: int = 0, text_b_column: int | None = None,
-               label_column: int = 1, index_column: int | None = None, skip_header: bool = True,
+               label_column: int = 1, index_column: int | None = None,
+               has_header: bool | str = "auto", skip_header: bool | None = None,
                name: str = "custom", main_metric: str | None = None,
                skip_malformed: bool = False):
+    # `skip_header` is the older spelling of has_header=true/false.
+    has_header = parse_has_header(has_header if skip_header is None else skip_header)
     label_list = list(label_list) if label_list else None  # an empty list flag means "none"
     if regression == (label_list is not None):
       raise ValueError("give either label_list (classification) or regression=True.")
@@ -588,7 +717,9 @@ class CustomTsvTask(Task):
       metrics = ("accuracy", "f1", "matthews_corr")
     else:
       metrics = ("accuracy",)
-    layout = dict(header="skip" if skip_header else "none", text_a=text_a_column,
+    self.has_header = has_header
+    header = "auto" if has_header == "auto" else ("skip" if has_header else "none")
+    layout = dict(header=header, text_a=text_a_column,
                   text_b=text_b_column, label=label_column, index=index_column)
     super().__init__(
         name=name, label_list=label_list, metrics=metrics,

@@ -38,6 +38,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax import file_io
+from bert_jax.text import tokenization
 from bert_jax.text.tokenization import SPM_WORD_START, UNK
 
 # How far from its `answer_start` an answer's text is still accepted (and used where it is).
@@ -135,6 +136,8 @@ def parse_squad_json(dataset: Any, source: str) -> list[SquadExample]:
                                                       source):
     context = require(paragraph, "context", str, source, where.split(".qas[")[0])
     question = require(qa, "question", str, source, where)
+    if not question.strip():
+      raise ValueError(f"{source}: {where}: the question is empty.")
     is_impossible = qa.get("is_impossible", False)
     if not isinstance(is_impossible, bool):
       raise ValueError(f"{source}: {where}: 'is_impossible' must be true or false, got "
@@ -179,6 +182,8 @@ def read_squad_tfds(data_dir: str | None, split: str, version_2_with_negative: b
     answers = [Answer(text(t), int(s)) for t, s in zip(record["answers"]["text"],
                                                        record["answers"]["answer_start"])]
     qas_id = text(record["id"])
+    if not text(record["question"]).strip():
+      raise ValueError(f"{name}[{split}] id {qas_id}: the question is empty.")
     examples.append(SquadExample(qas_id, text(record["question"]), text(record["context"]),
                                  answers, bool(record.get("is_impossible", False)),
                                  text(record.get("title", b"")), f"{name}[{split}] id {qas_id}"))
@@ -386,8 +391,14 @@ class Features:
 def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer,
                                  max_seq_length: int = 384, doc_stride: int = 128,
                                  max_query_length: int = 64, is_training: bool = False,
-                                 progress: bool = True) -> Features:
-  """Windows of every example, with training targets when `is_training`."""
+                                 progress: bool = True,
+                                 max_unknown_rate: float = tokenization.MAX_UNKNOWN_RATE
+                                 ) -> Features:
+  """Windows of every example, with training targets when `is_training`.
+
+  When more than `max_unknown_rate` of the word pieces of the questions and contexts are [UNK],
+  the vocabulary does not fit the text (`tokenization.check_unknown_rate`): an error.
+  """
   if doc_stride <= 0:
     raise ValueError(f"--doc_stride must be positive, not {doc_stride}.")
   questions = tokenizer.encode_batch([e.question for e in examples])
@@ -461,6 +472,14 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer,
       example_index.append(i)
       context_piece.append(piece)
       max_context.append(best)
+  unknown, pieces = tokenization.count_unknown(tokenizer, questions)
+  for tokens in cache.values():
+    more_unknown, more_pieces = tokenization.count_unknown(tokenizer, tokens.ids)
+    unknown, pieces = unknown + more_unknown, pieces + more_pieces
+  report["unknown_piece_fraction"] = round(unknown / pieces, 6) if pieces else 0.0
+  tokenization.check_unknown_rate(
+      tokenizer, unknown, pieces, _source_of(examples), max_rate=max_unknown_rate,
+      override="raise max_unknown_rate (1 turns the check off)")
   report["examples"] = len(examples)
   report["features"] = len(example_index)
   report["answers_not_found"] = len(mismatched)
@@ -485,6 +504,14 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer,
                   np.asarray(context_piece, np.int32).reshape(-1, max_seq_length),
                   np.asarray(max_context, bool).reshape(-1, max_seq_length),
                   tokens_per_example, out_report)
+
+
+def _source_of(examples: Sequence[SquadExample]) -> str:
+  """The file (or tfds split) the examples came from, for messages."""
+  if not examples:
+    return "SQuAD examples"
+  where = examples[0].where
+  return where.split(": data[")[0] if ": data[" in where else where.split(" id ")[0]
 
 
 # ---------------------------------------------------------------------------- predictions

@@ -33,17 +33,24 @@ Special-token strings that occur literally in text ("[MASK]", "[SEP]") are singl
 default, as in transformers; `split_special_tokens=True` treats them as ordinary text, as the
 original did. Pre-training data uses the latter so that corpus text can never forge a [SEP] or a
 [MASK] inside an instance.
+
+A damaged `vocab.txt` is refused at load, by file and line (`load_vocab`). One cut short looks
+like any other, so its effect is checked where text is tokenized in bulk: `count_unknown` and
+`check_unknown_rate` (data_prep's shards, fine-tuning features) stop a run whose word pieces are
+mostly [UNK], naming the vocabulary and the rate.
 """
 
 from __future__ import annotations
 
 import abc
 import itertools
+import os
 import re
 import unicodedata
 from typing import Iterable, Sequence
 
 import numpy as np
+from absl import logging
 
 from bert_jax import file_io
 
@@ -67,6 +74,12 @@ class Tokenizer(abc.ABC):
 
   def tokenize(self, text: str) -> list[str]:
     return self.convert_ids_to_tokens(self.encode(text))
+
+  @property
+  def vocab_source(self) -> str:
+    """The file the vocabulary came from, by name, for messages."""
+    path = getattr(self, "vocab_file", None) or getattr(self, "model_file", None)
+    return os.path.basename(str(path)) if path else type(self).__name__
 
   @abc.abstractmethod
   def encode(self, text: str) -> list[int]:
@@ -131,6 +144,51 @@ def _splice(ids: np.ndarray, counts: np.ndarray, lines, id_lists: Sequence[Seque
   return merged, counts
 
 
+# The share of [UNK] word pieces above which bulk tokenization (pre-training data, fine-tuning
+# features) stops: a vocabulary that fits the text leaves well under 1% (BERT's uncased vocabulary
+# on English prose: about 0.01%); one cut short or meant for another language or casing leaves
+# tens of percent. Between WARN and MAX a warning is logged.
+MAX_UNKNOWN_RATE = 0.1
+WARN_UNKNOWN_RATE = 0.01
+# Below this many pieces a rate says little (one emoji in a short question is 10%): warn only.
+MIN_PIECES_TO_REFUSE = 200
+
+
+def count_unknown(tokenizer: "Tokenizer", ids) -> tuple[int, int]:
+  """(unknown pieces, pieces) in `ids` (an int array of any shape, or lists of ids); [PAD],
+  [CLS], [SEP] and [MASK] are not counted, so model inputs can be passed as they are."""
+  if isinstance(ids, np.ndarray):
+    flat = ids.reshape(-1)
+  else:
+    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64)
+  special = np.isin(flat, [tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id,
+                           tokenizer.mask_id])
+  return int((flat == tokenizer.unk_id).sum()), int(flat.size - special.sum())
+
+
+def check_unknown_rate(tokenizer: "Tokenizer", unknown: int, pieces: int, source: str, *,
+                       max_rate: float = MAX_UNKNOWN_RATE,
+                       override: str = "") -> float:
+  """The share of [UNK] among `pieces` word pieces of `source`; logs a warning above
+  `WARN_UNKNOWN_RATE` and raises ValueError above `max_rate` (given enough pieces to tell).
+
+  This is how a vocabulary cut short, or one that does not belong to the text (another
+  language, cased text with an uncased vocabulary's accents stripped, ...) shows: its file looks
+  fine, but most words fall apart into [UNK]. `override` names the setting that lets a run go on
+  anyway (it ends the error message).
+  """
+  rate = unknown / pieces if pieces else 0.0
+  if rate <= WARN_UNKNOWN_RATE:
+    return rate
+  message = (f"{source}: {rate:.1%} of {pieces:,} word pieces are [UNK] with "
+             f"{tokenizer.vocab_source} ({tokenizer.vocab_size:,} entries): the vocabulary does "
+             "not fit this text (a vocabulary file cut short, or one for other text?)")
+  if rate > max_rate and pieces >= MIN_PIECES_TO_REFUSE:
+    raise ValueError(message + (f"; {override} to go on anyway." if override else "."))
+  logging.warning(message + ".")
+  return rate
+
+
 _SPECIALS_RE = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TOKENS) + ")")
 _SPECIAL_ATTR = {PAD: "pad_id", UNK: "unk_id", CLS: "cls_id", SEP: "sep_id", MASK: "mask_id"}
 
@@ -139,18 +197,67 @@ _SPECIAL_ATTR = {PAD: "pad_id", UNK: "unk_id", CLS: "cls_id", SEP: "sep_id", MAS
 # WordPiece
 
 
-def load_vocab(vocab_file: str) -> list[str]:
-  """The tokens of a BERT `vocab.txt`, one a line; the line number is the id."""
+# Characters that no token of a vocabulary can hold: the basic tokenizer splits text on ASCII
+# whitespace and drops NUL and control characters, so a token holding one is never produced —
+# in a vocab.txt it is a sign of a damaged or wrong file. (Non-ASCII whitespace-only entries are
+# not refused: released vocabularies hold some, e.g. U+2028 in the Chinese BERT vocab.txt, as
+# placeholders that keep the ids of the entries after them.)
+_BAD_VOCAB_CHARS = re.compile(r"[\x00-\x1f\x7f ]")
+_BAD_CHAR_NAMES = {"\x00": "a NUL byte", " ": "a space", "\t": "a tab"}
+
+
+def load_vocab(vocab_file: str, max_token_chars: int = 200) -> list[str]:
+  """The tokens of a BERT `vocab.txt`, one a line; the line number (from 0) is the id.
+
+  A UTF-8 byte-order mark and "\r" line ends are accepted, and spaces around a token dropped
+  (as the original did). Refused, naming the file and line: an empty line, a token listed twice
+  (both lines named: the original silently kept the later id), a token holding a space, a tab,
+  NUL or another control character, and a token longer than `max_token_chars` characters after
+  its "##" (the tokenizer's own word limit: such a token can never be produced). A vocabulary
+  cut short cannot be told from its content; `check_unknown_rate` catches its effect on text.
+  """
   try:
     text = file_io.read_text(vocab_file)
   except FileNotFoundError as e:
     raise FileNotFoundError(f"--vocab_file {vocab_file}: no such file.") from e
-  tokens = [line.strip() for line in text.split("\n")]
+  if text.startswith("\ufeff"):
+    text = text[1:]
+  tokens = [line.strip(" \t\r") for line in text.split("\n")]
   if tokens and tokens[-1] == "":  # the newline after the last entry
     tokens.pop()
   if not tokens:
     raise ValueError(f"{vocab_file}: the vocabulary is empty.")
+  _check_vocab_tokens(vocab_file, tokens, max_token_chars)
   return tokens
+
+
+def _check_vocab_tokens(vocab_file: str, tokens: list[str], max_token_chars: int) -> None:
+  """Raises on the first bad entry (see `load_vocab`); line numbers count from 1."""
+  for line, token in enumerate(tokens, start=1):
+    if not token:
+      raise ValueError(f"{vocab_file}: line {line} is empty; every line of a vocab.txt is one "
+                       "token (its id is the line number - 1).")
+    bad = _BAD_VOCAB_CHARS.search(token)
+    if bad:
+      char = bad.group()
+      name = _BAD_CHAR_NAMES.get(char, f"the control character U+{ord(char):04X}")
+      raise ValueError(f"{vocab_file}: line {line}: the token {token[:40]!r} holds {name}, "
+                       "which the tokenizer never leaves in a word: the file is damaged or not a "
+                       "vocab.txt.")
+    chars = len(token) - 2 if token.startswith("##") else len(token)
+    if chars > max_token_chars:
+      raise ValueError(f"{vocab_file}: line {line}: a token of {len(token):,} characters "
+                       f"({token[:20]!r}...); words longer than {max_token_chars} characters "
+                       "become [UNK], so no token can be that long: the file is damaged or not "
+                       "a vocab.txt.")
+  if len(set(tokens)) != len(tokens):
+    first_line: dict[str, int] = {}
+    for line, token in enumerate(tokens, start=1):
+      if token in first_line:
+        raise ValueError(f"{vocab_file}: line {line}: the token {token[:40]!r} is already on "
+                         f"line {first_line[token]}; every token must be listed once (ids would "
+                         "be ambiguous).")
+      first_line[token] = line
 
 
 def _check_specials(source: str, present: Iterable[str]) -> None:
@@ -539,8 +646,9 @@ class WordPieceTokenizer(Tokenizer):
     self.vocab_file = vocab_file
     self.do_lower_case = do_lower_case
     self.split_special_tokens = split_special_tokens
-    self.id_to_token = load_vocab(vocab_file)
-    # As in the original, a token listed twice keeps its last id.
+    # The bound is the original's word limit even where a caller lowers it (to match
+    # transformers' 100): a released vocabulary is never refused for a setting.
+    self.id_to_token = load_vocab(vocab_file, max(200, max_input_chars_per_word))
     self.vocab = {token: i for i, token in enumerate(self.id_to_token)}
     _check_specials(vocab_file, self.vocab)
     self.vocab_size = len(self.id_to_token)
