@@ -40,8 +40,10 @@ import multiprocessing
 import os
 import queue as queue_lib
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Callable
 
@@ -102,7 +104,13 @@ def define_flags() -> None:
   flags.DEFINE_enum("decode_errors", "strict", list(corpus_io.DECODE_ERRORS),
                     "What to do with bytes that are not UTF-8: stop naming file and line "
                     "(strict), drop them (ignore, what the original did) or use U+FFFD (replace).")
-  flags.DEFINE_string("tmp_dir", None, "Local directory for the split step (default: system tmp).")
+  flags.DEFINE_string("tmp_dir", None,
+                      "Local directory for the split step (default: system tmp). A run's "
+                      "bert_jax_split_<pid>_* folder there is removed at its end, and one left by "
+                      "a killed run is removed by the next run.")
+  flags.DEFINE_float("max_unknown_rate", tokenization.MAX_UNKNOWN_RATE,
+                     "Stop when more than this share of a shard's word pieces are [UNK]: the "
+                     "vocabulary does not fit the text (1 turns the check off).")
   flags.DEFINE_bool("progress", True, "Show a progress bar.")
 
 
@@ -215,6 +223,11 @@ def finished_shards(paths: list[str], settings: dict[str, Any]) -> dict[int, dic
     if not (file_io.exists(path) and file_io.exists(stats_path(path))):
       continue
     stats = json.loads(file_io.read_text(stats_path(path)))
+    size = _file_size(path)
+    if "bytes" in stats and size != stats["bytes"]:
+      logging.warning("%s has %d bytes but was written with %d (cut short or altered): writing "
+                      "it again.", path, size, stats["bytes"])
+      continue
     if stats.get("settings") != settings:
       differing = sorted(k for k in set(settings) | set(stats.get("settings", {}))
                          if settings.get(k) != stats.get("settings", {}).get(k))
@@ -222,6 +235,13 @@ def finished_shards(paths: list[str], settings: dict[str, Any]) -> dict[int, dic
                        f"{', '.join(differing)}). Delete it or write somewhere else.")
     done[index] = stats
   return done
+
+
+def _file_size(path: str) -> int:
+  if file_io.is_remote(path):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return tf.io.gfile.stat(path).length
+  return os.path.getsize(path)
 
 
 def remove_stale_temporaries(paths: list[str]) -> None:
@@ -244,6 +264,35 @@ def remove_stale_temporaries(paths: list[str]) -> None:
         os.remove(os.path.join(directory, name))
 
 
+SPLIT_DIR_PREFIX = "bert_jax_split_"
+
+
+def _process_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # someone else's process: alive
+    return True
+  return True
+
+
+def make_split_dir(tmp_dir: str | None) -> str:
+  """A fresh local folder for the split step, `bert_jax_split_<pid>_*`; the folders that runs
+  killed before their cleanup left there (their process is gone) are removed first, so a rerun
+  after `kill -9` leaves no copy of the corpus behind."""
+  base = tmp_dir or tempfile.gettempdir()
+  os.makedirs(base, exist_ok=True)
+  for name in os.listdir(base):
+    if not name.startswith(SPLIT_DIR_PREFIX):
+      continue
+    pid = name[len(SPLIT_DIR_PREFIX):].split("_", 1)[0]
+    if pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
+      logging.info("Removing %s, left by an interrupted run (process %s).", name, pid)
+      shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+  return tempfile.mkdtemp(prefix=f"{SPLIT_DIR_PREFIX}{os.getpid()}_", dir=base)
+
+
 # ---------------------------------------------------------------------------------------------
 # Work done in worker processes
 
@@ -251,11 +300,35 @@ _TOKENIZERS: dict[tuple, tokenization.Tokenizer] = {}
 _PROGRESS_QUEUE = None
 
 
-def _init_worker(progress_queue) -> None:
+def _init_worker(progress_queue, parent_pid: int) -> None:
   global _PROGRESS_QUEUE
+  die_with_parent(parent_pid)
   _PROGRESS_QUEUE = progress_queue
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker
   keep_freed_memory()
+
+
+def die_with_parent(parent_pid: int) -> None:
+  """Ends this worker when the command that started it dies, even by `kill -9` (which gives the
+  pool no chance to stop its workers): on Linux the kernel sends SIGKILL (PR_SET_PDEATHSIG),
+  elsewhere a thread watches the parent process id."""
+  try:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    pr_set_pdeathsig = 1  # from <sys/prctl.h>
+    watched = libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) == 0
+  except (OSError, AttributeError):
+    watched = False
+  if os.getppid() != parent_pid:  # the parent died before the line above took effect
+    os._exit(1)  # pylint: disable=protected-access
+  if watched:
+    return
+
+  def watch():
+    while os.getppid() == parent_pid:
+      time.sleep(1.0)
+    os._exit(1)  # pylint: disable=protected-access
+
+  threading.Thread(target=watch, daemon=True, name="watch-parent").start()
 
 
 def keep_freed_memory() -> None:
@@ -317,6 +390,9 @@ def load_shard_documents(bucket_paths: list[str], tokenizer: tokenization.Tokeni
     text = block[:-1] if block.endswith("\n") else block  # its last line is the blank one
     line_chars = np.fromiter(map(len, text.split("\n")), np.int64)
     ids, counts = tokenizer.encode_lines(text)
+    unknown, pieces = tokenization.count_unknown(tokenizer, ids)
+    stats["unknown_pieces"] += unknown
+    stats["pieces"] += pieces
     blank = line_chars == 0
     document_of_line = np.cumsum(blank)
     kept = ~blank & (counts > 0)  # lines that are sentences
@@ -346,7 +422,7 @@ def new_shard_stats() -> dict[str, Any]:
           "single_sentence_documents", "sentences_longer_than_max", "document_passes",
           "short_target_passes", "instances", "tokens", "maskable_tokens", "masked",
           "masked_to_mask_token", "masked_to_random_token", "masked_kept",
-          "instances_at_max_predictions", "random_next", "slots")
+          "instances_at_max_predictions", "random_next", "slots", "pieces", "unknown_pieces")
   return {k: 0 for k in keys}
 
 
@@ -360,6 +436,11 @@ def process_shard(task: dict[str, Any]) -> dict[str, Any]:
   stats = new_shard_stats()
   documents = load_shard_documents(task["bucket_paths"], tokenizer, max_seq_length - 3, stats,
                                    on_bytes=lambda n: _report("shard", 0.5 * n))
+  tokenization.check_unknown_rate(
+      tokenizer, stats["unknown_pieces"], stats["pieces"],
+      f"{settings['input_file']} (the documents of shard {task['shard']})",
+      max_rate=task.get("max_unknown_rate", tokenization.MAX_UNKNOWN_RATE),
+      override="pass --max_unknown_rate=1")
   pair_rng, mask_rng = shard_seeds(settings["random_seed"], task["shard"])
   instances, short_targets = instances_lib.build_instances(
       documents, max_seq_length, settings["short_seq_prob"], settings["dupe_factor"], pair_rng)
@@ -405,7 +486,10 @@ def process_shard(task: dict[str, Any]) -> dict[str, Any]:
     stats["seconds"] = round(time.time() - started, 3)
     stats["settings"] = settings
     stats["output_path"] = task["output_path"]
-    file_io.write_text_atomic(stats_path(task["output_path"]), json.dumps(stats, indent=1))
+    stats["records"] = writer.records_written
+    stats["bytes"] = writer.bytes_written
+  # Written once the shard is in place: a stats file vouches for a complete shard.
+  file_io.write_text_atomic(stats_path(task["output_path"]), json.dumps(stats, indent=1))
   if instances.size == 0:
     _report("shard", 0.5 * shard_bytes)
   return stats
@@ -491,7 +575,9 @@ def _run_tasks(function, tasks: list[dict], pool, progress_queue, progress: _Pro
 def create_pretraining_data(settings: dict[str, Any], output_file: str | None = None,
                             output_dir: str | None = None, num_output_shards: int = 8,
                             num_workers: int = 1, tmp_dir: str | None = None,
-                            show_progress: bool = True) -> dict[str, Any]:
+                            show_progress: bool = True,
+                            max_unknown_rate: float = tokenization.MAX_UNKNOWN_RATE
+                            ) -> dict[str, Any]:
   """The whole run; returns the summary (also printed and written beside the output)."""
   started = time.time()
   check_settings(settings)
@@ -509,7 +595,7 @@ def create_pretraining_data(settings: dict[str, Any], output_file: str | None = 
 
   split_stats: list[dict] = []
   shard_stats = dict(done)
-  bucket_dir = tempfile.mkdtemp(prefix="bert_jax_split_", dir=tmp_dir)
+  bucket_dir = make_split_dir(tmp_dir)
   pool = progress_queue = None
   try:
     if todo:
@@ -517,7 +603,8 @@ def create_pretraining_data(settings: dict[str, Any], output_file: str | None = 
       if workers > 1:
         context = multiprocessing.get_context("spawn")
         progress_queue = context.Queue()
-        pool = context.Pool(workers, initializer=_init_worker, initargs=(progress_queue,))
+        pool = context.Pool(workers, initializer=_init_worker,
+                            initargs=(progress_queue, os.getpid()))
       else:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
       total_bytes = sum(corpus_io.file_size(p) for p in input_files)
@@ -539,7 +626,7 @@ def create_pretraining_data(settings: dict[str, Any], output_file: str | None = 
         buckets = [b for b in buckets if os.path.exists(b)]
         shard_tasks.append({"shard": shard, "bucket_paths": buckets, "output_path": paths[shard],
                             "bucket_bytes": sum(os.path.getsize(b) for b in buckets),
-                            "settings": settings})
+                            "settings": settings, "max_unknown_rate": max_unknown_rate})
       bar = _Progress(show_progress, sum(t["bucket_bytes"] for t in shard_tasks),
                       f"build {len(shard_tasks)} shard(s), {workers} worker(s)")
       made = [0]
@@ -591,6 +678,7 @@ def summarize(settings, input_files, paths, shard_stats, split_stats, skipped, s
       "short_target_fraction": ratio(total["short_target_passes"], total["document_passes"]),
       "padding_fraction": ratio(total["slots"] - total["tokens"], total["slots"]),
       "mean_tokens_per_instance": ratio(total["tokens"], total["instances"]),
+      "unknown_piece_fraction": ratio(total["unknown_pieces"], total["pieces"]),
   }
   if settings["masking"] == features_lib.STATIC:
     summary.update({
@@ -623,6 +711,11 @@ def summarize(settings, input_files, paths, shard_stats, split_stats, skipped, s
       "shards_skipped_as_complete": skipped,
       "vocab_size": tokenizer.vocab_size,
       "output_files": paths,
+      # Per shard file (by name): what the input pipeline checks each file against.
+      "records_per_file": {os.path.basename(paths[i]): stats.get("records", stats["instances"])
+                           for i, stats in sorted(shard_stats.items())},
+      "bytes_per_file": {os.path.basename(paths[i]): stats["bytes"]
+                         for i, stats in sorted(shard_stats.items()) if "bytes" in stats},
       "settings": settings,
       "warnings": warnings,
   })
@@ -653,7 +746,8 @@ def main(argv):
                             output_dir=FLAGS.output_dir,
                             num_output_shards=FLAGS.num_output_shards,
                             num_workers=FLAGS.num_workers, tmp_dir=FLAGS.tmp_dir,
-                            show_progress=FLAGS.progress)
+                            show_progress=FLAGS.progress,
+                            max_unknown_rate=FLAGS.max_unknown_rate)
   except (ValueError, FileNotFoundError, PermissionError) as e:
     # Bad input or settings: the message names the file, line or flag; a trace adds nothing.
     print(f"create_pretraining_data: error: {e}", file=sys.stderr)

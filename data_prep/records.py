@@ -1,8 +1,8 @@
 """Writing TFRecord files without TensorFlow, under a temporary name until complete.
 
 A TFRecord is `uint64 length, uint32 masked_crc32c(length), data, uint32 masked_crc32c(data)`,
-little-endian. Writing it here instead of through `tf.io.TFRecordWriter` keeps data-prep
-workers free of TensorFlow (~3 s and ~400 MB each to import). CRC32C comes from `google-crc32c`
+little-endian; the framing and checksum are those of `bert_jax/data/tfrecords.py`, which also
+reads it. Writing it here instead of through `tf.io.TFRecordWriter` keeps data-prep workers free of TensorFlow (~3 s and ~400 MB each to import). CRC32C comes from `google-crc32c`
 (C, and already on every Cloud TPU VM with the GCS client); if that is missing, TensorFlow's writer
 is used. A shard is written as `NAME.tmp-<pid>` and renamed to `NAME` only once it is complete,
 so a crash never leaves a half-written file under a name that a rerun or a reader would trust.
@@ -21,20 +21,14 @@ import struct
 import numpy as np
 
 from bert_jax import file_io
+from bert_jax.data.tfrecords import FRAME_AFTER, FRAME_BEFORE, MASK_DELTA, masked_crc32c
 
 try:
   import google_crc32c  # pylint: disable=g-import-not-at-top
 except ImportError:  # pragma: no cover - exercised only where the package is missing
   google_crc32c = None
 
-_MASK_DELTA = 0xA282EAD8
-FRAME_BEFORE = 12  # uint64 length, uint32 masked_crc32c(length)
-FRAME_AFTER = 4    # uint32 masked_crc32c(data)
-
-
-def masked_crc32c(data: bytes) -> int:
-  crc = google_crc32c.value(data)
-  return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+_MASK_DELTA = MASK_DELTA
 
 
 def temporary_name(path: str) -> str:
@@ -73,8 +67,14 @@ class TFRecordWriter:
       self._file = open(self.tmp_path, "wb")  # pylint: disable=consider-using-with
     self._pending: list[bytes] = []
     self._pending_bytes = 0
+    # What the finished file holds: data_prep's summary lists both per shard, and the input
+    # pipeline checks each shard against them (a shard cut short is found before training).
+    self.records_written = 0
+    self.bytes_written = 0
 
   def write(self, record: bytes) -> None:
+    self.records_written += 1
+    self.bytes_written += len(record) + FRAME_BEFORE + FRAME_AFTER
     if self._tf_writer is not None:
       self._tf_writer.write(record)
       return
@@ -93,6 +93,8 @@ class TFRecordWriter:
     ends = np.asarray(ends, np.int64)
     if not ends.size:
       return
+    self.records_written += int(ends.size)
+    self.bytes_written += int(ends[-1])
     data_starts = np.concatenate([[0], ends[:-1]]) + FRAME_BEFORE
     data_ends = ends - FRAME_AFTER
     if self._tf_writer is not None:

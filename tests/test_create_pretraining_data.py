@@ -332,6 +332,29 @@ def test_bad_input_names_file_and_line(corpus, tmp_path):
     run(corpus, blocker / "sub")
 
 
+def test_a_vocabulary_that_does_not_fit_the_corpus_stops_the_run(corpus, static_run, tmp_path):
+  """A vocab.txt cut short (here at 1,000 entries, before BERT's single characters) tokenizes
+  most words to [UNK]; the shard stops with the rate and the vocabulary named, and the flag
+  that lets it go on."""
+  short = tmp_path / "vocab.txt"
+  short.write_text("\n".join(open(VOCAB, encoding="utf-8").read().split("\n")[:1000]) + "\n",
+                   encoding="utf-8")
+  settings = cpd.make_settings(corpus, str(short), dupe_factor=1, max_seq_length=32,
+                               max_predictions_per_seq=5)
+  with pytest.raises(ValueError, match=(
+      r"\(the documents of shard 0\): 9\d\.\d% of [\d,]+ word pieces are \[UNK\] with "
+      r"vocab\.txt \(1,000 entries\): the vocabulary does not fit this text .*; pass "
+      r"--max_unknown_rate=1 to go on anyway\.$")):
+    cpd.create_pretraining_data(settings, output_dir=str(tmp_path / "out"),
+                                num_output_shards=1, show_progress=False)
+  assert not glob.glob(str(tmp_path / "out" / "*.tfrecord*"))
+  forced = cpd.create_pretraining_data(settings, output_dir=str(tmp_path / "out"),
+                                       num_output_shards=1, show_progress=False,
+                                       max_unknown_rate=1.0)
+  assert forced["unknown_piece_fraction"] > 0.9
+  assert static_run[1]["unknown_piece_fraction"] == 0.0
+
+
 def test_command_line(corpus, tmp_path):
   """The script as users run it: flags, a progress bar, a summary, and errors without a trace."""
   env = dict(os.environ, PYTHONPATH=ROOT)

@@ -59,8 +59,21 @@ def to_global(batch: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
           for k, v in batch.items()}
 
 
+def check_batch_size(batch_size: int, process_count: int | None = None,
+                     field: str = "train_batch_size", flag: str = "--train_batch_size") -> None:
+  """A batch must give every process the same positive number of rows; otherwise a ValueError
+  naming the setting (`field`, set with `flag`) instead of a division by zero or tf.data's
+  complaint several layers down."""
+  process_count = jax.process_count() if process_count is None else process_count
+  if (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or
+      batch_size <= 0 or batch_size % process_count):
+    raise ValueError(f"{field}={batch_size!r}: must be a positive multiple of the number of "
+                     f"processes ({process_count}); set {flag}.")
+
+
 def steps_per_epoch(num_rows: int, batch_size: int) -> int:
   """Batches in one pass over every row (the last one padded)."""
+  check_batch_size(batch_size)
   return max(1, math.ceil(num_rows / batch_size))
 
 
@@ -75,6 +88,7 @@ def training_batches(feats: dict[str, np.ndarray], batch_size: int, sharding, *,
   n = len(feats["weight"])
   if n == 0:
     raise ValueError("No training examples.")
+  check_batch_size(batch_size)
   per_epoch = steps_per_epoch(n, batch_size)
   epoch = int((position or {}).get("epoch", 0))
   index = int((position or {}).get("batch", 0))

@@ -9,17 +9,32 @@ The stream is a pure function of (seed, epoch, batch index): epoch `e` reads the
 seeded order with a seeded shuffle, and dynamic masks are drawn with `masking.py` from a
 generator seeded by (seed, epoch, batch, process). So the position `{"epoch", "batch"}` is all
 a checkpoint needs to resume the exact batches an uninterrupted run would have seen.
+
+Damaged files are named, never read around in silence. data_prep's `summary.json` beside the
+files lists each shard's records and bytes; a file whose size differs (cut short — tf.data
+reads a file cut inside a record header as a clean, shorter file) is an error naming the file
+and the records expected and found, and a checksum failure while reading (tf.data's
+DataLossError, which names no file) becomes an error naming the file, the record and the byte
+offset. `skip_corrupt_records=True` (`config.data.skip_corrupt_records`) instead reads every
+file with `tfrecords.iter_records`, which skips damaged records, and counts them
+(`PretrainingData.skipped_records`); undamaged files give exactly the same stream.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import os
+import re
+import threading
 from typing import Any, Iterator, Sequence
 
 import jax
 import numpy as np
+from absl import logging
 
 from bert_jax import file_io
+from bert_jax.data import arrays, tfrecords
 from bert_jax.text import features, masking
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -83,16 +98,77 @@ def check_record_shapes(path: str, max_seq_length: int, max_predictions_per_seq:
                        f"or set the config to match.")
 
 
-def _find_corrupt_record(files: Sequence[str]) -> str:
-  """Names the file and byte offset of the first unreadable record (run only after a failure)."""
-  tf = _tf()
+SKIP_HINT = ("set data.skip_corrupt_records=True to train on without the damaged records "
+             "(they are counted and reported)")
+
+
+def recorded_counts(files: Sequence[str]) -> dict[str, dict[str, Any]]:
+  """Per file, what data_prep wrote: `{"records", "bytes", "summary"}` from the summary JSON
+  files beside it (`summary.json`, or `<first output>.summary.json` for `--output_file`).
+  Files without one (another tool's records, or an older summary) are left out."""
+  by_directory: dict[str, set[str]] = {}
   for path in files:
-    try:
-      for _ in tf.data.TFRecordDataset(path):
-        pass
-    except tf.errors.DataLossError as e:
-      return f"{path}: {e.message.splitlines()[0]}"
-  return "no corrupt record found on a second read"
+    by_directory.setdefault(_directory(path), set()).add(os.path.basename(path))
+  out: dict[str, dict[str, Any]] = {}
+  for directory, names in by_directory.items():
+    for summary_path in sorted(file_io.glob(file_io.join(directory, "*summary.json"))):
+      try:
+        summary = json.loads(file_io.read_text(summary_path))
+      except (ValueError, OSError):
+        continue
+      if not isinstance(summary, dict) or not isinstance(summary.get("records_per_file"), dict):
+        continue
+      sizes = summary.get("bytes_per_file") or {}
+      for name, count in summary["records_per_file"].items():
+        if name in names:
+          out[file_io.join(directory, name)] = {"records": int(count), "bytes": sizes.get(name),
+                                                "summary": summary_path}
+  return out
+
+
+def _directory(path: str) -> str:
+  return path.rsplit("/", 1)[0] if file_io.is_remote(path) else (os.path.dirname(path) or ".")
+
+
+def _sizes(files: Sequence[str]) -> list[int]:
+  if not any(file_io.is_remote(p) for p in files):
+    return [os.path.getsize(p) for p in files]
+  with concurrent.futures.ThreadPoolExecutor(16) as pool:  # a bucket: one request per file
+    return list(pool.map(tfrecords.file_size, files))
+
+
+def check_recorded_counts(files: Sequence[str], recorded: dict[str, dict[str, Any]],
+                          skip: bool = False) -> dict[str, int]:
+  """Compares each file's size with what data_prep wrote (a stat per file, no reading); a file
+  that differs is read through to count its sound records. Raises naming the file, the
+  records expected and those found — or, with `skip`, logs it and returns the records missing
+  per file."""
+  checked = [p for p in files if p in recorded and recorded[p]["bytes"] is not None]
+  missing: dict[str, int] = {}
+  for path, size in zip(checked, _sizes(checked)):
+    want = recorded[path]
+    if size == want["bytes"]:
+      continue
+    found = tfrecords.scan(path)
+    where = f"; first damage: {found.damages[0]}" if found.damages else ""
+    message = (f"{path}: {found.records:,} of {want['records']:,} records are readable "
+               f"({want['summary']} lists {want['records']:,} records in {want['bytes']:,} "
+               f"bytes; the file has {size:,} bytes: cut short or altered{where})")
+    if not skip:
+      raise ValueError(f"{message}. Re-create it with data_prep (a rerun writes it again), or "
+                       f"{SKIP_HINT}.")
+    missing[path] = max(0, want["records"] - found.records) or len(found.damages)
+    logging.warning("%s; skipping the %d missing or damaged record(s).", message, missing[path])
+  return missing
+
+
+def _find_corrupt_record(files: Sequence[str]) -> str:
+  """Names the file, record and byte offset of the first damage (run only after a failure)."""
+  for path in files:
+    found = tfrecords.scan(path)
+    if found.damages:
+      return str(found.damages[0])
+  return "no damaged record found on a second read"
 
 
 class PretrainingData:
@@ -106,6 +182,8 @@ class PretrainingData:
     seed: shuffling and dynamic-masking seed.
     masking_config: needed for dynamic records (masks are drawn here); ignored for static ones.
     shuffle, repeat: off for evaluation streams.
+    skip_corrupt_records: skip damaged records and files cut short instead of stopping; they
+      are logged and counted in `skipped_records` (`config.data.skip_corrupt_records`).
   """
 
   def __init__(self, file_patterns: str | Sequence[str], *, global_batch_size: int,
@@ -114,13 +192,12 @@ class PretrainingData:
                masking_config: masking.MaskingConfig | None = None, shuffle: bool = True,
                repeat: bool = True, shuffle_buffer_size: int = 10000,
                process_index: int | None = None, process_count: int | None = None,
-               files: Sequence[str] | None = None):
-    self.files = list(files) if files is not None else list_files(file_patterns)
+               files: Sequence[str] | None = None, skip_corrupt_records: bool = False):
     self.process_index = jax.process_index() if process_index is None else process_index
     self.process_count = jax.process_count() if process_count is None else process_count
-    if global_batch_size % self.process_count:
-      raise ValueError(f"global_batch_size={global_batch_size} is not divisible by the "
-                       f"{self.process_count} hosts.")
+    arrays.check_batch_size(global_batch_size, self.process_count, "global_batch_size",
+                            "--config.global_batch_size")
+    self.files = list(files) if files is not None else list_files(file_patterns)
     self.global_batch_size = global_batch_size
     self.host_batch_size = global_batch_size // self.process_count
     self.max_seq_length = max_seq_length
@@ -136,6 +213,13 @@ class PretrainingData:
     else:
       self.host_files = list(self.files)
       self._record_shard = (self.process_count, self.process_index)
+    self.skip_corrupt_records = skip_corrupt_records
+    self._lock = threading.Lock()
+    self._skipped: dict[str, int] = {}   # file -> records skipped in it (most in one pass)
+    self.damages: list[tfrecords.Damage] = []  # each damage seen, once
+    self._recorded = recorded_counts(self.host_files)
+    self._skipped.update(check_recorded_counts(self.host_files, self._recorded,
+                                               skip=skip_corrupt_records))
     self.masking_mode = detect_masking(self.host_files[0])
     for path in self.host_files[:1] + self.host_files[-1:]:
       check_record_shapes(path, max_seq_length, max_predictions_per_seq, self.masking_mode)
@@ -150,6 +234,38 @@ class PretrainingData:
     self.feature_spec = features.tf_feature_spec(max_seq_length, max_predictions_per_seq,
                                                  self.masking_mode)
 
+  # ------------------------------------------------------------------------ damaged records
+  @property
+  def skipped_records(self) -> int:
+    """Records skipped so far as damaged or missing, over this host's files (each file counted
+    once, not once per epoch)."""
+    with self._lock:
+      return sum(self._skipped.values())
+
+  def _note_damage(self, damage: tfrecords.Damage, counts: dict[str, int]) -> None:
+    with self._lock:
+      counts[damage.path] = counts.get(damage.path, 0) + 1
+      self._skipped[damage.path] = max(self._skipped.get(damage.path, 0), counts[damage.path])
+      if any(d.path == damage.path and d.offset == damage.offset for d in self.damages):
+        return
+      self.damages.append(damage)
+    logging.warning("Skipping a damaged pre-training record: %s (%d skipped on this host so "
+                    "far).", damage, self.skipped_records)
+
+  def _checked_records(self, path: bytes) -> Iterator[bytes]:
+    """A file's sound records (skip mode); the records it lacks against data_prep's count are
+    counted once the file is read through."""
+    path = path.decode() if isinstance(path, bytes) else str(path)
+    counts: dict[str, int] = {}
+    good = 0
+    for record in tfrecords.iter_records(path, lambda d: self._note_damage(d, counts)):
+      good += 1
+      yield record
+    expected = self._recorded.get(path, {}).get("records")
+    if expected is not None and good < expected:
+      with self._lock:
+        self._skipped[path] = max(self._skipped.get(path, 0), expected - good)
+
   # ------------------------------------------------------------------------------ tf.data
   def _epoch_dataset(self, epoch: int):
     tf = _tf()
@@ -158,8 +274,15 @@ class PretrainingData:
       order = np.random.default_rng([self.seed, epoch, 1]).permutation(len(files))
       files = [files[i] for i in order]
     ds = tf.data.Dataset.from_tensor_slices(files)
+    if self.skip_corrupt_records:  # the same records, each checksum checked here, damage skipped
+      read = tf.autograph.experimental.do_not_convert(
+          lambda path: tf.data.Dataset.from_generator(
+              self._checked_records, args=(path,),
+              output_signature=tf.TensorSpec((), tf.string)))
+    else:
+      read = tf.data.TFRecordDataset
     # Deterministic interleave of a few files at once: parallel reads, same order every time.
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(4, len(files)), block_length=1,
+    ds = ds.interleave(read, cycle_length=min(4, len(files)), block_length=1,
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if self._record_shard is not None:
       ds = ds.shard(*self._record_shard)
@@ -212,8 +335,10 @@ class PretrainingData:
           produced += 1
           yield batch, {"epoch": epoch, "batch": index}
       except data_loss_error as e:
+        said = re.search(r"(corrupted|truncated) record at \d+", e.message or "")
+        said = f" (tf.data: {said.group()})" if said else ""
         raise ValueError(f"Corrupt pre-training record: {_find_corrupt_record(self.host_files)}"
-                         ) from e
+                         f"{said}. Re-create the file with data_prep, or {SKIP_HINT}.") from e
       if not self.repeat:
         return
       if produced == 0 and index == 0:
