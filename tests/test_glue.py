@@ -741,8 +741,8 @@ def test_prediction_inputs_follow_the_same_header_rule(tmp_path):
   with pytest.raises(ValueError, match=r"inputs\.tsv: line 1: 3 tab-separated fields; expected "
                                        r"text or text<TAB>text_b"):
     glue.read_text_tsv(path)
-  path = write(f"{d}/inputs.tsv", [["Fine."], ["\t"]])
-  with pytest.raises(ValueError, match=r"inputs\.tsv: line 2: an empty text field"):
+  path = write(f"{d}/inputs.tsv", [["Fine."], [" "], ["\tHe rests."]])
+  with pytest.raises(ValueError, match=r"inputs\.tsv: line 3: an empty text field"):
     glue.read_text_tsv(path)
 
 

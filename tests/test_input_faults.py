@@ -127,7 +127,7 @@ def test_summary_lists_every_shards_records_and_bytes(shards):
 
 @pytest.mark.parametrize("damage, where", [
     (INSIDE_HEADER, "the file ends inside a record header"),
-    (INSIDE_DATA, "the file ends inside the record")])
+    (INSIDE_DATA, "the file ends inside the record")], ids=["cut_in_header", "cut_in_data"])
 def test_a_shard_cut_short_is_named_with_records_expected_and_read(shards, tmp_path, damage,
                                                                     where):
   files = damaged_copy(shards, tmp_path, damage)
@@ -143,7 +143,8 @@ def test_a_shard_cut_short_is_named_with_records_expected_and_read(shards, tmp_p
 
 @pytest.mark.parametrize("damage, reason", [
     (DATA_BYTE, "the record's data checksum does not match"),
-    (LENGTH_BYTE, "the record header's checksum does not match")])
+    (LENGTH_BYTE, "the record header's checksum does not match")],
+    ids=["data_byte", "length_byte"])
 def test_a_flipped_byte_is_named_with_file_record_and_offset(shards, tmp_path, damage, reason):
   for summary in (True, False):  # the size is unchanged: found while reading, summary or not
     files = damaged_copy(shards, tmp_path / str(summary), damage, summary=summary)
@@ -158,7 +159,8 @@ def test_a_flipped_byte_is_named_with_file_record_and_offset(shards, tmp_path, d
 
 
 @pytest.mark.parametrize("damage, skipped", [
-    (INSIDE_HEADER, None), (INSIDE_DATA, None), (DATA_BYTE, 1), (LENGTH_BYTE, 1)])
+    (INSIDE_HEADER, None), (INSIDE_DATA, None), (DATA_BYTE, 1), (LENGTH_BYTE, 1)],
+    ids=["cut_in_header", "cut_in_data", "data_byte", "length_byte"])
 def test_skip_corrupt_records_skips_and_counts(shards, tmp_path, damage, skipped):
   sound = all_input_ids(stream(damaged_copy(shards, tmp_path / "sound")))
   files = damaged_copy(shards, tmp_path / "damaged", damage)

@@ -586,6 +586,24 @@ def test_an_empty_question_is_an_error_naming_its_id(tmp_path):
   with pytest.raises(ValueError, match=re.escape(
       f"{path}: data[0].paragraphs[0].qas[1] (id 'q2'): the question is empty.")):
     squad.read_squad_json(path)
+  # The same from a prepared tensorflow-datasets directory.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  records = _as_tfds_records(squad.read_squad_json(_write(tmp_path / "ok.json", OFFICIAL)),
+                             False)
+  records[1]["question"] = ""
+
+  def as_dataset(self, split, *args, **kwargs):
+    del self, split, args, kwargs
+    text, texts = tf.TensorSpec((), tf.string), tf.TensorSpec((None,), tf.string)
+    signature = {"id": text, "title": text, "context": text, "question": text,
+                 "answers": {"text": texts, "answer_start": tf.TensorSpec((None,), tf.int32)}}
+    return tf.data.Dataset.from_generator(lambda: iter(records), output_signature=signature)
+
+  with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+    with pytest.raises(ValueError, match=re.escape(
+        "squad/v1.1[validation] id q2: the question is empty.")):
+      squad.read_squad_tfds(str(tmp_path), "dev", False)
 
 
 def test_a_vocabulary_that_does_not_fit_the_text_is_refused(tmp_path, tokenizer):

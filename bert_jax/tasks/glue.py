@@ -197,11 +197,13 @@ def decide_header(path: str, first: Sequence[str], *, has_header: Any = "auto",
 
 def read_text_tsv(path: str, has_header: Any = "auto") -> list[tuple[str, str | None]]:
   """`(text, text_b or None)` per line of a file of `text` or `text<TAB>text_b` lines (blank
-  lines skipped), for prediction; whether the first line is a header is `decide_header`'s
+  lines, and lines of spaces, skipped), for prediction; whether the first line is a header is `decide_header`'s
   decision, as in fine-tuning."""
   inputs: list[tuple[str, str | None]] = []
   first = True
   for line_number, fields in read_tsv_rows(path):
+    if not any(field.strip() for field in fields):
+      continue  # a line of spaces is a blank line
     if first:
       first = False
       if decide_header(path, fields, has_header=has_header):
