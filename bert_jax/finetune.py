@@ -63,7 +63,8 @@ ORIGINAL_FLAGS = (
     ("text_a_column", "integer", "custom task: column of the first text (0)."),
     ("text_b_column", "integer", "custom task: column of the second text, if any."),
     ("label_column", "integer", "custom task: column of the label (1)."),
-    ("skip_header", "bool", "custom task: the TSV files start with a header line (true)."),
+    ("has_header", "string", "custom task: whether the TSV files start with a header line: "
+                             "auto (decided from the first line, and said), true or false."),
     ("train_file", "string", "SQuAD: official training JSON (train-v1.1.json)."),
     ("predict_file", "string", "SQuAD: JSON to predict (dev-v1.1.json); scored when it has "
                                "answers."),

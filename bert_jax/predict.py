@@ -19,8 +19,9 @@ so `fill_mask`.
 - `fill_mask`: the `--top_k` tokens, with probabilities, for every [MASK] of each `--text`.
 - `classify`: per input, the label with its probability and every class's probability (a
   regression model: its score). Inputs are `--text` (repeatable; a pair as
-  `--text="premise ||| hypothesis"` or with `--text_b`) or `--input_file` (TSV without header:
-  `text` or `text<TAB>text_b` per line). Label names are the ones fine-tuning recorded in the
+  `--text="premise ||| hypothesis"` or with `--text_b`) or `--input_file` (TSV, `text` or
+  `text<TAB>text_b` per line; a header line is detected by fine-tuning's rule, or
+  `--has_header`). Label names are the ones fine-tuning recorded in the
   checkpoint (`--label_list` or `--task_name` override them).
 - `qa`: the best answer span of `--context` (or `--context_file`) for each `--question`, or for
   every question of an `--input_file` in the official SQuAD JSON layout, with its probability and
@@ -48,7 +49,7 @@ from absl import app, flags, logging
 from bert_jax import cli, file_io, inference
 from bert_jax.interop import checkpoints
 from bert_jax.model import configuration, heads
-from bert_jax.tasks import question_answering, sequence_classification
+from bert_jax.tasks import glue, question_answering, sequence_classification
 from bert_jax.text import pairs, tokenization, vocab_files
 
 MODES = ("fill_mask", "classify", "qa")
@@ -267,20 +268,13 @@ def split_pair(text: str, text_b: str | None = None) -> tuple[str, str | None]:
   return text, None
 
 
-def read_classify_tsv(path: str) -> list[tuple[str, str | None]]:
-  """`text` or `text<TAB>text_b` per line (no header; blank lines skipped)."""
-  inputs = []
-  for number, line in enumerate(file_io.read_text(path).splitlines(), 1):
-    if not line.strip():
-      continue
-    fields = line.split("\t")
-    if len(fields) > 2:
-      raise PredictError(f"{path}: line {number} has {len(fields)} tab-separated fields; "
-                         "expected text or text<TAB>text_b.")
-    inputs.append((fields[0], fields[1] if len(fields) == 2 else None))
-  if not inputs:
-    raise PredictError(f"{path}: no input lines.")
-  return inputs
+def read_classify_tsv(path: str, has_header: str = "auto") -> list[tuple[str, str | None]]:
+  """`text` or `text<TAB>text_b` per line; a header line by fine-tuning's rule
+  (`glue.decide_header`: detected, or `--has_header`)."""
+  try:
+    return glue.read_text_tsv(path, has_header)
+  except ValueError as e:
+    raise PredictError(str(e)) from None
 
 
 def resolve_labels(model: FinetunedModel, task_name: str | None = None,
@@ -288,7 +282,6 @@ def resolve_labels(model: FinetunedModel, task_name: str | None = None,
   """The label names in the head's order (None for regression): `--label_list`, else those of
   `--task_name`, else the ones the checkpoint records, else those of its recorded GLUE task,
   else class indices with a warning."""
-  from bert_jax.tasks import glue  # pylint: disable=g-import-not-at-top
   num_labels = model.num_labels
   if label_list:
     labels = list(label_list)
@@ -444,6 +437,9 @@ def define_flags() -> None:
   flags.DEFINE_multi_string("text", [], "fill_mask: text with [MASK] tokens; classify: a text, "
                             f"or a pair as 'a {PAIR_SEPARATOR} b'. May be repeated.")
   flags.DEFINE_multi_string("text_b", [], "classify: second text of each --text, in order.")
+  flags.DEFINE_string("has_header", "auto", "classify: whether --input_file starts with a "
+                      "header line: auto (decided from the first line, as fine-tuning does), "
+                      "true or false.")
   flags.DEFINE_string("input_file", None, "classify: TSV, text or text<TAB>text_b per line; "
                       "qa: official SQuAD JSON; fill_mask: one text per line.")
   flags.DEFINE_string("output_file", None, "Write one JSON object per input (JSON lines).")
@@ -482,7 +478,7 @@ def _classify_inputs() -> list[tuple[str, str | None]]:
   inputs = [split_pair(t, FLAGS.text_b[i] if FLAGS.text_b else None)
             for i, t in enumerate(FLAGS.text)]
   if FLAGS.input_file:
-    inputs += read_classify_tsv(FLAGS.input_file)
+    inputs += read_classify_tsv(FLAGS.input_file, FLAGS.has_header)
   if not inputs:
     raise app.UsageError("--mode=classify needs --text or --input_file.")
   return inputs

@@ -59,6 +59,9 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
       "masked_lm_prob": 0.15,
       "whole_word_mask": False,
       "per_word_draw": False,
+      # Damaged records (a shard cut short, a bad checksum) stop the run with the file and byte
+      # offset; True skips them instead and counts what was skipped.
+      "skip_corrupt_records": False,
   })
 
   config.optimizer = ml_collections.ConfigDict({

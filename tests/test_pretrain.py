@@ -279,6 +279,22 @@ def test_corrupt_record_names_file_and_offset(tmp_path):
     list(stream.host_batches())
 
 
+def test_a_run_skips_damaged_records_only_when_asked_and_counts_them(tmp_path):
+  pattern = ph.write_records(str(tmp_path / "data"), num_files=3, per_file=40)
+  files = input_pipeline.list_files(pattern)
+  data = open(files[0], "rb").read()
+  with open(files[0], "wb") as f:
+    f.write(data[:len(data) // 2] + b"\x00" * 7 + data[len(data) // 2 + 7:])
+  with pytest.raises(ValueError, match=r"train-00000\.tfrecord: record \d+ at byte offset \d+"):
+    pretraining.train_and_evaluate(ph.run_config(pattern, train_until_step=12,
+                                                 checkpoint_every_steps=100),
+                                   str(tmp_path / "strict"))
+  out = pretraining.train_and_evaluate(
+      ph.run_config(pattern, train_until_step=12, checkpoint_every_steps=100,
+                    **{"data.skip_corrupt_records": True}), str(tmp_path / "skipping"))
+  assert out["step"] == 12 and out["skipped_records"] >= 1
+
+
 def test_dynamic_masking_draws_fresh_masks_each_epoch(tmp_path):
   from bert_jax.text import masking
   pattern = ph.write_records(str(tmp_path / "dyn"), num_files=2, per_file=64, masking="dynamic")

@@ -36,7 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
       "text_a_column": 0,
       "text_b_column": config_dict.placeholder(int),
       "label_column": 1,
-      "skip_header": True,
+      "has_header": "auto",          # auto: decided from the first line (and logged)
       # SQuAD
       "train_file": config_dict.placeholder(str),
       "predict_file": config_dict.placeholder(str),

@@ -348,7 +348,8 @@ def task_from_config(config: ml_collections.ConfigDict):
     return glue.CustomTsvTask(label_list=config.label_list, regression=config.regression,
                               text_a_column=config.text_a_column,
                               text_b_column=config.text_b_column,
-                              label_column=config.label_column, skip_header=config.skip_header)
+                              label_column=config.label_column,
+                              has_header=config.get("has_header", "auto"))
   try:
     return glue.get_task(config.task_name)
   except ValueError:

@@ -9,6 +9,7 @@ config's mesh without data or weights, to check that a config fits its pod befor
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 from typing import Any
@@ -19,7 +20,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax import file_io, objectives
-from bert_jax.data import input_pipeline
+from bert_jax.data import input_pipeline, tfrecords
 from bert_jax.interop import checkpoints
 from bert_jax.model import configuration
 from bert_jax.parallel import sharding
@@ -105,15 +106,16 @@ def data_summary(files: list[str]) -> dict[str, Any]:
 
 
 def max_token_id(path: str, num_records: int = 1000) -> int:
-  """The largest token id in the first records of `path` (inputs and masked-LM labels)."""
+  """The largest token id in the first records of `path` (inputs and masked-LM labels).
+  Damaged records are passed over here: the input pipeline names them."""
   tf = file_io.tensorflow()
-  lengths = input_pipeline.record_lengths(path)
-  spec = {name: tf.io.FixedLenFeature([lengths[name]], tf.int64)
-          for name in (features.INPUT_IDS, features.MASKED_LM_IDS) if name in lengths}
   largest = 0
-  for batch in tf.data.TFRecordDataset([path]).take(num_records).batch(num_records).map(
-      lambda s: tf.io.parse_example(s, spec)).as_numpy_iterator():
-    largest = max([largest] + [int(np.max(v)) for v in batch.values() if v.size])
+  for raw in itertools.islice(tfrecords.iter_records(path, on_damage=lambda damage: None),
+                              num_records):
+    feature = tf.train.Example.FromString(raw).features.feature
+    for name in (features.INPUT_IDS, features.MASKED_LM_IDS):
+      if name in feature and feature[name].int64_list.value:
+        largest = max(largest, max(feature[name].int64_list.value))
   return largest
 
 
@@ -282,7 +284,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   batch_sh = sharding.batch_sharding(run.mesh)
   data_kwargs = dict(global_batch_size=config.global_batch_size, max_seq_length=seq_len,
                      max_predictions_per_seq=max_pred, sharding=batch_sh,
-                     masking_config=masking_config(config, train_files))
+                     masking_config=masking_config(config, train_files),
+                     skip_corrupt_records=config.data.get("skip_corrupt_records", False))
   train_data = input_pipeline.PretrainingData(
       None, files=train_files, seed=config.seed,
       shuffle_buffer_size=config.data.shuffle_buffer_size, **data_kwargs)
@@ -327,4 +330,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       evaluate=evaluator(run.objective, eval_step, eval_data, config.eval_steps))
   ckpt.close()
   writer.close()
-  return dict(result.scalars, step=result.step, stopped_early=result.stopped_early)
+  skipped = train_data.skipped_records + eval_data.skipped_records
+  if skipped:
+    metrics.log(f"skipped {skipped} damaged record(s) (data.skip_corrupt_records): "
+                + "; ".join(str(d) for d in (train_data.damages + eval_data.damages)[:5]))
+  return dict(result.scalars, step=result.step, stopped_early=result.stopped_early,
+              skipped_records=skipped)

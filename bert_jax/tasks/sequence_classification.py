@@ -16,7 +16,7 @@ import numpy as np
 from bert_jax.model import heads
 from bert_jax.model.configuration import BertConfig
 from bert_jax.tasks import glue
-from bert_jax.text import pairs
+from bert_jax.text import pairs, tokenization
 from bert_jax.text import features
 from bert_jax.training import perf
 from bert_jax.training.objective import Objective, per_example_averages
@@ -36,6 +36,9 @@ def featurize(task: glue.Task, examples: Sequence[glue.Example], tokenizer,
   """Examples → `input_ids`, `input_mask`, `segment_ids`, `label`, `weight` arrays."""
   feats = pairs.encode_examples(tokenizer, [e.text_a for e in examples],
                                 [e.text_b for e in examples], max_seq_length)
+  # A vocabulary that does not fit the text turns it into [UNK]s: said, not trained on.
+  tokenization.check_unknown_rate(tokenizer, *tokenization.count_unknown(
+      tokenizer, feats["input_ids"]), f"{task.name} examples")
   feats["label"] = _labels_array(task, examples)
   feats["weight"] = np.ones(len(examples), np.float32)
   return feats
