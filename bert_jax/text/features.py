@@ -35,6 +35,11 @@ MASKED_LM_IDS = "masked_lm_ids"
 MASKED_LM_WEIGHTS = "masked_lm_weights"
 NEXT_SENTENCE_LABELS = "next_sentence_labels"
 WORD_STARTS = "word_starts"
+# Packed rows (several `[CLS] A [SEP] B [SEP]` instances per row; see `pretraining_features`):
+POSITION_IDS = "position_ids"            # [max_seq_length]: restart at 0 for each instance
+SEQUENCE_IDS = "sequence_ids"            # [max_seq_length]: 1..k per instance, 0 on padding
+CLS_POSITIONS = "cls_positions"          # [max_sequences_per_row]: each instance's [CLS]
+NEXT_SENTENCE_WEIGHTS = "next_sentence_weights"  # [max_sequences_per_row]: 1 real, 0 unused
 
 # What every encoder-based model reads, in its `__call__` order.
 ENCODER_INPUTS = (INPUT_IDS, INPUT_MASK, SEGMENT_IDS)
