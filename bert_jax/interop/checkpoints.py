@@ -273,10 +273,14 @@ def initial_state(objective, model, tx, mesh, rules, *, batch_size: int, seed: i
   abstract, state_sh = state_lib.abstract_train_state(model, tx, mesh, rules, example,
                                                       objective.input_names)
   if checkpoints is not None and checkpoints.latest_step() is not None:
-    state, data_state, _ = checkpoints.restore(abstract)
+    # The newest step that is intact; newer damaged ones are set aside (named in a warning),
+    # so that this run saves those steps again.
+    state, data_state, _ = checkpoints.restore(abstract, set_aside_damaged=True)
     position = checkpointing.own_position(data_state) if data_state else None
+    damaged = (f" (damaged, set aside: step {', '.join(str(s) for s, _ in checkpoints.skipped)})"
+               if checkpoints.skipped else "")
     return InitialState(state, state_sh, position, f"resumed from step {int(state.step)} "
-                                                   f"of {checkpoints.directory}")
+                                                   f"of {checkpoints.directory}{damaged}")
   if init_checkpoint:
     kind, where = checkpoint_kind(init_checkpoint)
     if init_mode == "continue":

@@ -175,6 +175,7 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
           config.eval_every_steps and step % config.eval_every_steps == 0))
       stopping = _any_process(stop.requested) if (is_log or jax.process_count() == 1) else False
       if checkpoints is not None:
+        checkpoints.check_for_errors()  # a failed background save stops the run here
         stopping = stopping or checkpoints.reached_preemption(step)
       if (is_log or is_ckpt or stopping) and window:
         fetched = jax.device_get(window)
