@@ -27,6 +27,13 @@ what makes it tens of times faster per core than the original.
 times over. `--masking=dynamic` writes each instance once, unmasked, with the word starts that
 whole-word masking needs; the input pipeline draws fresh masks each time it reads a record.
 
+`--packing` lays several instances back to back in each row (Krell et al. 2021, "Efficient
+Sequence Packing without Cross-contamination"): the same instances, masked the same way, in
+fewer rows — up to `--max_sequences_per_row` per row, packed per shard by
+`bert_jax/data/packing.py`, with the packed features of `bert_jax/text/features.py`. Then
+`--max_predictions_per_seq` is the masked-LM budget of a whole row (e.g. 80 at 512): each
+instance still gets its own ~15%, and rows are packed so that their predictions fit.
+
 A shard is written under a temporary name and renamed when complete; a rerun with the same
 settings skips finished shards. Every shard leaves `<shard>.stats.json`; the run ends with a
 summary printed and written to `summary.json` in `--output_dir` (or `<output_file>.summary.json`).
@@ -56,6 +63,7 @@ import numpy as np
 
 from bert_jax.text import features as features_lib
 from bert_jax import file_io
+from bert_jax.data import packing as packing_lib
 from bert_jax.text import masking, tokenization
 from data_prep import corpus_io, instances as instances_lib, records
 # pylint: enable=g-import-not-at-top
@@ -111,6 +119,11 @@ def define_flags() -> None:
   flags.DEFINE_float("max_unknown_rate", tokenization.MAX_UNKNOWN_RATE,
                      "Stop when more than this share of a shard's word pieces are [UNK]: the "
                      "vocabulary does not fit the text (1 turns the check off).")
+  flags.DEFINE_bool("packing", False,
+                    "Pack several instances per row (the same instances and masks; less "
+                    "padding). --max_predictions_per_seq is then per row, e.g. 80 at 512.")
+  flags.DEFINE_integer("max_sequences_per_row", packing_lib.DEFAULT_MAX_SEQUENCES_PER_ROW,
+                       "With --packing: at most this many instances per row.")
   flags.DEFINE_bool("progress", True, "Show a progress bar.")
 
 
@@ -127,10 +140,16 @@ def make_settings(input_file: str, vocab_file: str | None = None,
                   max_seq_length: int = 128, max_predictions_per_seq: int = 20,
                   random_seed: int = 12345, dupe_factor: int | None = None,
                   masked_lm_prob: float = 0.15, short_seq_prob: float = 0.1,
-                  masking: str = "static", decode_errors: str = "strict") -> dict[str, Any]:
+                  masking: str = "static", decode_errors: str = "strict",
+                  packing: bool = False,
+                  max_sequences_per_row: int = packing_lib.DEFAULT_MAX_SEQUENCES_PER_ROW
+                  ) -> dict[str, Any]:
   """Everything that decides the output, with the original's defaults (for use from Python)."""
   if dupe_factor is None:
     dupe_factor = 10 if masking == features_lib.STATIC else 1
+  # Packing settings only when packing: unpacked runs keep the settings (and so the shards'
+  # stats files) of before.
+  packed = {"packing": True, "max_sequences_per_row": max_sequences_per_row} if packing else {}
   return {
       "input_file": input_file,
       "vocab_file": vocab_file,
@@ -146,6 +165,7 @@ def make_settings(input_file: str, vocab_file: str | None = None,
       "short_seq_prob": short_seq_prob,
       "masking": masking,
       "decode_errors": decode_errors,
+      **packed,
   }
 
 
@@ -157,7 +177,8 @@ def settings_from_flags() -> dict[str, Any]:
       max_predictions_per_seq=FLAGS.max_predictions_per_seq, random_seed=FLAGS.random_seed,
       dupe_factor=FLAGS.dupe_factor, masked_lm_prob=FLAGS.masked_lm_prob,
       short_seq_prob=FLAGS.short_seq_prob, masking=FLAGS.masking,
-      decode_errors=FLAGS.decode_errors)
+      decode_errors=FLAGS.decode_errors, packing=FLAGS.packing,
+      max_sequences_per_row=FLAGS.max_sequences_per_row)
 
 
 def check_settings(s: dict[str, Any]) -> None:
@@ -172,6 +193,8 @@ def check_settings(s: dict[str, Any]) -> None:
     raise ValueError(f"--short_seq_prob={s['short_seq_prob']}: must lie in [0, 1].")
   if s["dupe_factor"] < 1:
     raise ValueError("--dupe_factor must be at least 1.")
+  if s.get("packing") and s["max_sequences_per_row"] < 1:
+    raise ValueError("--max_sequences_per_row must be at least 1.")
 
 
 def output_paths(output_file: str | None, output_dir: str | None,
@@ -422,7 +445,8 @@ def new_shard_stats() -> dict[str, Any]:
           "single_sentence_documents", "sentences_longer_than_max", "document_passes",
           "short_target_passes", "instances", "tokens", "maskable_tokens", "masked",
           "masked_to_mask_token", "masked_to_random_token", "masked_kept",
-          "instances_at_max_predictions", "random_next", "slots", "pieces", "unknown_pieces")
+          "instances_at_max_predictions", "random_next", "slots", "rows", "pieces",
+          "unknown_pieces")
   return {k: 0 for k in keys}
 
 
@@ -458,27 +482,59 @@ def process_shard(task: dict[str, Any]) -> dict[str, Any]:
 
   static = settings["masking"] == features_lib.STATIC
   whole_word = settings["do_whole_word_mask"]
-  schema = features_lib.pretraining_features(max_seq_length, settings["max_predictions_per_seq"],
-                                             settings["masking"])
+  max_predictions = settings["max_predictions_per_seq"]
+  packed = bool(settings.get("packing"))
+  per_row = settings["max_sequences_per_row"] if packed else None
+  schema = features_lib.pretraining_features(max_seq_length, max_predictions,
+                                             settings["masking"], per_row)
   mask_config = masking.MaskingConfig.from_tokenizer(
       tokenizer, masked_lm_prob=settings["masked_lm_prob"],
-      max_predictions_per_seq=settings["max_predictions_per_seq"],
+      max_predictions_per_seq=max_predictions,
       whole_word_mask=whole_word, per_word_draw=settings["per_word_draw"])
+  if packed:
+    # Rows of instances (in the shuffled order, so a row's instances are a random draw among
+    # those of their lengths); each step writes the rows of about _CHUNK instances.
+    layout = packing_lib.pack(
+        lengths[order], max_seq_length, per_row, rng=mask_rng,
+        costs=packing_lib.prediction_costs(max_seq_length, settings["masked_lm_prob"],
+                                           max_predictions),
+        max_cost=max_predictions)
+    in_rows, row_starts = packing_lib.row_order(layout)
+    steps = [(row_starts[r], row_starts[min(r + max(1, _CHUNK // per_row), layout.num_rows)])
+             for r in range(0, layout.num_rows, max(1, _CHUNK // per_row))]
+    stats["rows"] = layout.num_rows
+    stats["slots"] = layout.num_rows * max_seq_length
+  else:
+    steps = [(b, min(b + _CHUNK, instances.size)) for b in range(0, instances.size, _CHUNK)]
+    stats["rows"] = instances.size
   with records.TFRecordWriter(task["output_path"]) as writer:
-    for begin in range(0, instances.size, _CHUNK):
-      rows = order[begin:begin + _CHUNK]
+    for begin, end in steps:
+      if packed:
+        which = in_rows[begin:end]
+        rows = order[which]
+      else:
+        rows = order[begin:end]
       batch = instances.features(rows, tokens, max_seq_length, tokenizer.cls_id,
                                  tokenizer.sep_id)
       word_starts = None
       if whole_word or not static:
         word_starts = tokenizer.word_starts(batch["input_ids"]) & batch["input_mask"]
-      if static:
-        masked = masking.mask_batch(batch["input_ids"], batch["input_mask"], mask_config,
-                                    mask_rng, word_starts=word_starts)
-        _count_masks(stats, masked, tokenizer.mask_id, settings["max_predictions_per_seq"])
-        batch.update(masked)
-      else:
         batch[features_lib.WORD_STARTS] = word_starts
+      if packed:
+        first_row = layout.row[which[0]]
+        batch = packing_lib.pack_rows(batch, layout.row[which] - first_row, layout.slot[which],
+                                      layout.offset[which],
+                                      int(layout.row[which[-1]] - first_row + 1), per_row)
+      if static:
+        if packed:  # each instance masked as unpacked (packing.mask_rows)
+          masked = packing_lib.mask_rows(batch, mask_config, mask_rng)
+        else:
+          masked = masking.mask_batch(batch["input_ids"], batch["input_mask"], mask_config,
+                                      mask_rng, word_starts=word_starts)
+        _count_masks(stats, masked, tokenizer.mask_id, max_predictions,
+                     batch.get(features_lib.SEQUENCE_IDS))
+        batch.update(masked)
+        batch.pop(features_lib.WORD_STARTS, None)
       buffer, ends = features_lib.encode_examples_flat(
           batch, schema, prefix=records.frame_header, reserve_after=records.FRAME_AFTER)
       writer.write_framed(buffer, ends)
@@ -496,7 +552,7 @@ def process_shard(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def _count_masks(stats: dict, masked: dict[str, np.ndarray], mask_id: int,
-                 max_predictions: int) -> None:
+                 max_predictions: int, sequence_ids: np.ndarray | None = None) -> None:
   weights = masked["masked_lm_weights"] > 0
   rows, length = masked["input_ids"].shape
   new = masked["input_ids"].reshape(-1)[masked["masked_lm_positions"] +
@@ -508,7 +564,13 @@ def _count_masks(stats: dict, masked: dict[str, np.ndarray], mask_id: int,
   stats["masked_to_mask_token"] += int(to_mask.sum())
   stats["masked_kept"] += int(kept.sum())
   stats["masked_to_random_token"] += int((weights & ~to_mask & ~kept).sum())
-  stats["instances_at_max_predictions"] += int((weights.sum(axis=1) == max_predictions).sum())
+  if sequence_ids is None:
+    per_instance = weights.sum(axis=1)
+  else:  # packed rows: count per (row, instance)
+    which = np.take_along_axis(np.asarray(sequence_ids), masked["masked_lm_positions"], 1)
+    key = (np.arange(rows)[:, None] * (int(np.max(sequence_ids)) + 1) + which)[weights]
+    per_instance = np.bincount(key)
+  stats["instances_at_max_predictions"] += int((per_instance == max_predictions).sum())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -662,6 +724,9 @@ def summarize(settings, input_files, paths, shard_stats, split_stats, skipped, s
   def ratio(a, b):
     return round(a / b, 6) if b else None
 
+  # Shards from before rows were counted: one row per instance.
+  total["rows"] = sum(s.get("rows", s["instances"]) for s in shard_stats.values())
+
   summary: dict[str, Any] = {
       "input_files": len(input_files),
       "input_bytes": sum(s["bytes"] for s in split_stats) if split_stats else None,
@@ -677,6 +742,11 @@ def summarize(settings, input_files, paths, shard_stats, split_stats, skipped, s
       "random_next_fraction": ratio(total["random_next"], total["instances"]),
       "short_target_fraction": ratio(total["short_target_passes"], total["document_passes"]),
       "padding_fraction": ratio(total["slots"] - total["tokens"], total["slots"]),
+      # Real tokens / row tokens, packed or not (unpacked: 1 - padding_fraction), so the two
+      # compare; and instances per row (1 unpacked).
+      "packing_efficiency": ratio(total["tokens"], total["slots"]),
+      "sequences_per_row": ratio(total["instances"], total["rows"]),
+      "rows": total["rows"],
       "mean_tokens_per_instance": ratio(total["tokens"], total["instances"]),
       "unknown_piece_fraction": ratio(total["unknown_pieces"], total["pieces"]),
   }
@@ -727,7 +797,8 @@ def print_summary(summary: dict[str, Any], summary_path: str) -> None:
            f"in {summary['seconds']:,.1f} s ({summary['instances_per_second'] or 0:,.0f} "
            "instances/s)."]
   for key in ("documents", "sentences", "tokens", "masked_fraction", "random_next_fraction",
-              "short_target_fraction", "padding_fraction"):
+              "short_target_fraction", "padding_fraction", "packing_efficiency",
+              "sequences_per_row"):
     if summary.get(key) is not None:
       value = summary[key]
       lines.append(f"  {key:24s} {value:,.4f}" if isinstance(value, float) else

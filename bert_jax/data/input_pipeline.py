@@ -10,6 +10,13 @@ seeded order with a seeded shuffle, and dynamic masks are drawn with `masking.py
 generator seeded by (seed, epoch, batch, process). So the position `{"epoch", "batch"}` is all
 a checkpoint needs to resume the exact batches an uninterrupted run would have seen.
 
+Packed records (`data_prep --packing`: several instances per row, `packing.py`) are recognised
+from the first record's features like the masking mode; `PretrainingData.packed` and
+`max_sequences_per_row` tell the run to use the packed objective, batches carry the packed
+layout (`position_ids`, `sequence_ids`, `cls_positions`, per-instance `next_sentence_labels`
+and `next_sentence_weights`), and dynamic packed rows are masked instance by instance
+(`packing.mask_rows`), exactly as unpacked instances are.
+
 Damaged files are named, never read around in silence. data_prep's `summary.json` beside the
 files lists each shard's records and bytes; a file whose size differs (cut short — tf.data
 reads a file cut inside a record header as a clean, shorter file) is an error naming the file
@@ -34,7 +41,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax import file_io
-from bert_jax.data import arrays, tfrecords
+from bert_jax.data import arrays, packing, tfrecords
 from bert_jax.text import features, masking
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -81,18 +88,33 @@ def detect_masking(path: str) -> str:
   return features.STATIC if features.MASKED_LM_POSITIONS in lengths else features.DYNAMIC
 
 
+def detect_packing(path: str) -> int | None:
+  """`max_sequences_per_row` of packed records (`data_prep --packing`), None for unpacked ones."""
+  lengths = record_lengths(path)
+  return lengths[features.CLS_POSITIONS] if features.SEQUENCE_IDS in lengths else None
+
+
 def check_record_shapes(path: str, max_seq_length: int, max_predictions_per_seq: int,
-                        masking_mode: str) -> None:
+                        masking_mode: str, max_sequences_per_row: int | None = None) -> None:
   """Compares the first record of `path` with the schema the config implies; names the feature
   and both sizes when they disagree (instead of tf.data's parse error mid-training)."""
   lengths = record_lengths(path)
-  for f in features.pretraining_features(max_seq_length, max_predictions_per_seq, masking_mode):
+  layout = (f"packed ({max_sequences_per_row} per row) " if max_sequences_per_row else "")
+  per_row = {features.CLS_POSITIONS, features.NEXT_SENTENCE_WEIGHTS}
+  if max_sequences_per_row:
+    per_row.add(features.NEXT_SENTENCE_LABELS)
+  for f in features.pretraining_features(max_seq_length, max_predictions_per_seq, masking_mode,
+                                         max_sequences_per_row):
     if f.name not in lengths:
       raise ValueError(f"{path}: records have no feature {f.name!r} (have {sorted(lengths)}); "
-                       f"expected {masking_mode}-masking pre-training records.")
+                       f"expected {layout}{masking_mode}-masking pre-training records.")
     if lengths[f.name] != f.length:
-      what = ("max_seq_length" if f.length == max_seq_length and f.name != features.NEXT_SENTENCE_LABELS
-              else "max_predictions_per_seq")
+      if f.name in per_row:
+        what = "max_sequences_per_row"
+      elif f.length == max_seq_length and f.name != features.NEXT_SENTENCE_LABELS:
+        what = "max_seq_length"
+      else:
+        what = "max_predictions_per_seq"
       raise ValueError(f"{path}: feature {f.name!r} has {lengths[f.name]} values per record but "
                        f"the config expects {f.length} ({what}={f.length}). Re-create the data "
                        f"or set the config to match.")
@@ -221,8 +243,11 @@ class PretrainingData:
     self._skipped.update(check_recorded_counts(self.host_files, self._recorded,
                                                skip=skip_corrupt_records))
     self.masking_mode = detect_masking(self.host_files[0])
+    # Packed rows: up to this many instances each (None: one instance per row).
+    self.max_sequences_per_row = detect_packing(self.host_files[0])
     for path in self.host_files[:1] + self.host_files[-1:]:
-      check_record_shapes(path, max_seq_length, max_predictions_per_seq, self.masking_mode)
+      check_record_shapes(path, max_seq_length, max_predictions_per_seq, self.masking_mode,
+                          self.max_sequences_per_row)
     if self.masking_mode == features.DYNAMIC:
       if masking_config is None:
         raise ValueError(f"{self.host_files[0]}: dynamic-masking records need a masking config "
@@ -232,7 +257,13 @@ class PretrainingData:
             **masking_config.__dict__, "max_predictions_per_seq": max_predictions_per_seq})
     self.masking_config = masking_config
     self.feature_spec = features.tf_feature_spec(max_seq_length, max_predictions_per_seq,
-                                                 self.masking_mode)
+                                                 self.masking_mode, self.max_sequences_per_row)
+
+  @property
+  def packed(self) -> bool:
+    """Whether rows hold several instances (the packed layout of `features.py`): the run
+    then needs the packed objective (attention kept within instances, NSP per [CLS])."""
+    return self.max_sequences_per_row is not None
 
   # ------------------------------------------------------------------------ damaged records
   @property
@@ -307,9 +338,13 @@ class PretrainingData:
 
   def _mask(self, batch: dict[str, np.ndarray], epoch: int, index: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([self.seed, epoch, index, self.process_index, 3])
-    word_starts = batch.pop(features.WORD_STARTS, None)
-    masked = masking.mask_batch(batch[features.INPUT_IDS], batch[features.INPUT_MASK],
-                                self.masking_config, rng, word_starts)
+    if self.packed:  # instance by instance, as unpacked ones
+      masked = packing.mask_rows(batch, self.masking_config, rng)
+      batch.pop(features.WORD_STARTS, None)
+    else:
+      word_starts = batch.pop(features.WORD_STARTS, None)
+      masked = masking.mask_batch(batch[features.INPUT_IDS], batch[features.INPUT_MASK],
+                                  self.masking_config, rng, word_starts)
     out = dict(batch)
     out.update({k: np.asarray(v, np.float32 if k == features.MASKED_LM_WEIGHTS else np.int32)
                 for k, v in masked.items()})

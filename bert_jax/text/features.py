@@ -15,6 +15,22 @@ Dynamic-masking records carry the unmasked `input_ids`, `input_mask`, `segment_i
 which is all that whole-word masking needs), and the input pipeline draws fresh masks each time it
 reads them (`masking.py`).
 
+Packed records (`max_sequences_per_row=K`, written by `data_prep --packing`; see
+`bert_jax/data/packing.py`) lay several instances back to back in a row and add what keeps them
+apart; `input_ids`, `input_mask`, `segment_ids` keep their meaning, and:
+
+    position_ids, sequence_ids            int64  [max_seq_length]  (restart at 0 per instance;
+                                                                    1..k per instance, 0 padding)
+    masked_lm_positions, masked_lm_ids    int64  [max_predictions_per_seq]  (static: positions
+    masked_lm_weights                     float32[max_predictions_per_seq]   in the row)
+    cls_positions, next_sentence_labels   int64  [K]  (each instance's [CLS] and label)
+    next_sentence_weights                 float32[K]  (1 for an instance, 0 for an unused slot)
+
+For packed data `max_predictions_per_seq` is the budget of a whole row (e.g. 80 at 512): each
+instance gets its own min(max_predictions_per_seq, max(1, round(length * masked_lm_prob)))
+predictions, as unpacked, and rows are packed so that their instances' predictions fit. Dynamic
+packed records carry the unmasked features, `word_starts` and the packing features.
+
 `encode_examples` serialises `tf.train.Example` protos without TensorFlow: the data-prep workers
 stay small and start fast, and the bytes are what TensorFlow itself parses (packed int64 varints
 and little-endian float32, the proto wire format).
@@ -56,10 +72,15 @@ class Feature:
 
 
 def pretraining_features(max_seq_length: int, max_predictions_per_seq: int,
-                         masking: str = STATIC) -> tuple[Feature, ...]:
-  """The features of one pre-training record, in the order the original wrote them."""
+                         masking: str = STATIC, max_sequences_per_row: int | None = None
+                         ) -> tuple[Feature, ...]:
+  """The features of one pre-training record, in the order the original wrote them; packed
+  rows (`max_sequences_per_row` given) with the features that keep their instances apart."""
   if masking not in MASKING_MODES:
     raise ValueError(f"masking must be one of {MASKING_MODES}, not {masking!r}.")
+  if max_sequences_per_row is not None:
+    return packed_pretraining_features(max_seq_length, max_predictions_per_seq,
+                                       max_sequences_per_row, masking)
   sequence = (Feature(INPUT_IDS, "int64", max_seq_length),
               Feature(INPUT_MASK, "int64", max_seq_length),
               Feature(SEGMENT_IDS, "int64", max_seq_length))
@@ -72,13 +93,39 @@ def pretraining_features(max_seq_length: int, max_predictions_per_seq: int,
                      Feature(WORD_STARTS, "int64", max_seq_length))
 
 
+def packed_pretraining_features(max_seq_length: int, max_predictions_per_seq: int,
+                                max_sequences_per_row: int, masking: str = STATIC
+                                ) -> tuple[Feature, ...]:
+  """The features of one packed row of up to `max_sequences_per_row` instances."""
+  if masking not in MASKING_MODES:
+    raise ValueError(f"masking must be one of {MASKING_MODES}, not {masking!r}.")
+  if max_sequences_per_row < 1:
+    raise ValueError(f"max_sequences_per_row={max_sequences_per_row}: must be at least 1.")
+  k = max_sequences_per_row
+  sequence = (Feature(INPUT_IDS, "int64", max_seq_length),
+              Feature(INPUT_MASK, "int64", max_seq_length),
+              Feature(SEGMENT_IDS, "int64", max_seq_length),
+              Feature(POSITION_IDS, "int64", max_seq_length),
+              Feature(SEQUENCE_IDS, "int64", max_seq_length))
+  per_sequence = (Feature(CLS_POSITIONS, "int64", k),
+                  Feature(NEXT_SENTENCE_LABELS, "int64", k),
+                  Feature(NEXT_SENTENCE_WEIGHTS, "float32", k))
+  if masking == STATIC:
+    return sequence + (Feature(MASKED_LM_POSITIONS, "int64", max_predictions_per_seq),
+                       Feature(MASKED_LM_IDS, "int64", max_predictions_per_seq),
+                       Feature(MASKED_LM_WEIGHTS, "float32", max_predictions_per_seq)
+                       ) + per_sequence
+  return sequence + per_sequence + (Feature(WORD_STARTS, "int64", max_seq_length),)
+
+
 def tf_feature_spec(max_seq_length: int, max_predictions_per_seq: int,
-                    masking: str = STATIC) -> dict:
+                    masking: str = STATIC, max_sequences_per_row: int | None = None) -> dict:
   """`{name: tf.io.FixedLenFeature}` for `tf.io.parse_example` (imports TensorFlow)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   dtypes = {"int64": tf.int64, "float32": tf.float32}
   return {f.name: tf.io.FixedLenFeature([f.length], dtypes[f.dtype])
-          for f in pretraining_features(max_seq_length, max_predictions_per_seq, masking)}
+          for f in pretraining_features(max_seq_length, max_predictions_per_seq, masking,
+                                        max_sequences_per_row)}
 
 
 def check_batch(batch: Mapping[str, np.ndarray], features: Sequence[Feature]) -> int:
