@@ -134,7 +134,7 @@ def _leaf_fingerprint(x):
                     for seed in _SEEDS])
 
 
-_fingerprint_leaves = jax.jit(lambda leaves: [_leaf_fingerprint(x) for x in leaves])
+_fingerprint_leaves = jax.jit(lambda leaves: jnp.stack([_leaf_fingerprint(x) for x in leaves]))
 
 
 def _supported(x) -> bool:
@@ -172,8 +172,8 @@ def fingerprints(tree: Any, prefix: str = "") -> dict[str, str]:
   for names in groups.values():
     inputs = [leaves[n] if isinstance(leaves[n], jax.Array) else jnp.asarray(leaves[n])
               for n in names]
-    for name, sums in zip(names, _fingerprint_leaves(inputs)):
-      out[name] = "".join(f"{int(v):08x}" for v in _to_host(sums))
+    for name, sums in zip(names, _to_host(_fingerprint_leaves(inputs))):
+      out[name] = "".join(f"{int(v):08x}" for v in sums)
   return out
 
 

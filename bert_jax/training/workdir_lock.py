@@ -23,8 +23,9 @@ and other object stores there is no exclusive create here: the lock is written, 
 back, and the run whose token is read back holds it — best effort, with a window of a few
 hundred milliseconds in which two runs starting at the same moment could both proceed.
 
-In a multi-host run only process 0 takes the lock; the other processes share its workdir.
-Holding is re-entrant within a process (a run function called from another that holds it).
+In a multi-host run only process 0 takes the lock (so take it after `jax.distributed` is
+initialised); the other processes share its workdir. Holding is re-entrant within a process
+(a run function called from another that holds it).
 """
 
 from __future__ import annotations
