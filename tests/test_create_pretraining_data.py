@@ -196,6 +196,10 @@ def test_nsp_and_short_sequence_rates(static_run):
   lengths = r["input_mask"].sum(1)
   assert 0.05 < (lengths < 64).mean() < 0.5
   assert summary["padding_fraction"] == pytest.approx(1 - lengths.mean() / 128, abs=1e-5)
+  # Unpacked rows report the packed data's measures too, so the two compare.
+  assert summary["packing_efficiency"] == pytest.approx(lengths.mean() / 128, abs=1e-5)
+  assert summary["sequences_per_row"] == 1.0 and summary["rows"] == summary["instances"]
+  assert "packing" not in summary["settings"]  # unpacked settings (and stats files) as before
   assert summary["documents"] > 20 and summary["sentences"] > 2000
 
 

@@ -9,14 +9,18 @@ next-sentence label. The row layout is the packed schema of `bert_jax/text/featu
 
 Three pieces, used by `data_prep` (offline) and the input pipeline (online) alike:
 
-* `pack` decides which instances share a row, from their lengths only: Krell et al.'s
-  shortest-pack-first histogram packing (SPFHP). Lengths are visited longest first, and all
-  instances of one length go at once into the open rows with the most room left that still fit
-  them (rows with the same contents form one group, moved by a count), so the work grows with the
-  number of distinct lengths and row shapes, not with the number of instances. A row holds at
-  most `max_sequences_per_row` instances, and, when the masked-LM budget is given, its
-  instances' prediction counts add up to at most `max_predictions_per_seq` (the budget is per
-  row for packed data: e.g. 80 at 512).
+* `pack` decides which instances share a row, from their lengths only, over the histogram of
+  lengths (Krell et al.'s histogram packing: the work grows with the number of distinct lengths
+  and row shapes, not with the number of instances). It is first-fit decreasing made to mind
+  the row's slots: each row starts with the longest instance left, each further slot takes the
+  longest instance that fits in its fair share of what is left (room / slots left, and of the
+  masked-LM budget likewise), the last slot the longest that fits, and identical rows are made in bulk. Plain decreasing packing —
+  Krell et al.'s SPFHP, first-fit decreasing — pairs long instances with long ones, and when
+  `max_sequences_per_row` binds (short documents) leaves the short ones three to a mostly empty
+  row: on such histograms it packs worse than first fit in random order, which this beats (see
+  tests/test_packing_data.py). A row holds at most `max_sequences_per_row` instances, and, when
+  the masked-LM budget is given, its instances' predictions add up to at most
+  `max_predictions_per_seq` (the budget is per row for packed data: e.g. 80 at 512).
 * `pack_rows` / `unpack_rows` lay instances (rows of the unpacked layout) into packed rows and
   cut them back out, masked-LM features included: unpack(pack(x)) == x.
 * `mask_rows` masks packed rows by cutting the instances out, masking them with
@@ -52,7 +56,7 @@ class Packing(NamedTuple):
 def pack(lengths: np.ndarray, max_seq_length: int, max_sequences_per_row: int, *,
          costs: np.ndarray | None = None, max_cost: int | None = None,
          rng: np.random.Generator | None = None) -> Packing:
-  """Assigns instances of the given lengths to rows (shortest-pack-first histogram packing).
+  """Assigns instances of the given lengths to rows (see the module docstring).
 
   `costs[length]` (e.g. masked-LM predictions of an instance of that length) with `max_cost`
   adds a second budget per row. Instances of equal length are placed in the order given; with
@@ -71,45 +75,38 @@ def pack(lengths: np.ndarray, max_seq_length: int, max_sequences_per_row: int, *
     budget = int(max_cost)
     if lengths.size and cost_table[lengths].max() > budget:
       raise ValueError(f"an instance alone costs {cost_table[lengths].max()} > {budget}.")
-  histogram = np.bincount(lengths, minlength=max_seq_length + 1)
-  # Open groups by room left: [count, contents (lengths), cost]; a full group is closed.
-  open_groups: dict[int, list[list]] = {}
-  closed: list[tuple[int, tuple[int, ...]]] = []
-
-  def add(count: int, contents: tuple[int, ...], cost: int) -> None:
-    room = max_seq_length - sum(contents)
-    if len(contents) == max_sequences_per_row or room == 0:
-      closed.append((count, contents))
-    else:
-      open_groups.setdefault(room, []).append([count, contents, cost])
-
-  for length in np.flatnonzero(histogram)[::-1].tolist():
-    left = int(histogram[length])
-    cost = int(cost_table[length])
-    # The rows with the most room first (the shortest packs), down to those it just fits.
-    for room in sorted((r for r in open_groups if r >= length), reverse=True):
-      groups = open_groups[room]
-      for group in reversed(list(groups)):
-        if not left:
-          break
-        count, contents, group_cost = group
-        if costs is not None and group_cost + cost > budget:
-          continue
-        moved = min(count, left)
-        if moved == count:
-          groups.remove(group)
-        else:
-          group[0] -= moved
-        add(moved, contents + (length,), group_cost + cost)
-        left -= moved
-      if not groups:
-        del open_groups[room]
-      if not left:
+  histogram = np.bincount(lengths, minlength=max_seq_length + 1).astype(np.int64)
+  groups: list[tuple[int, tuple[int, ...]]] = []  # (rows, their instances' lengths)
+  while histogram.any():
+    left = histogram.copy()
+    room, budget_left, contents = max_seq_length, budget, []
+    while len(contents) < max_sequences_per_row:
+      fits = left[:room + 1] > 0
+      if costs is not None:
+        fits &= cost_table[:room + 1] <= budget_left
+      candidates = np.flatnonzero(fits)
+      if not candidates.size:
         break
-    if left:
-      add(left, (length,), cost)
+      slots = max_sequences_per_row - len(contents)
+      length = int(candidates[-1])
+      if contents and slots > 1:  # leave the slots after this one their share
+        share = fits[:room // slots + 1]
+        if costs is not None:
+          share = share & (cost_table[:share.size] <= budget_left // slots)
+        within_share = np.flatnonzero(share)
+        if within_share.size:
+          length = int(within_share[-1])
+      contents.append(length)
+      left[length] -= 1
+      room -= length
+      budget_left -= int(cost_table[length])
+    used = np.bincount(contents, minlength=max_seq_length + 1)
+    # The same row again while every length in it has instances left: the choices above
+    # depend only on which lengths are left, so one pass makes all the identical rows.
+    repeat = int((histogram[used > 0] // used[used > 0]).min())
+    histogram -= repeat * used
+    groups.append((repeat, tuple(contents)))
 
-  groups = closed + [(g[0], g[1]) for gs in open_groups.values() for g in gs]
   # Expand the groups into rows and slots (one array operation per group and slot).
   slot_row, slot_index, slot_length, slot_offset = [], [], [], []
   first_row = 0
