@@ -20,6 +20,10 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_appro
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
+# Attention kernels (`modeling.dot_product_attention`): None lets JAX pick, "xla" and "cudnn" go
+# to `jax.nn.dot_product_attention`, "pallas" is the Pallas TPU flash-attention kernel.
+ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn", "pallas")
+
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
@@ -48,8 +52,9 @@ class BertConfig:
   param_dtype: str = "float32"
   scan_layers: bool = False  # nn.scan over layers: one compiled layer, stacked parameters
   remat_policy: str = "none"  # none | full | dots | dots_no_batch (see modeling._remat_policy)
-  # Passed to jax.nn.dot_product_attention when attention dropout is off: None lets JAX pick,
-  # "xla" forces the reference path, "cudnn" the fused GPU kernel.
+  # The kernel used when attention dropout is off: None lets JAX pick, "xla" forces the
+  # reference path, "cudnn" the fused GPU kernel (both via jax.nn.dot_product_attention),
+  # "pallas" the Pallas TPU flash-attention kernel (sequence length a multiple of 128).
   attention_implementation: str | None = None
 
   SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -65,6 +70,9 @@ class BertConfig:
     if self.hidden_act not in ACTIVATIONS:
       raise ValueError(f"BertConfig: hidden_act={self.hidden_act!r}; expected one of "
                        f"{', '.join(ACTIVATIONS)}.")
+    if self.attention_implementation not in ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(f"BertConfig: attention_implementation={self.attention_implementation!r}; "
+                       f"expected one of {ATTENTION_IMPLEMENTATIONS}.")
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"BertConfig: remat_policy={self.remat_policy!r}; expected one of "
                        f"{', '.join(REMAT_POLICIES)}.")

@@ -53,14 +53,22 @@ class BertForPreTraining(nn.Module):
   """`BertModel` + masked-LM + next-sentence heads (the paper's pre-training model).
 
   Returns `(mlm_logits (batch, max_predictions, vocab), nsp_logits (batch, 2))`, float32.
+
+  Packed rows (Krell et al. 2021: several `[CLS] A [SEP] B [SEP]` instances per row, so that
+  short instances do not pay for padding) also pass `position_ids`, `sequence_ids` and
+  `cls_positions` (batch, k): attention stays inside each instance, and the next-sentence head
+  reads each instance's [CLS], so `nsp_logits` is (batch, k, 2). `masked_lm_positions` are
+  positions in the row.
   """
   config: BertConfig
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
+               position_ids=None, sequence_ids=None, cls_positions=None,
                deterministic: bool = True):
     bert = BertModel(self.config, name="bert")
-    out = bert(input_ids, input_mask, segment_ids, deterministic=deterministic)
+    out = bert(input_ids, input_mask, segment_ids, position_ids, deterministic=deterministic,
+               sequence_ids=sequence_ids, cls_positions=cls_positions)
     return _PreTrainingHeads(self.config, name="cls")(
         out["sequence_output"].astype(jnp.dtype(self.config.dtype)), out["pooled_output"],
         masked_lm_positions, bert.attend)
@@ -131,17 +139,34 @@ def masked_lm_loss(logits: jax.Array, masked_lm_ids: jax.Array,
   }
 
 
-def next_sentence_loss(logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
-  """Mean 2-way cross-entropy; label 1 means "B is a random segment", as in the original."""
+def next_sentence_loss(logits: jax.Array, labels: jax.Array,
+                       weights: jax.Array | None = None) -> dict[str, jax.Array]:
+  """Mean 2-way cross-entropy; label 1 means "B is a random segment", as in the original.
+
+  Packed rows give logits (batch, k, 2) and labels (batch, k) with `weights` (batch, k): 1 for
+  a real instance, 0 for an unused slot; the mean is then over the real instances.
+  """
   labels = labels.reshape(-1).astype(jnp.int32)
+  logits = logits.reshape(-1, logits.shape[-1])
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   per_example = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
-  count = jnp.asarray(labels.shape[0], jnp.float32)
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  if weights is None:
+    count = jnp.asarray(labels.shape[0], jnp.float32)
+    return {
+        "loss": jnp.mean(per_example),
+        "loss_sum": jnp.sum(per_example),
+        "correct_sum": jnp.sum(correct),
+        "weight_sum": count,
+    }
+  weights = weights.reshape(-1).astype(jnp.float32)
+  loss_sum = jnp.sum(weights * per_example)
+  weight_sum = jnp.sum(weights)
   return {
-      "loss": jnp.mean(per_example),
-      "loss_sum": jnp.sum(per_example),
-      "correct_sum": jnp.sum((jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)),
-      "weight_sum": count,
+      "loss": loss_sum / jnp.maximum(weight_sum, 1.0),
+      "loss_sum": loss_sum,
+      "correct_sum": jnp.sum(weights * correct),
+      "weight_sum": weight_sum,
   }
 
 

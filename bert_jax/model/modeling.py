@@ -21,8 +21,8 @@ import jax.numpy as jnp
 from bert_jax.model.configuration import BertConfig, PRESETS, get_preset  # re-exported
 
 __all__ = ["BertConfig", "PRESETS", "get_preset", "BertModel", "BertEmbeddings", "BertEncoder",
-           "BertLayer", "dot_product_attention", "bert_initializer", "stack_layers",
-           "unstack_layers"]
+           "BertLayer", "dot_product_attention", "attention_mask", "attention_kernel_description",
+           "bert_initializer", "stack_layers", "unstack_layers"]
 
 # Logical axis names of activations. Parameters use: vocab, embed, embed_out, joined_kv, mlp,
 # position, token_type, norm, classes, layers.
@@ -82,29 +82,87 @@ def layer_norm(config: BertConfig, name: str = "LayerNorm") -> nn.LayerNorm:
       name=name)
 
 
+def attention_mask(input_mask: jax.Array, sequence_ids: jax.Array | None = None) -> jax.Array:
+  """Which keys each query may attend to, as a boolean mask broadcastable to (b, heads, q, kv).
+
+  Unpacked rows: every query sees the row's real keys, (batch, 1, 1, kv). Packed rows (several
+  instances per row, Krell et al. 2021): query i sees key j only if both belong to the same
+  instance, `sequence_ids[i] == sequence_ids[j] != 0`, so no instance sees another and each
+  gives what it gives alone; (batch, 1, q, kv). Padding queries then see nothing (their rows
+  are fully masked, harmless: nothing reads them).
+  """
+  keys = input_mask[:, None, None, :].astype(jnp.bool_)
+  if sequence_ids is None:
+    return keys
+  same = sequence_ids[:, :, None] == sequence_ids[:, None, :]
+  return same[:, None] & (sequence_ids[:, None, None, :] != 0) & keys
+
+
+def _pallas_flash_attention(query, key, value, input_mask, sequence_ids):
+  """The Pallas TPU flash-attention kernel, masked by segment ids.
+
+  Segment ids are what the kernel takes instead of a mask: a query attends the keys of its own
+  id. Real tokens get their instance's id (packed) or 1 (unpacked) and padding gets 0, so real
+  queries never see padding or another instance. Padding queries see padding keys, unlike the
+  other paths; nothing reads those rows. The kernel tiles the sequence in blocks of 128, so
+  the length must be a multiple of 128. Off TPU it runs only in interpret mode
+  (`jax.experimental.pallas.tpu.force_tpu_interpret_mode()` around the trace), as the tests do.
+  """
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+  length = query.shape[1]
+  if length % pallas_flash.MIN_BLOCK_SIZE:
+    raise ValueError(
+        f"attention_implementation='pallas' needs a sequence length that is a multiple of "
+        f"{pallas_flash.MIN_BLOCK_SIZE} (the kernel's block), got {length}; use 'xla' or pad "
+        f"the rows.")
+  real = input_mask.astype(jnp.bool_)
+  ids = real.astype(jnp.int32) if sequence_ids is None else jnp.where(real, sequence_ids, 0)
+  ids = ids.astype(jnp.int32)
+  to_heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # (b, s, n, d) <-> (b, n, s, d)
+  out = pallas_flash.flash_attention(
+      to_heads_first(query), to_heads_first(key), to_heads_first(value),
+      segment_ids=pallas_flash.SegmentIds(q=ids, kv=ids),
+      sm_scale=1.0 / math.sqrt(query.shape[-1]))
+  return to_heads_first(out)
+
+
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
                           input_mask: jax.Array, *, dropout_rate: float,
                           dropout_rng: jax.Array | None, deterministic: bool,
-                          implementation: str | None = None) -> jax.Array:
+                          implementation: str | None = None,
+                          sequence_ids: jax.Array | None = None) -> jax.Array:
   """The one place attention is computed. Shapes: q/k/v (batch, length, heads, head_dim).
 
   `input_mask` is (batch, length) with 1 for real tokens: padded keys get no attention weight.
-  Without attention-probability dropout this calls `jax.nn.dot_product_attention`, so a fused
-  kernel (cuDNN flash attention, and whatever JAX adds) is a config switch. BERT's pre-training
-  recipe drops attention *probabilities* (p=0.1), which the fused kernels do not expose; then the
-  same math runs explicitly, with the softmax in float32.
+  `sequence_ids` (batch, length), given for packed rows, confines attention to each packed
+  instance (`attention_mask`); every implementation honours it.
+
+  Without attention-probability dropout this calls a fused kernel chosen by `implementation`:
+  `jax.nn.dot_product_attention` (None/"xla", or "cudnn" flash attention on GPU), or "pallas",
+  the Pallas TPU flash-attention kernel. BERT's pre-training recipe drops attention
+  *probabilities* (p=0.1), which the fused kernels do not expose; then the same math runs
+  explicitly, with the softmax in float32, whatever `implementation` says.
   """
   if deterministic or dropout_rate == 0.0:
-    if implementation == "cudnn":
+    if implementation == "pallas":
+      return _pallas_flash_attention(query, key, value, input_mask, sequence_ids)
+    if implementation == "cudnn" and sequence_ids is None:
       # cuDNN's fused kernel takes padding as per-row lengths, not a mask: BERT rows are always
       # right-padded (real tokens first), so the length is the mask's sum.
       lengths = jnp.sum(input_mask.astype(jnp.int32), axis=-1)
       return jax.nn.dot_product_attention(query, key, value, key_value_seq_lengths=lengths,
                                           implementation=implementation)
-    mask = input_mask[:, None, None, :].astype(jnp.bool_)  # (batch, 1, 1, kv_length)
-    return jax.nn.dot_product_attention(query, key, value, mask=mask,
+    # Packed rows under cuDNN: lengths cannot say "block-diagonal", so the full (b, 1, q, kv)
+    # mask goes in; `jax.nn.dot_product_attention` hands cuDNN a mask as an additive bias.
+    return jax.nn.dot_product_attention(query, key, value,
+                                        mask=attention_mask(input_mask, sequence_ids),
                                         implementation=implementation)
-  mask = input_mask[:, None, None, :].astype(jnp.bool_)
+  return _explicit_attention(query, key, value, attention_mask(input_mask, sequence_ids),
+                             dropout_rate, dropout_rng)
+
+
+def _explicit_attention(query, key, value, mask, dropout_rate, dropout_rng):
+  """softmax(q·k/√d) in float32, masked, with the probabilities dropped out (the paper's)."""
   scale = 1.0 / math.sqrt(query.shape[-1])
   logits = jnp.einsum("btnd,bsnd->bnts", query, key, preferred_element_type=jnp.float32) * scale
   logits = jnp.where(mask, logits, _MASK_VALUE)
@@ -112,6 +170,18 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
   probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0).astype(value.dtype)
   return jnp.einsum("bnts,bsnd->btnd", probs, value)
+
+
+def attention_kernel_description(config: BertConfig) -> str:
+  """Which attention kernel a model of `config` runs, in words (a run logs it at start)."""
+  fused = {None: "jax.nn.dot_product_attention (XLA)",
+           "xla": "jax.nn.dot_product_attention (XLA)",
+           "cudnn": "jax.nn.dot_product_attention (cuDNN flash attention)",
+           "pallas": "Pallas TPU flash attention (segment ids)"}[config.attention_implementation]
+  if config.attention_probs_dropout_prob > 0.0:
+    return (f"attention: explicit softmax with attention-probability dropout "
+            f"p={config.attention_probs_dropout_prob:g} in training; {fused} in evaluation")
+  return f"attention: {fused}"
 
 
 class BertEmbeddings(nn.Module):
@@ -157,7 +227,7 @@ class BertSelfAttention(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, input_mask, deterministic: bool):
+  def __call__(self, x, input_mask, deterministic: bool, sequence_ids=None):
     cfg = self.config
     batch, length, _ = x.shape
     heads = cfg.num_attention_heads
@@ -172,7 +242,8 @@ class BertSelfAttention(nn.Module):
     out = dot_product_attention(
         query, key, value, input_mask, dropout_rate=cfg.attention_probs_dropout_prob,
         dropout_rng=self.make_rng("dropout") if use_dropout else None,
-        deterministic=deterministic, implementation=cfg.attention_implementation)
+        deterministic=deterministic, implementation=cfg.attention_implementation,
+        sequence_ids=sequence_ids)
     out = nn.with_logical_constraint(out, (BATCH, LENGTH, HEADS, KV))
     return out.reshape(batch, length, cfg.hidden_size)
 
@@ -195,8 +266,9 @@ class BertAttention(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, input_mask, deterministic: bool):
-    context = BertSelfAttention(self.config, name="self")(x, input_mask, deterministic)
+  def __call__(self, x, input_mask, deterministic: bool, sequence_ids=None):
+    context = BertSelfAttention(self.config, name="self")(x, input_mask, deterministic,
+                                                          sequence_ids)
     return BertResidualOutput(self.config, "joined_kv", name="output")(context, x, deterministic)
 
 
@@ -218,9 +290,9 @@ class BertLayer(nn.Module):
   collect_hidden_states: bool = False
 
   @nn.compact
-  def __call__(self, x, input_mask, deterministic: bool):
+  def __call__(self, x, input_mask, deterministic: bool, sequence_ids=None):
     cfg = self.config
-    x = BertAttention(cfg, name="attention")(x, input_mask, deterministic)
+    x = BertAttention(cfg, name="attention")(x, input_mask, deterministic, sequence_ids)
     y = BertIntermediate(cfg, name="intermediate")(x)
     y = BertResidualOutput(cfg, "mlp", name="output")(y, x, deterministic)
     if self.scanned:
@@ -241,7 +313,7 @@ class BertEncoder(nn.Module):
   collect_hidden_states: bool = False
 
   @nn.compact
-  def __call__(self, x, input_mask, deterministic: bool):
+  def __call__(self, x, input_mask, deterministic: bool, sequence_ids=None):
     cfg = self.config
     layer_cls = BertLayer
     if cfg.remat_policy != "none":
@@ -251,27 +323,36 @@ class BertEncoder(nn.Module):
     if cfg.scan_layers:
       stack = nn.scan(layer_cls, variable_axes={"params": 0},
                       split_rngs={"params": True, "dropout": True},
-                      in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_hidden_layers,
+                      in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
+                      length=cfg.num_hidden_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})
       x, stacked = stack(cfg, scanned=True, collect_hidden_states=self.collect_hidden_states,
-                         name="layer")(x, input_mask, deterministic)
+                         name="layer")(x, input_mask, deterministic, sequence_ids)
       hidden_states = (tuple(stacked[i] for i in range(cfg.num_hidden_layers))
                        if self.collect_hidden_states else ())
       return x, hidden_states
     hidden_states = []
     for i in range(cfg.num_hidden_layers):
-      x = layer_cls(cfg, name=f"layer_{i}")(x, input_mask, deterministic)
+      x = layer_cls(cfg, name=f"layer_{i}")(x, input_mask, deterministic, sequence_ids)
       hidden_states.append(x)
     return x, (tuple(hidden_states) if self.collect_hidden_states else ())
 
 
 class BertPooler(nn.Module):
-  """tanh(dense(first token)): the sentence vector NSP and classifiers read."""
+  """tanh(dense(first token)): the sentence vector NSP and classifiers read.
+
+  With `cls_positions` (batch, k) — packed rows — it pools the [CLS] of each packed instance
+  instead, giving (batch, k, hidden).
+  """
   config: BertConfig
 
   @nn.compact
-  def __call__(self, sequence_output):
-    first = sequence_output[:, 0]
+  def __call__(self, sequence_output, cls_positions=None):
+    if cls_positions is None:
+      first = sequence_output[:, 0]
+    else:
+      first = jnp.take_along_axis(sequence_output, cls_positions[..., None].astype(jnp.int32),
+                                  axis=1)
     return jnp.tanh(dense(self.config, self.config.hidden_size, ("embed", "embed_out"),
                           "dense")(first))
 
@@ -282,6 +363,11 @@ class BertModel(nn.Module):
   Outputs: `sequence_output` (batch, length, hidden), `pooled_output` (batch, hidden) when
   `add_pooling_layer`, and `hidden_states` (embeddings output then each layer's output) when
   `collect_hidden_states`.
+
+  Packed rows (several instances per row) pass `position_ids` restarting at 0 for each
+  instance, `sequence_ids` (1..k per instance, 0 on padding: attention stays inside each
+  instance) and `cls_positions` (batch, k): `pooled_output` is then (batch, k, hidden), one per
+  instance. Each instance then gets what it would get alone in a row of its own.
   """
   config: BertConfig
   add_pooling_layer: bool = True
@@ -294,7 +380,8 @@ class BertModel(nn.Module):
       self.pooler = BertPooler(self.config)
 
   def __call__(self, input_ids, input_mask=None, segment_ids=None, position_ids=None,
-               deterministic: bool = True) -> dict[str, Any]:
+               deterministic: bool = True, sequence_ids=None,
+               cls_positions=None) -> dict[str, Any]:
     batch, length = input_ids.shape
     if length > self.config.max_position_embeddings:
       raise ValueError(f"Sequence length {length} exceeds max_position_embeddings="
@@ -306,10 +393,10 @@ class BertModel(nn.Module):
     if position_ids is None:
       position_ids = jnp.broadcast_to(jnp.arange(length), (batch, length))
     x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
-    sequence_output, layer_outputs = self.encoder(x, input_mask, deterministic)
+    sequence_output, layer_outputs = self.encoder(x, input_mask, deterministic, sequence_ids)
     out = {"sequence_output": sequence_output.astype(jnp.float32)}
     if self.add_pooling_layer:
-      out["pooled_output"] = self.pooler(sequence_output).astype(jnp.float32)
+      out["pooled_output"] = self.pooler(sequence_output, cls_positions).astype(jnp.float32)
     if self.collect_hidden_states:
       out["hidden_states"] = tuple(h.astype(jnp.float32) for h in (x,) + layer_outputs)
     return out
