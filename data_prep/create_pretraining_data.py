@@ -519,22 +519,19 @@ def process_shard(task: dict[str, Any]) -> dict[str, Any]:
       word_starts = None
       if whole_word or not static:
         word_starts = tokenizer.word_starts(batch["input_ids"]) & batch["input_mask"]
+      if static:  # packed or not, each instance is masked on its own
+        masked = masking.mask_batch(batch["input_ids"], batch["input_mask"], mask_config,
+                                    mask_rng, word_starts=word_starts)
+        _count_masks(stats, masked, tokenizer.mask_id, max_predictions)
+        batch.update(masked)
+      else:
         batch[features_lib.WORD_STARTS] = word_starts
       if packed:
         first_row = layout.row[which[0]]
         batch = packing_lib.pack_rows(batch, layout.row[which] - first_row, layout.slot[which],
                                       layout.offset[which],
-                                      int(layout.row[which[-1]] - first_row + 1), per_row)
-      if static:
-        if packed:  # each instance masked as unpacked (packing.mask_rows)
-          masked = packing_lib.mask_rows(batch, mask_config, mask_rng)
-        else:
-          masked = masking.mask_batch(batch["input_ids"], batch["input_mask"], mask_config,
-                                      mask_rng, word_starts=word_starts)
-        _count_masks(stats, masked, tokenizer.mask_id, max_predictions,
-                     batch.get(features_lib.SEQUENCE_IDS))
-        batch.update(masked)
-        batch.pop(features_lib.WORD_STARTS, None)
+                                      int(layout.row[which[-1]] - first_row + 1), per_row,
+                                      max_predictions)
       buffer, ends = features_lib.encode_examples_flat(
           batch, schema, prefix=records.frame_header, reserve_after=records.FRAME_AFTER)
       writer.write_framed(buffer, ends)
@@ -552,7 +549,7 @@ def process_shard(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def _count_masks(stats: dict, masked: dict[str, np.ndarray], mask_id: int,
-                 max_predictions: int, sequence_ids: np.ndarray | None = None) -> None:
+                 max_predictions: int) -> None:
   weights = masked["masked_lm_weights"] > 0
   rows, length = masked["input_ids"].shape
   new = masked["input_ids"].reshape(-1)[masked["masked_lm_positions"] +
@@ -564,13 +561,7 @@ def _count_masks(stats: dict, masked: dict[str, np.ndarray], mask_id: int,
   stats["masked_to_mask_token"] += int(to_mask.sum())
   stats["masked_kept"] += int(kept.sum())
   stats["masked_to_random_token"] += int((weights & ~to_mask & ~kept).sum())
-  if sequence_ids is None:
-    per_instance = weights.sum(axis=1)
-  else:  # packed rows: count per (row, instance)
-    which = np.take_along_axis(np.asarray(sequence_ids), masked["masked_lm_positions"], 1)
-    key = (np.arange(rows)[:, None] * (int(np.max(sequence_ids)) + 1) + which)[weights]
-    per_instance = np.bincount(key)
-  stats["instances_at_max_predictions"] += int((per_instance == max_predictions).sum())
+  stats["instances_at_max_predictions"] += int((weights.sum(axis=1) == max_predictions).sum())
 
 
 # ---------------------------------------------------------------------------------------------

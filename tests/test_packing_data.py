@@ -370,3 +370,22 @@ def test_command_line_packing(corpus, tmp_path):
   r = read_records(sorted(glob.glob(str(out / "pretrain-*.tfrecord"))), "dynamic", 2, length=256)
   assert r["cls_positions"].shape[1] == 2 and r["input_ids"].shape[1] == 256
   assert (r["next_sentence_weights"].sum(1) == 2).any()
+
+
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_mask_rows_is_mask_batch_on_the_instances(runs, whole_word):
+  """Dynamic masking of packed rows is the unpacked masking of their instances, laid back."""
+  _, _, r = runs["dynamic", True]
+  rows = {k: v[:300] for k, v in r.items()}
+  tok = tokenization.WordPieceTokenizer(VOCAB)
+  config = masking.MaskingConfig.from_tokenizer(tok, whole_word_mask=whole_word,
+                                                per_word_draw=whole_word)
+  got = packing.mask_rows(rows, config, np.random.default_rng(5))
+  instances, row, slot, offset = packing.unpack_rows(rows)
+  masked = masking.mask_batch(instances["input_ids"], instances["input_mask"], config,
+                              np.random.default_rng(5), instances["word_starts"])
+  want = packing.pack_rows({**instances, **masked}, row, slot, offset, 300, K, PRED)
+  assert set(got) == {"input_ids"} | {n for n in want if n.startswith("masked_lm")}
+  for name, values in got.items():
+    np.testing.assert_array_equal(values, want[name], err_msg=name)
+  assert (got["masked_lm_weights"] > 0).sum() > 300

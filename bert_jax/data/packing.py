@@ -23,11 +23,12 @@ Three pieces, used by `data_prep` (offline) and the input pipeline (online) alik
   `max_predictions_per_seq` (the budget is per row for packed data: e.g. 80 at 512).
 * `pack_rows` / `unpack_rows` lay instances (rows of the unpacked layout) into packed rows and
   cut them back out, masked-LM features included: unpack(pack(x)) == x.
-* `mask_rows` masks packed rows by cutting the instances out, masking them with
-  `masking.mask_batch` exactly as unpacked instances are masked (each instance gets its own
-  ~15%, [CLS]/[SEP] are never chosen, whole words never reach across an instance boundary), and
-  laying the result back. So packed and unpacked data have the same masking statistics, with
-  one implementation of the rules.
+* `mask_rows` masks packed rows (the input pipeline's dynamic masking) by cutting the
+  instances out, masking them with `masking.mask_batch` exactly as unpacked instances are
+  masked (each instance gets its own ~15%, [CLS]/[SEP] are never chosen, whole words never
+  reach across an instance boundary), and laying the predictions back; data_prep masks the
+  instances with the same call before it lays them into rows. So packed and unpacked data have
+  the same masking statistics, with one implementation of the rules.
 """
 
 from __future__ import annotations
@@ -188,27 +189,37 @@ def pack_rows(instances: Mapping[str, np.ndarray], row: np.ndarray, slot: np.nda
   out[features.NEXT_SENTENCE_LABELS] = labels
   out[features.NEXT_SENTENCE_WEIGHTS] = weights
   if features.MASKED_LM_WEIGHTS in instances:
-    width = int(max_predictions_per_seq)
-    chosen = np.asarray(instances[features.MASKED_LM_WEIGHTS]) > 0  # a prefix of each row
-    count = chosen.sum(1)
-    per_slot = np.zeros((num_rows, k), np.int64)
-    per_slot[row, slot] = count
-    starts = np.cumsum(per_slot, axis=1) - per_slot  # where each slot's predictions begin
-    totals = per_slot.sum(1)
-    if num_rows and totals.max() > width:
-      raise ValueError(f"a packed row's instances have {totals.max()} masked-LM predictions, "
-                       f"more than max_predictions_per_seq={width} per row.")
-    instance, j = np.nonzero(chosen)
-    target = row[instance] * width + starts[row[instance], slot[instance]] + j
-    positions = np.asarray(instances[features.MASKED_LM_POSITIONS])
-    for name, values in ((features.MASKED_LM_POSITIONS, positions[chosen] + offset[instance]),
-                         (features.MASKED_LM_IDS,
-                          np.asarray(instances[features.MASKED_LM_IDS])[chosen]),
-                         (features.MASKED_LM_WEIGHTS,
-                          np.asarray(instances[features.MASKED_LM_WEIGHTS])[chosen])):
-      packed = np.zeros(num_rows * width, np.asarray(instances[name]).dtype)
-      packed[target] = values
-      out[name] = packed.reshape(num_rows, width)
+    out.update(_lay_predictions(instances, row, slot, offset, num_rows, k,
+                                int(max_predictions_per_seq)))
+  return out
+
+
+def _lay_predictions(instances: Mapping[str, np.ndarray], row: np.ndarray, slot: np.ndarray,
+                     offset: np.ndarray, num_rows: int, k: int, width: int
+                     ) -> dict[str, np.ndarray]:
+  """The instances' masked-LM features laid into `width` slots per row, slot by slot, with
+  positions in the row."""
+  chosen = np.asarray(instances[features.MASKED_LM_WEIGHTS]) > 0  # a prefix of each row
+  count = chosen.sum(1)
+  per_slot = np.zeros((num_rows, k), np.int64)
+  per_slot[row, slot] = count
+  starts = np.cumsum(per_slot, axis=1) - per_slot  # where each slot's predictions begin
+  totals = per_slot.sum(1)
+  if num_rows and totals.max() > width:
+    raise ValueError(f"a packed row's instances have {totals.max()} masked-LM predictions, "
+                     f"more than max_predictions_per_seq={width} per row.")
+  instance, j = np.nonzero(chosen)
+  target = row[instance] * width + starts[row[instance], slot[instance]] + j
+  positions = np.asarray(instances[features.MASKED_LM_POSITIONS])
+  out = {}
+  for name, values in ((features.MASKED_LM_POSITIONS, positions[chosen] + offset[instance]),
+                       (features.MASKED_LM_IDS,
+                        np.asarray(instances[features.MASKED_LM_IDS])[chosen]),
+                       (features.MASKED_LM_WEIGHTS,
+                        np.asarray(instances[features.MASKED_LM_WEIGHTS])[chosen])):
+    packed = np.zeros(num_rows * width, np.asarray(instances[name]).dtype)
+    packed[target] = values
+    out[name] = packed.reshape(num_rows, width)
   return out
 
 
@@ -222,10 +233,14 @@ def unpack_rows(rows: Mapping[str, np.ndarray], max_predictions_per_seq: int | N
   k = np.shape(rows[features.CLS_POSITIONS])[1]
   present = np.asarray(rows[features.NEXT_SENTENCE_WEIGHTS]) > 0
   row, slot = np.nonzero(present)
-  sizes = np.bincount((np.arange(num_rows)[:, None] * (k + 1) + sequence_ids).reshape(-1),
-                      minlength=num_rows * (k + 1)).reshape(num_rows, k + 1)[:, 1:]
-  offset = np.asarray(rows[features.CLS_POSITIONS]).astype(np.int64)[row, slot]
-  inside = np.arange(length) < sizes[row, slot][:, None]
+  cls_positions = np.asarray(rows[features.CLS_POSITIONS]).astype(np.int64)
+  # An instance ends where the next one in its row starts, the last one where the row's real
+  # tokens end.
+  ends = np.concatenate([cls_positions[:, 1:], np.zeros((num_rows, 1), np.int64)], axis=1)
+  ends = np.where(np.concatenate([present[:, 1:], np.zeros((num_rows, 1), bool)], axis=1),
+                  ends, (sequence_ids > 0).sum(1, keepdims=True))
+  offset = cls_positions[row, slot]
+  inside = np.arange(length) < (ends[row, slot] - offset)[:, None]
   source = np.minimum(offset[:, None] + np.arange(length), length - 1)
   out: dict[str, np.ndarray] = {}
   for name in _TOKEN_FEATURES:
@@ -261,13 +276,26 @@ def mask_rows(rows: Mapping[str, np.ndarray], config: masking.MaskingConfig,
   own ~15%, at most `config.max_predictions_per_seq`), and all of a row's predictions in
   `config.max_predictions_per_seq` slots. Returns the masked `input_ids` and the masked-LM
   features of the rows (positions are row positions)."""
-  instances, row, slot, offset = unpack_rows(
-      {name: value for name, value in rows.items() if name not in _MASKED_LM})
+  needed = (features.INPUT_IDS, features.INPUT_MASK, features.SEQUENCE_IDS,
+            features.CLS_POSITIONS, features.NEXT_SENTENCE_LABELS, features.NEXT_SENTENCE_WEIGHTS)
+  if config.whole_word_mask:
+    needed += (features.WORD_STARTS,)
+  instances, row, slot, offset = unpack_rows({name: rows[name] for name in needed})
   masked = masking.mask_batch(instances[features.INPUT_IDS], instances[features.INPUT_MASK],
                               config, rng, instances.get(features.WORD_STARTS))
-  laid = pack_rows({**instances, **masked}, row, slot, offset, len(rows[features.INPUT_IDS]),
-                   np.shape(rows[features.CLS_POSITIONS])[1], config.max_predictions_per_seq)
-  return {name: laid[name] for name in (features.INPUT_IDS,) + _MASKED_LM}
+  input_ids = np.asarray(rows[features.INPUT_IDS])
+  out = _lay_predictions(masked, row, slot, offset, len(input_ids),
+                         np.shape(rows[features.CLS_POSITIONS])[1], config.max_predictions_per_seq)
+  # The masked ids, put where the predictions are (the only tokens masking changes).
+  chosen = masked[features.MASKED_LM_WEIGHTS] > 0
+  instance = np.nonzero(chosen)[0]
+  new_ids = np.take_along_axis(masked[features.INPUT_IDS], masked[features.MASKED_LM_POSITIONS],
+                               1)[chosen]
+  masked_ids = input_ids.copy()
+  masked_ids[row[instance], offset[instance] + masked[features.MASKED_LM_POSITIONS][chosen]] = (
+      new_ids)
+  out[features.INPUT_IDS] = masked_ids
+  return out
 
 
 def prediction_costs(max_seq_length: int, masked_lm_prob: float,
