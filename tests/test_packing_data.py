@@ -389,3 +389,18 @@ def test_mask_rows_is_mask_batch_on_the_instances(runs, whole_word):
   for name, values in got.items():
     np.testing.assert_array_equal(values, want[name], err_msg=name)
   assert (got["masked_lm_weights"] > 0).sum() > 300
+
+
+def test_a_row_budget_too_small_is_named(runs):
+  _, paths, r = runs["dynamic", True]
+  # Before training: the config's budget is below the one the rows were packed for.
+  with pytest.raises(ValueError, match="packed for max_predictions_per_seq=20 per row"):
+    input_pipeline.PretrainingData(
+        None, files=paths, global_batch_size=64, max_seq_length=SEQ, max_predictions_per_seq=10,
+        sharding=None, process_index=0, process_count=1,
+        masking_config=masking.MaskingConfig.from_tokenizer(tokenization.WordPieceTokenizer(VOCAB)))
+  # Where it is masked: a row whose instances need more predictions than the budget.
+  config = masking.MaskingConfig.from_tokenizer(tokenization.WordPieceTokenizer(VOCAB),
+                                                max_predictions_per_seq=12)
+  with pytest.raises(ValueError, match="more than max_predictions_per_seq=12 per row"):
+    packing.mask_rows({k: v[:200] for k, v in r.items()}, config, np.random.default_rng(0))

@@ -120,6 +120,30 @@ def check_record_shapes(path: str, max_seq_length: int, max_predictions_per_seq:
                        f"or set the config to match.")
 
 
+def check_packed_budget(summary_path: str | None, config: masking.MaskingConfig) -> None:
+  """Dynamic packed rows were packed so that their instances' masked-LM predictions fit
+  data_prep's `max_predictions_per_seq` at its `masked_lm_prob`; masking them with a smaller
+  budget or a larger probability could overflow a row. Said before training starts (from
+  data_prep's summary beside the files) rather than at the first row that overflows."""
+  if not summary_path:
+    return
+  try:
+    settings = json.loads(file_io.read_text(summary_path)).get("settings") or {}
+  except (ValueError, OSError):
+    return
+  packed_for = settings.get("max_predictions_per_seq")
+  prob = settings.get("masked_lm_prob")
+  if packed_for is None or prob is None:
+    return
+  if config.max_predictions_per_seq < packed_for or config.masked_lm_prob > prob:
+    raise ValueError(
+        f"{summary_path}: these packed rows were packed for max_predictions_per_seq="
+        f"{packed_for} per row at masked_lm_prob={prob}; masking them with "
+        f"max_predictions_per_seq={config.max_predictions_per_seq} and masked_lm_prob="
+        f"{config.masked_lm_prob} could leave a row's predictions without room. Set the config "
+        f"to at least {packed_for} (and at most {prob}), or re-create the data.")
+
+
 SKIP_HINT = ("set data.skip_corrupt_records=True to train on without the damaged records "
              "(they are counted and reported)")
 
@@ -255,6 +279,9 @@ class PretrainingData:
       if masking_config.max_predictions_per_seq != max_predictions_per_seq:
         masking_config = masking.MaskingConfig(**{
             **masking_config.__dict__, "max_predictions_per_seq": max_predictions_per_seq})
+      if self.packed:
+        check_packed_budget(self._recorded.get(self.host_files[0], {}).get("summary"),
+                            masking_config)
     self.masking_config = masking_config
     self.feature_spec = features.tf_feature_spec(max_seq_length, max_predictions_per_seq,
                                                  self.masking_mode, self.max_sequences_per_row)
