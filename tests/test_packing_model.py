@@ -238,7 +238,7 @@ def _attention_inputs(seed=0, batch=2, length=128, heads=2, head_dim=64):
              for key in jax.random.split(jax.random.PRNGKey(seed), 3))
   sequence_ids = np.zeros((batch, length), np.int32)
   sequence_ids[0, :40], sequence_ids[0, 40:90], sequence_ids[0, 90:110] = 1, 2, 3
-  sequence_ids[1, :100] = 1
+  sequence_ids[1:, :100] = 1  # the other rows: one instance
   input_mask = (sequence_ids > 0).astype(np.int32)
   return q, k, v, input_mask, sequence_ids
 
@@ -298,6 +298,35 @@ def test_pallas_model_equals_xla_model_on_packed_rows():
     pallas = jax.jit(heads.BertForPreTraining(cfg.replace(attention_implementation="pallas")).apply)(
         params, *(batch[n] for n in objective.input_names))
   assert _max_abs(pallas, xla) <= TOLERANCE
+
+
+def test_pallas_attention_under_a_mesh_runs_per_device():
+  """Under a mesh the kernel runs in `shard_map` on each device's rows and heads. Numbers on a
+  one-device mesh (the interpreter can stall when several fake CPU devices run kernels at
+  once); the split itself on (2, 2, 2), traced."""
+  q, k, v, input_mask, sequence_ids = _attention_inputs(batch=4, heads=2)
+  cotangent = jax.random.normal(jax.random.PRNGKey(9), q.shape)
+
+  def loss(q, k, v, implementation):
+    out = _attention(q, k, v, input_mask, sequence_ids, implementation)
+    return jnp.sum(_real(out, input_mask) * cotangent), out
+  grad_fn = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+  (_, xla), xla_grads = jax.jit(grad_fn, static_argnums=3)(q, k, v, "xla")
+  rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
+  one_device = sharding.create_mesh((1, 1, 1), jax.devices()[:1])
+  with jax.set_mesh(one_device), nn.logical_axis_rules(rules), pltpu.force_tpu_interpret_mode():
+    (_, out), grads = jax.jit(grad_fn, static_argnums=3)(q, k, v, "pallas")
+  assert _max_abs(_real(out, input_mask), _real(xla, input_mask)) <= TOLERANCE
+  assert _max_abs(grads, xla_grads) <= TOLERANCE
+  with jax.set_mesh(sharding.create_mesh((2, 2, 2))), nn.logical_axis_rules(rules), \
+       pltpu.force_tpu_interpret_mode():
+    jaxpr = jax.make_jaxpr(lambda q, k, v: _attention(q, k, v, input_mask, sequence_ids,
+                                                      "pallas"))(q, k, v)
+  mapped = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "shard_map"]
+  assert len(mapped) == 1
+  spec = jax.sharding.PartitionSpec(("data", "fsdp"), None, "model", None)
+  assert tuple(mapped[0].params["in_specs"][:3]) == (spec,) * 3
+  assert mapped[0].params["out_specs"] == (spec,)
 
 
 def test_pallas_refuses_a_length_its_blocks_do_not_tile():

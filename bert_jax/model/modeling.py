@@ -107,6 +107,9 @@ def _pallas_flash_attention(query, key, value, input_mask, sequence_ids):
   other paths; nothing reads those rows. The kernel tiles the sequence in blocks of 128, so
   the length must be a multiple of 128. Off TPU it runs only in interpret mode
   (`jax.experimental.pallas.tpu.force_tpu_interpret_mode()` around the trace), as the tests do.
+
+  Under a mesh the kernel runs in `shard_map` on each device's rows and heads: XLA cannot
+  partition a Pallas kernel, and would otherwise gather the whole batch onto every device.
   """
   from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
   length = query.shape[1]
@@ -118,12 +121,29 @@ def _pallas_flash_attention(query, key, value, input_mask, sequence_ids):
   real = input_mask.astype(jnp.bool_)
   ids = real.astype(jnp.int32) if sequence_ids is None else jnp.where(real, sequence_ids, 0)
   ids = ids.astype(jnp.int32)
-  to_heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # (b, s, n, d) <-> (b, n, s, d)
-  out = pallas_flash.flash_attention(
-      to_heads_first(query), to_heads_first(key), to_heads_first(value),
-      segment_ids=pallas_flash.SegmentIds(q=ids, kv=ids),
-      sm_scale=1.0 / math.sqrt(query.shape[-1]))
-  return to_heads_first(out)
+
+  def kernel(q, k, v, ids):
+    to_heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # (b, s, n, d) <-> (b, n, s, d)
+    out = pallas_flash.flash_attention(
+        to_heads_first(q), to_heads_first(k), to_heads_first(v),
+        segment_ids=pallas_flash.SegmentIds(q=ids, kv=ids),
+        sm_scale=1.0 / math.sqrt(q.shape[-1]))
+    return to_heads_first(out)
+
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return kernel(query, key, value, ids)
+  # Batch and heads split as the rules split these activations (where they divide); every
+  # device keeps whole sequences, which attention needs.
+  axes = []
+  for size, names in zip(query.shape, nn.logical_to_mesh_axes((BATCH, None, HEADS, None))):
+    names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
+    ways = math.prod(mesh.shape[n] for n in names)
+    axes.append(names if names and size % ways == 0 else None)
+  spec = jax.sharding.PartitionSpec(*axes)
+  ids_spec = jax.sharding.PartitionSpec(*axes[:2])
+  return jax.shard_map(kernel, mesh=mesh, in_specs=(spec, spec, spec, ids_spec),
+                       out_specs=spec, check_vma=False)(query, key, value, ids)
 
 
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
