@@ -210,6 +210,16 @@ def test_without_sequence_ids_or_restarted_positions_instances_contaminate(setup
     assert float(jnp.max(jnp.abs(mlm[row, first:first + k] - ref_mlm[i, :k]))) > 1e-3
 
 
+def test_scanned_rematerialised_layers_carry_the_packing(setup):
+  """`nn.scan` broadcasts the sequence ids to every layer, `nn.remat` keeps them."""
+  cfg = setup["cfg"].replace(scan_layers=True, remat_policy="dots")
+  model = PACKED.model(cfg)
+  params = modeling.stack_layers(setup["params"], cfg.num_hidden_layers)
+  mlm, nsp = jax.jit(lambda p, b: step_lib.apply_model(PACKED, model, p, b,
+                                                       deterministic=True))(params, setup["packed"])
+  _assert_same_per_instance(setup, np.asarray(mlm), np.asarray(nsp))
+
+
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
 def test_packed_rows_equal_unpacked_instances_on_a_mesh(setup, mesh_shape):
   model, packed = setup["model"], setup["packed"]
