@@ -54,9 +54,9 @@ def tokenizer_from_flags():
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-  from bert_jax.training import checkpointing  # pylint: disable=g-import-not-at-top
-  extra = getattr(checkpointing, "CheckpointError", None)
-  return USER_ERRORS + ((extra,) if extra else ())
+  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import checkpointing, workdir_lock
+  return USER_ERRORS + (checkpointing.CheckpointError, workdir_lock.WorkdirInUseError)
 
 
 def one_line_errors(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:

@@ -30,7 +30,7 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
       # Fields of BertConfig; None keeps the preset's value.
       # None: the vocabulary size data_prep recorded in the records' summary.json (else the
       # preset's 30522). A size below the data's is refused.
-      "vocab_size": None,
+      "vocab_size": ml_collections.config_dict.placeholder(int),
       "hidden_size": None,
       "num_hidden_layers": None,
       "num_attention_heads": None,

@@ -30,7 +30,7 @@ from bert_jax.parallel import sharding
 from bert_jax.runs import finetune_config
 from bert_jax.tasks import glue, question_answering, sequence_classification
 from bert_jax.text import vocab_files
-from bert_jax.training import loop, metrics, optimizer
+from bert_jax.training import loop, metrics, optimizer, workdir_lock
 from bert_jax.training import step as step_lib
 
 get_config = finetune_config.get_config
@@ -176,6 +176,7 @@ def read_examples(task, data_dir, split, data_format):
                                                                                     split)
 
 
+@workdir_lock.holding("output_dir")
 def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_dir: str,
         bert_config_file: str | None = None, max_seq_length: int = 128,
         train_batch_size: int = 32, eval_batch_size: int = 8, predict_batch_size: int = 8,
@@ -256,6 +257,7 @@ def _squad_examples(path: str | None, data_dir: str | None, split: str, version_
           f"tfds squad/{'v2.0' if version_2 else 'v1.1'}[{split}]")
 
 
+@workdir_lock.holding("output_dir")
 def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
               train_file: str | None = None, predict_file: str | None = None,
               data_dir: str | None = None, version_2_with_negative: bool = False,

@@ -25,7 +25,7 @@ from bert_jax.interop import checkpoints
 from bert_jax.model import configuration
 from bert_jax.parallel import sharding
 from bert_jax.text import features, masking, vocab_files
-from bert_jax.training import loop, metrics, optimizer, step as step_lib
+from bert_jax.training import loop, metrics, optimizer, step as step_lib, workdir_lock
 from bert_jax.training import state as state_lib
 from bert_jax.training.objective import Objective
 
@@ -277,6 +277,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   check_config(config)
   files = input_pipeline.list_files(config.data.train_files)
   config = resolve_vocabulary(config, files)
+  # Checked first, so a refused config leaves no workdir behind; then one run per workdir.
+  with workdir_lock.hold(workdir):
+    return _train_and_evaluate(config, workdir, files)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: list[str]
+                        ) -> dict[str, Any]:
   run = build(config)
   seq_len, max_pred = config.data.max_seq_length, config.data.max_predictions_per_seq
   eval_files = input_pipeline.list_files(config.data.eval_files) if config.data.eval_files else None
