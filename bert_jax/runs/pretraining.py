@@ -22,7 +22,7 @@ from absl import logging
 from bert_jax import file_io, objectives
 from bert_jax.data import input_pipeline, tfrecords
 from bert_jax.interop import checkpoints
-from bert_jax.model import configuration
+from bert_jax.model import configuration, modeling
 from bert_jax.parallel import sharding
 from bert_jax.text import features, masking, vocab_files
 from bert_jax.training import loop, metrics, optimizer, step as step_lib, workdir_lock
@@ -36,10 +36,16 @@ def bert_config_from(config: ml_collections.ConfigDict) -> configuration.BertCon
   return configuration.get_preset(config.model.preset, **fields)
 
 
-def objective_from(config: ml_collections.ConfigDict) -> Objective:
+def objective_from(config: ml_collections.ConfigDict,
+                   max_sequences_per_row: int | None = None) -> Objective:
+  """The config's objective; over packed rows (`max_sequences_per_row` instances each, as the
+  records say) its packed layout."""
+  packing = ({"packed": True, "max_sequences_per_row": max_sequences_per_row}
+             if max_sequences_per_row else {})
   return objectives.get_objective(config.get("objective", "mlm_nsp"),
                                   max_seq_length=config.data.max_seq_length,
-                                  max_predictions_per_seq=config.data.max_predictions_per_seq)
+                                  max_predictions_per_seq=config.data.max_predictions_per_seq,
+                                  **packing)
 
 
 @dataclasses.dataclass
@@ -169,7 +175,8 @@ def keep_vocabulary(config: ml_collections.ConfigDict, files: list[str], workdir
           settings.get("do_lower_case", config.data.do_lower_case)))
 
 
-def build(config: ml_collections.ConfigDict, devices=None) -> Run:
+def build(config: ml_collections.ConfigDict, devices=None,
+          max_sequences_per_row: int | None = None) -> Run:
   check_config(config)
   bert_config = bert_config_from(config)
   mesh, rules = sharding.mesh_from_config(config, devices)
@@ -178,7 +185,7 @@ def build(config: ml_collections.ConfigDict, devices=None) -> Run:
   opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
   opt_config.total_steps = config.total_steps
   tx, schedule = optimizer.create_optimizer(opt_config)
-  objective = objective_from(config)
+  objective = objective_from(config, max_sequences_per_row)
   return Run(bert_config, objective, objective.model(bert_config), tx, schedule, mesh, rules)
 
 
@@ -284,7 +291,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: list[str]
                         ) -> dict[str, Any]:
-  run = build(config)
+  run = build(config, max_sequences_per_row=input_pipeline.detect_packing(files[0]))
   seq_len, max_pred = config.data.max_seq_length, config.data.max_predictions_per_seq
   eval_files = input_pipeline.list_files(config.data.eval_files) if config.data.eval_files else None
   train_files, eval_files = input_pipeline.split_train_eval(files, eval_files)
@@ -315,7 +322,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: 
               f"{dict(run.mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
               f"devices, {jax.process_count()} processes | {init.origin} | train "
               f"{len(train_files)} files, eval {len(eval_files)} files "
-              f"({train_data.masking_mode} masking) | workdir {workdir}")
+              f"({train_data.masking_mode} masking"
+              + (f", packed: up to {train_data.max_sequences_per_row} sequences per row"
+                 if train_data.packed else "") + f") | workdir {workdir}")
+  metrics.log(modeling.attention_kernel_description(run.bert_config))
 
   train_step = step_lib.build_train_step(run.objective, run.model, run.tx, run.schedule,
                                          init.shardings, batch_sh, run.mesh, run.rules,
