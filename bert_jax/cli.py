@@ -92,10 +92,32 @@ def resolve_config_argument(argv: list[str], default_dir: str) -> list[str]:
   return out
 
 
+def check_config_argument(argv: list[str]) -> None:
+  """Builds the `--config=FILE:VARIANT` config once before absl does, so that a file that is
+  missing or a variant the file refuses ends in one line, not in absl's parse-error traceback."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  for arg in argv:
+    if not arg.startswith("--config=") or arg.startswith("--config."):
+      continue
+    value = arg[len("--config="):]
+    path, _, variant = value.partition(":")
+    if not os.path.isfile(path):
+      sys.exit(f"error: --config={value}: no such file {path} (the configs are configs/pretrain.py,"
+               " configs/glue.py and configs/squad.py).")
+    spec = importlib.util.spec_from_file_location("_checked_config", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+      spec.loader.exec_module(module)
+      module.get_config(*([variant] if variant else []))
+    except (ValueError, KeyError, TypeError) as e:
+      sys.exit(f"error: --config={value}: {e}")
+
+
 def run(main: Callable[[list[str]], None], define_flags: Callable[[], None]) -> None:
   """What every command's `if __name__ == "__main__"` does: define its flags, find `configs/`
   files from any directory, and run `main` with one-line user errors."""
   from bert_jax import configs_dir  # pylint: disable=g-import-not-at-top
   define_flags()
   sys.argv = resolve_config_argument(sys.argv, configs_dir())
+  check_config_argument(sys.argv[1:])
   app.run(one_line_errors(main))

@@ -125,6 +125,22 @@ def test_command_errors_are_one_line_that_names_the_fix(records, tmp_path):
   assert line == "error: --warmup_proportion=1.5: must lie in [0, 1].", line
 
 
+def test_model_fields_and_the_fast_recipe_are_set_from_the_command_line(tmp_path):
+  """Unset model fields are typed placeholders: the command line can set them (a None field of
+  an ml_collections config cannot be overridden)."""
+  args = ("bert_jax.pretrain", "--config=configs/pretrain.py:tiny+fast", "--workdir=w",
+          "--compile_only", "--config.model.num_hidden_layers=1",
+          "--config.model.attention_implementation=xla", "--config.model.vocab_size=1000")
+  proc = _cli(*args, cwd=str(tmp_path))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  # BERT-Tiny with one layer and 1,000 words (194k embedding, 198k layer, 34k head parameters);
+  # the preset's two layers and 30,522 words would be 4.4M.
+  assert "0.4M parameters" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+  line = _one_line_error(_cli(*args[:2], "--config=configs/pretrain.py:tiny+slow",
+                              "--workdir=w", cwd=str(tmp_path)))
+  assert "Unknown modifier 'slow'" in line
+
+
 # ------------------------------------------------------------ commands from any directory
 def test_an_installed_package_runs_its_commands_from_any_directory(tmp_path):
   """A wheel of the package (not the checkout) holds `data_prep` and the run configs, so the
