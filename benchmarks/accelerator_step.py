@@ -66,6 +66,9 @@ _PROFILE = flags.DEFINE_string(
     "profile_dir", None, "Trace 5 more steps of each variant here and print the device "
     "kernels that take the most time.")
 _OUT = flags.DEFINE_string("out", None, "Also write the markdown section here.")
+_BATCH_FILE = flags.DEFINE_string(
+    "batch_file", None, "A real batch (.npz of the input pipeline's arrays, packed or not) "
+    "instead of random full rows; its shape overrides the preset's.")
 
 # The paper's pre-training lengths: 128 (90% of steps) and 512 (the last 10%), with its
 # max_predictions_per_seq (20 and 76).
@@ -117,9 +120,22 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
   shape = dict(SHAPES[name], batch=batch_size)
   config = configuration.get_preset(name, dtype=_DTYPE.value, scan_layers=layers == "scanned",
                                     **VARIANTS[variant])
-  objective = mlm_nsp.MaskedLmNextSentence(shape["length"], shape["predictions"])
-  np_batch = random_batch(np.random.RandomState(0), batch_size, shape["length"],
-                          shape["predictions"], config.vocab_size)
+  packing = {}
+  if _BATCH_FILE.value:
+    with np.load(_BATCH_FILE.value, allow_pickle=False) as stored:
+      np_batch = {k: stored[k] for k in stored.files}
+    shape = dict(batch=np_batch[features.INPUT_IDS].shape[0],
+                 length=np_batch[features.INPUT_IDS].shape[1],
+                 predictions=np_batch[features.MASKED_LM_IDS].shape[1])
+    if features.SEQUENCE_IDS in np_batch:
+      packing = {"packed": True,
+                 "max_sequences_per_row": np_batch[features.CLS_POSITIONS].shape[1]}
+  else:
+    np_batch = random_batch(np.random.RandomState(0), batch_size, shape["length"],
+                            shape["predictions"], config.vocab_size)
+  shape["real"] = float(np.mean(np_batch[features.INPUT_MASK]))
+  shape["packed"] = bool(packing)
+  objective = mlm_nsp.MaskedLmNextSentence(shape["length"], shape["predictions"], **packing)
   tx, schedule = optimizer.create_optimizer(
       {"name": "adamw", "learning_rate": 1e-4, "total_steps": 10000, "warmup_steps": 100,
        "weight_decay": 0.01, "eps": 1e-6, "grad_clip_norm": 1.0})
@@ -202,11 +218,13 @@ def _peak_memory() -> float | None:
 
 def _row(r: dict) -> str:
   s = r["shape"]
-  tokens = s["batch"] * s["length"] / r["step_s"]
+  tokens = s["batch"] * s["length"] * s["real"] / r["step_s"]  # real (non-padding) tokens
   mfu = f"**{100 * r['mfu']:.1f}%**" if r["mfu"] is not None else "n/a"
   xla = f"{r['xla'] * jax.device_count() / 1e12:.2f}" if r["xla"] else "n/a"
   mem = f"{r['memory']:.1f}" if r["memory"] is not None else "n/a"
-  return (f"| {r['name']} | {s['batch']} × {s['length']} ({s['predictions']}) | {r['variant']} | "
+  layout = "packed" if s["packed"] else ("real" if _BATCH_FILE.value else "random")
+  return (f"| {r['name']} | {s['batch']} × {s['length']} ({s['predictions']}) {layout}, "
+          f"{100 * s['real']:.0f}% real | {r['variant']} | "
           f"{r['layers']} | {r['compile_s']:.1f} | {1000 * r['step_s']:.1f} "
           f"({1000 * r['spread'][0]:.1f}–{1000 * r['spread'][1]:.1f}) | {tokens:,.0f} | "
           f"{r['analytic'] / 1e12:.2f} | {xla} | {r['analytic'] / r['step_s'] / 1e12:.0f} | "
@@ -223,6 +241,7 @@ def report(results: list[dict], failures: list[str]) -> str:
       f"--variants={','.join(_VARIANTS.value)} --layers={','.join(_LAYERS.value)}"
       + (f" --batch={','.join(_BATCH.value)}" if _BATCH.value else "")
       + (f" --prng={_PRNG.value}" if _PRNG.value else "")
+      + (f" --batch_file={_BATCH_FILE.value}" if _BATCH_FILE.value else "")
       + f" --steps={_STEPS.value} --repeats={_REPEATS.value}`",
       f"- Machine: {jax.device_count()} × {device.device_kind}, {os.cpu_count()} CPU cores, "
       f"{platform.system()} {platform.machine()}; jax {jax.__version__}; compute {_DTYPE.value}, "
@@ -232,7 +251,7 @@ def report(results: list[dict], failures: list[str]) -> str:
       "- Step: `training.step.build_train_step` (the paper's AdamW, clipping, schedule, donated "
       "sharded state), MLM at the masked positions + NSP; full-length random rows.", "",
       "| config | batch × seq (masked) | attention | layers | compile (s) | step ms (min–max) "
-      "| tokens/s | analytic TFLOP/step | XLA TFLOP/step | achieved TFLOP/s | MFU | peak GiB "
+      "| real tokens/s | analytic TFLOP/step | XLA TFLOP/step | achieved TFLOP/s | MFU | peak GiB "
       "| loss first → last |",
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   lines += [_row(r) for r in results]

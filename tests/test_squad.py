@@ -629,3 +629,22 @@ def test_a_vocabulary_that_does_not_fit_the_text_is_refused(tmp_path, tokenizer)
   fits = squad.convert_examples_to_features(examples, tokenizer, max_seq_length=64,
                                             doc_stride=32)
   assert fits.report["unknown_piece_fraction"] < 0.01
+
+
+def test_deep_nesting_and_lone_surrogates_are_named_with_the_file(tmp_path):
+  deep = tmp_path / "deep.json"
+  deep.write_text("[" * 100_000 + "]" * 100_000)
+  with pytest.raises(ValueError, match=re.escape(f"{deep}: JSON nested too deeply")):
+    squad.read_squad_json(str(deep))
+  text = json.dumps(OFFICIAL)
+  context = OFFICIAL["data"][0]["paragraphs"][0]["context"]
+  lone = tmp_path / "lone.json"
+  lone.write_text(text.replace(json.dumps(context)[1:-1], json.dumps(context)[1:-1] + "\\ud800",
+                               1))
+  with pytest.raises(ValueError, match=re.escape(f"{lone}: holds an unpaired surrogate escape")):
+    squad.read_squad_json(str(lone))
+  # A surrogate pair is an ordinary character (here an emoji) and is read.
+  pair = tmp_path / "pair.json"
+  pair.write_text(text.replace(json.dumps(context)[1:-1], json.dumps(context)[1:-1]
+                               + " \\ud83d\\ude00", 1))
+  assert "\U0001F600" in squad.read_squad_json(str(pair))[0].context

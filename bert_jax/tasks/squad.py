@@ -82,10 +82,28 @@ def load_json(path: str) -> Any:
   """A JSON file (local or gs://); invalid JSON or UTF-8 is an error naming path and line."""
   text = file_io.read_text(path)
   try:
-    return json.loads(text)
+    data = json.loads(text)
   except json.JSONDecodeError as e:
     raise ValueError(f"{path}: line {e.lineno}, column {e.colno}: not valid JSON "
                      f"({e.msg}).") from e
+  except RecursionError:
+    raise ValueError(f"{path}: JSON nested too deeply to be a SQuAD file.") from None
+  # `\ud800`-style escapes of lone surrogates parse, but are no text: refuse them here, where
+  # the file is known, rather than in the tokenizer.
+  if "\\ud" in text.lower() and _has_lone_surrogate(data):
+    raise ValueError(f"{path}: holds an unpaired surrogate escape (such as \\ud800): not "
+                     "valid Unicode text.")
+  return data
+
+
+def _has_lone_surrogate(obj: Any) -> bool:
+  if isinstance(obj, str):
+    return any(0xD800 <= ord(ch) <= 0xDFFF for ch in obj)
+  if isinstance(obj, dict):
+    return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in obj.items())
+  if isinstance(obj, list):
+    return any(_has_lone_surrogate(v) for v in obj)
+  return False
 
 
 def require(obj: Any, key: str, kind: type, source: str, where: str) -> Any:
@@ -136,7 +154,7 @@ def parse_squad_json(dataset: Any, source: str) -> list[SquadExample]:
                                                       source):
     context = require(paragraph, "context", str, source, where.split(".qas[")[0])
     question = require(qa, "question", str, source, where)
-    if not question.strip():
+    if not tokenization.has_text(question):
       raise ValueError(f"{source}: {where}: the question is empty.")
     is_impossible = qa.get("is_impossible", False)
     if not isinstance(is_impossible, bool):
@@ -182,7 +200,7 @@ def read_squad_tfds(data_dir: str | None, split: str, version_2_with_negative: b
     answers = [Answer(text(t), int(s)) for t, s in zip(record["answers"]["text"],
                                                        record["answers"]["answer_start"])]
     qas_id = text(record["id"])
-    if not text(record["question"]).strip():
+    if not tokenization.has_text(text(record["question"])):
       raise ValueError(f"{name}[{split}] id {qas_id}: the question is empty.")
     examples.append(SquadExample(qas_id, text(record["question"]), text(record["context"]),
                                  answers, bool(record.get("is_impossible", False)),

@@ -267,6 +267,13 @@ def _check_specials(source: str, present: Iterable[str]) -> None:
                      f"BERT needs all of {', '.join(SPECIAL_TOKENS)} (one per line in vocab.txt).")
 
 
+def has_text(text: str) -> bool:
+  """Whether `text` keeps a character after the tokenizer's cleaning (which drops whitespace,
+  control and format characters such as U+200B, NUL and U+FFFD): what "empty" means for an
+  input text."""
+  return any(not (_is_whitespace(c) or _is_control(c) or ord(c) in (0, 0xFFFD)) for c in text)
+
+
 def _is_whitespace(char: str) -> bool:
   # \t, \n and \r are control characters to Unicode, but text means them as spaces.
   if char in " \t\n\r":
