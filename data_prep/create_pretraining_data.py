@@ -65,11 +65,11 @@ from bert_jax.text import features as features_lib
 from bert_jax import file_io
 from bert_jax.data import packing as packing_lib
 from bert_jax.text import masking, tokenization
+from bert_jax.training import workdir_lock
 from data_prep import corpus_io, instances as instances_lib, records
 # pylint: enable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
-
 
 
 def define_flags() -> None:
@@ -290,16 +290,6 @@ def remove_stale_temporaries(paths: list[str]) -> None:
 SPLIT_DIR_PREFIX = "bert_jax_split_"
 
 
-def _process_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # someone else's process: alive
-    return True
-  return True
-
-
 def make_split_dir(tmp_dir: str | None) -> str:
   """A fresh local folder for the split step, `bert_jax_split_<pid>_*`; the folders that runs
   killed before their cleanup left there (their process is gone) are removed first, so a rerun
@@ -310,7 +300,7 @@ def make_split_dir(tmp_dir: str | None) -> str:
     if not name.startswith(SPLIT_DIR_PREFIX):
       continue
     pid = name[len(SPLIT_DIR_PREFIX):].split("_", 1)[0]
-    if pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
+    if pid.isdigit() and int(pid) != os.getpid() and not workdir_lock.pid_alive(int(pid)):
       logging.info("Removing %s, left by an interrupted run (process %s).", name, pid)
       shutil.rmtree(os.path.join(base, name), ignore_errors=True)
   return tempfile.mkdtemp(prefix=f"{SPLIT_DIR_PREFIX}{os.getpid()}_", dir=base)

@@ -77,7 +77,8 @@ def _boot_id() -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+  """Whether process `pid` of this machine is running (a zombie is not; another user's is)."""
   try:
     with open(f"/proc/{pid}/stat", "rb") as f:
       if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
@@ -149,7 +150,7 @@ def _why_stale(path: str, holder: dict[str, Any] | None, stale_after_s: float) -
     if holder.get("boot_id") and _boot_id() and holder["boot_id"] != _boot_id():
       return "the machine has rebooted since"
     pid = holder.get("pid")
-    if not isinstance(pid, int) or not _pid_alive(pid):
+    if not isinstance(pid, int) or not pid_alive(pid):
       return f"pid {pid} is no longer running"
     recorded, current = holder.get("proc_start"), _proc_start(pid)
     if recorded is not None and current is not None and recorded != current:
