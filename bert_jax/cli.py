@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Callable
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 FLAGS = flags.FLAGS
 
@@ -113,11 +113,13 @@ def check_config_argument(argv: list[str]) -> None:
       sys.exit(f"error: --config={value}: {e}")
 
 
-def run(main: Callable[[list[str]], None], define_flags: Callable[[], None]) -> None:
-  """What every command's `if __name__ == "__main__"` does: define its flags, find `configs/`
-  files from any directory, and run `main` with one-line user errors."""
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parser for every command (`app.run(..., flags_parser=cli.parse_flags)`):
+  `--config=configs/...` found from any directory and checked first, then the usual parse."""
   from bert_jax import configs_dir  # pylint: disable=g-import-not-at-top
-  define_flags()
-  sys.argv = resolve_config_argument(sys.argv, configs_dir())
-  check_config_argument(sys.argv[1:])
-  app.run(one_line_errors(main))
+  argv = resolve_config_argument(list(argv), configs_dir())
+  check_config_argument(argv[1:])
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    sys.exit(f"error: {e}\nPass --helpshort or --helpfull to see help on flags.")

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from absl import flags, logging
+from absl import app, flags, logging
 
 from bert_jax import cli
 
@@ -186,4 +186,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, define_flags)
+  define_flags()
+  app.run(cli.one_line_errors(main), flags_parser=cli.parse_flags)

@@ -574,4 +574,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, define_flags)
+  define_flags()
+  app.run(cli.one_line_errors(main), flags_parser=cli.parse_flags)
