@@ -69,6 +69,11 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
       "masked_lm_prob": 0.15,
       "whole_word_mask": False,
       "per_word_draw": False,
+      # Pack several instances into each row as dynamic-masking records are read (attention
+      # kept within each; Krell et al. 2021), up to max_sequences_per_row. Records written
+      # with data_prep --packing are packed already and read as they are.
+      "packing": False,
+      "max_sequences_per_row": 3,
       # Damaged records (a shard cut short, a bad checksum) stop the run with the file and byte
       # offset; True skips them instead and counts what was skipped.
       "skip_corrupt_records": False,

@@ -347,6 +347,50 @@ def test_pipeline_resumes_packed_dynamic_batches_exactly(runs):
     np.testing.assert_array_equal(again[name], values, err_msg=name)
 
 
+def test_pipeline_packs_dynamic_records_as_it_reads_them(runs):
+  """data.packing: unpacked dynamic records packed by the pipeline hold every instance of an
+  epoch exactly once, in fewer rows, masked per instance, and resume exactly mid-group."""
+  _, paths, records = runs["dynamic", False]
+  data = stream(paths, shuffle=False, repeat=False, pack_sequences=K)
+  assert data.packed and data.packs_online and data.max_sequences_per_row == K
+  batches = list(data.host_batches())
+  expected = {f.name for f in features.packed_pretraining_features(SEQ, PRED, K)}
+  assert set(batches[0][0]) == expected
+  for name in expected:
+    assert batches[0][0][name].dtype == (np.float32 if "weights" in name else np.int32), name
+  batch = {k: np.concatenate([b[k] for b, _ in batches]) for k in batches[0][0]}
+  rows = len(batch["input_ids"])
+  instances, _, _, _ = packing.unpack_rows(batch)
+  # Padding: the records' share, at least halved.
+  assert rows % 64 == 0 and rows < len(records["input_ids"])
+  assert 1 - batch["input_mask"].mean() < 0.5 * (1 - records["input_mask"].mean())
+  # Every instance once (the rows cut off by the last short batch aside), none twice.
+  got = instance_keys(dict(instances, input_ids=restored_ids(instances)),
+                      restored_ids(instances), names=("segment_ids",))
+  want = instance_keys(records, records["input_ids"], names=("segment_ids",))
+  assert len(set(got)) == len(got) and set(got) <= set(want)
+  assert len(got) > 0.9 * len(want)
+  weights = instances["masked_lm_weights"] > 0
+  np.testing.assert_array_equal(
+      weights.sum(1), masking.num_to_predict(instances["input_mask"].sum(1), 0.15, PRED))
+  assert (batch["masked_lm_weights"].sum(1) <= PRED).all()
+  # Positions carry the row inside a group of records: a resumed stream gives the same batches.
+  repeating = stream(paths, pack_sequences=K).host_batches()
+  first = [next(repeating) for _ in range(12)]
+  assert any(pos.get("row") for _, pos in first)
+  for i in (3, 8):
+    again = stream(paths, pack_sequences=K).host_batches(first[i][1])
+    for j in range(i + 1, i + 3):
+      got_batch, got_position = next(again)
+      assert got_position == first[j][1]
+      for name, values in first[j][0].items():
+        np.testing.assert_array_equal(got_batch[name], values, err_msg=name)
+  with pytest.raises(ValueError, match="static-masking records"):
+    stream(runs["static", False][1], pack_sequences=K)
+  # Records packed by data_prep are read as written.
+  assert not stream(runs["dynamic", True][1], pack_sequences=K).packs_online
+
+
 def test_pipeline_names_a_packing_mismatch(runs):
   _, packed_paths, _ = runs["static", True]
   _, unpacked_paths, _ = runs["static", False]

@@ -328,32 +328,41 @@ def test_dynamic_masking_draws_fresh_masks_each_epoch(tmp_path):
   assert 0.75 < frac_mask < 0.85 and 0.06 < frac_same < 0.16, (frac_mask, frac_same)
 
 
-@pytest.mark.parametrize("masking", ["static", "dynamic"])
-def test_packed_rows_from_real_text_train_end_to_end(tmp_path, masking):
+@pytest.mark.parametrize("masking,packed_as_read", [("static", False), ("dynamic", False),
+                                                     ("dynamic", True)])
+def test_packed_rows_from_real_text_train_end_to_end(tmp_path, masking, packed_as_read):
   """data_prep --packing on Shakespeare → a run that picks the packed objective from the
-  records (several instances per row, NSP per instance) and learns."""
+  records (several instances per row, NSP per instance) and learns; or unpacked dynamic
+  records packed as they are read (`data.packing`)."""
   from data_prep import create_pretraining_data as cpd
   from data_prep import demo_corpus, train_tokenizer
   corpus = tmp_path / "corpus.txt"
   demo_corpus.write_corpus(str(corpus), max_bytes=120_000)
   vocab = train_tokenizer.train_wordpiece([str(corpus)], str(tmp_path / "wp"), vocab_size=800)
   settings = cpd.make_settings(str(corpus), vocab, max_seq_length=64, max_predictions_per_seq=16,
-                               masking=masking, dupe_factor=2, packing=True,
+                               masking=masking, dupe_factor=2, packing=not packed_as_read,
                                max_sequences_per_row=3, short_seq_prob=0.5)
   summary = cpd.create_pretraining_data(settings, output_dir=str(tmp_path / "data"),
                                         num_output_shards=3, num_workers=1, show_progress=False)
   # Half the instances are short (short_seq_prob=0.5): some rows hold several of them.
-  assert summary["packing_efficiency"] > 0.95 and summary["rows"] < summary["instances"]
+  if packed_as_read:
+    assert summary["packing_efficiency"] < 0.93
+  else:
+    assert summary["packing_efficiency"] > 0.95 and summary["rows"] < summary["instances"]
   config = ph.run_config(str(tmp_path / "data" / "*.tfrecord"), train_until_step=60,
                          total_steps=60, eval_every_steps=60, checkpoint_every_steps=60,
                          log_every_steps=10, mesh_shape=(2, 2, 2),
                          **{"model.vocab_size": None, "model.hidden_dropout_prob": 0.0,
                             "data.max_seq_length": 64, "data.max_predictions_per_seq": 16,
+                            "data.packing": packed_as_read,
                             "optimizer.learning_rate": 3e-3, "optimizer.warmup_steps": 5})
   workdir = str(tmp_path / "run")
   out = pretraining.train_and_evaluate(config, workdir)
   rows = [r for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
           if "train/mlm_loss" in r]
+  # Packed rows, whoever packed them: little padding, and the useful tokens/s reported.
+  assert all(r["perf/padding_fraction"] < 0.06 for r in rows)
+  assert all(0 < r["perf/useful_tokens_per_sec"] <= r["perf/tokens_per_sec"] for r in rows)
   assert rows[-1]["train/mlm_loss"] < rows[0]["train/mlm_loss"] - 0.3
   assert out["eval/mlm_loss"] < np.log(summary["vocab_size"]) - 0.5  # below a uniform guess
   assert 0.0 < out["eval/nsp_accuracy"] <= 1.0 and 0.5 <= out["eval/nsp_majority_baseline"] < 1

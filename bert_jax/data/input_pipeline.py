@@ -230,6 +230,9 @@ class PretrainingData:
     shuffle, repeat: off for evaluation streams.
     skip_corrupt_records: skip damaged records and files cut short instead of stopping; they
       are logged and counted in `skipped_records` (`config.data.skip_corrupt_records`).
+    pack_sequences: pack unpacked dynamic-masking records as they are read, up to this many
+      instances per row (`config.data.packing` with `data.max_sequences_per_row`); see
+      `_packed_online`. Records that are packed already are read as they are.
   """
 
   def __init__(self, file_patterns: str | Sequence[str], *, global_batch_size: int,
@@ -238,7 +241,8 @@ class PretrainingData:
                masking_config: masking.MaskingConfig | None = None, shuffle: bool = True,
                repeat: bool = True, shuffle_buffer_size: int = 10000,
                process_index: int | None = None, process_count: int | None = None,
-               files: Sequence[str] | None = None, skip_corrupt_records: bool = False):
+               files: Sequence[str] | None = None, skip_corrupt_records: bool = False,
+               pack_sequences: int | None = None):
     self.process_index = jax.process_index() if process_index is None else process_index
     self.process_count = jax.process_count() if process_count is None else process_count
     arrays.check_batch_size(global_batch_size, self.process_count, "global_batch_size",
@@ -267,11 +271,24 @@ class PretrainingData:
     self._skipped.update(check_recorded_counts(self.host_files, self._recorded,
                                                skip=skip_corrupt_records))
     self.masking_mode = detect_masking(self.host_files[0])
-    # Packed rows: up to this many instances each (None: one instance per row).
-    self.max_sequences_per_row = detect_packing(self.host_files[0])
+    # The records' own layout: up to this many instances per record (None: one per record).
+    records_per_row = detect_packing(self.host_files[0])
     for path in self.host_files[:1] + self.host_files[-1:]:
       check_record_shapes(path, max_seq_length, max_predictions_per_seq, self.masking_mode,
-                          self.max_sequences_per_row)
+                          records_per_row)
+    # Rows as batches carry them: packed as written, packed here, or one instance each.
+    self.max_sequences_per_row = records_per_row
+    self.packs_online = bool(pack_sequences) and records_per_row is None
+    if self.packs_online:
+      if self.masking_mode != features.DYNAMIC:
+        raise ValueError(
+            f"{self.host_files[0]}: data.packing packs dynamic-masking records as they are "
+            "read, and these are static-masking records (their masks were drawn for rows of "
+            "one instance). Write packed records with data_prep --packing, or dynamic-masking "
+            "ones with data_prep --masking=dynamic, or set data.packing=False.")
+      if pack_sequences < 1:
+        raise ValueError(f"data.max_sequences_per_row={pack_sequences}: must be at least 1.")
+      self.max_sequences_per_row = int(pack_sequences)
     if self.masking_mode == features.DYNAMIC:
       if masking_config is None:
         raise ValueError(f"{self.host_files[0]}: dynamic-masking records need a masking config "
@@ -279,12 +296,12 @@ class PretrainingData:
       if masking_config.max_predictions_per_seq != max_predictions_per_seq:
         masking_config = masking.MaskingConfig(**{
             **masking_config.__dict__, "max_predictions_per_seq": max_predictions_per_seq})
-      if self.packed:
+      if self.packed and not self.packs_online:
         check_packed_budget(self._recorded.get(self.host_files[0], {}).get("summary"),
                             masking_config)
     self.masking_config = masking_config
     self.feature_spec = features.tf_feature_spec(max_seq_length, max_predictions_per_seq,
-                                                 self.masking_mode, self.max_sequences_per_row)
+                                                 self.masking_mode, records_per_row)
 
   @property
   def packed(self) -> bool:
@@ -325,7 +342,7 @@ class PretrainingData:
         self._skipped[path] = max(self._skipped.get(path, 0), expected - good)
 
   # ------------------------------------------------------------------------------ tf.data
-  def _epoch_dataset(self, epoch: int):
+  def _epoch_dataset(self, epoch: int, batch_size: int, drop_remainder: bool = True):
     tf = _tf()
     files = list(self.host_files)
     if self.shuffle:
@@ -347,8 +364,7 @@ class PretrainingData:
     if self.shuffle:
       ds = ds.shuffle(self.shuffle_buffer_size, seed=int(np.random.default_rng(
           [self.seed, epoch, 2]).integers(2**31)), reshuffle_each_iteration=False)
-    ds = ds.batch(self.host_batch_size, drop_remainder=True)
-    return ds
+    return ds.batch(batch_size, drop_remainder=drop_remainder)
 
   def _parse(self, ds):
     tf = _tf()
@@ -363,8 +379,8 @@ class PretrainingData:
     options.threading.private_threadpool_size = max(2, min(16, os.cpu_count() or 2))
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
-  def _mask(self, batch: dict[str, np.ndarray], epoch: int, index: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng([self.seed, epoch, index, self.process_index, 3])
+  def _mask(self, batch: dict[str, np.ndarray], seed: Sequence[int]) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
     if self.packed:  # instance by instance, as unpacked ones
       masked = packing.mask_rows(batch, self.masking_config, rng)
       batch.pop(features.WORD_STARTS, None)
@@ -378,24 +394,24 @@ class PretrainingData:
     return out
 
   # ----------------------------------------------------------------------------- iteration
-  def host_batches(self, position: dict[str, int] | None = None
-                   ) -> Iterator[tuple[dict[str, np.ndarray], dict[str, int]]]:
-    """Yields `(host_batch, position_after_it)` from `position` on."""
+  def _record_batches(self, position: dict[str, int] | None, batch_size: int,
+                      drop_remainder: bool = True
+                      ) -> Iterator[tuple[dict[str, np.ndarray], int, int]]:
+    """Parsed batches of `batch_size` records, epoch after epoch, from `position` on: yields
+    `(batch, epoch, its index in the epoch)`."""
     data_loss_error = _tf().errors.DataLossError  # held: module attributes vanish at exit
     epoch = int((position or {}).get("epoch", 0))
     index = int((position or {}).get("batch", 0))
     while True:
-      ds = self._epoch_dataset(epoch)
+      ds = self._epoch_dataset(epoch, batch_size, drop_remainder)
       if index:
         ds = ds.skip(index)  # skips serialized batches: no parsing, no masking
       produced = 0
       try:
         for batch in self._parse(ds).as_numpy_iterator():
-          if self.masking_mode == features.DYNAMIC:
-            batch = self._mask(batch, epoch, index)
+          yield batch, epoch, index
           index += 1
           produced += 1
-          yield batch, {"epoch": epoch, "batch": index}
       except data_loss_error as e:
         said = re.search(r"(corrupted|truncated) record at \d+", e.message or "")
         said = f" (tf.data: {said.group()})" if said else ""
@@ -405,8 +421,66 @@ class PretrainingData:
         return
       if produced == 0 and index == 0:
         raise ValueError(f"{len(self.host_files)} files on host {self.process_index} hold fewer "
-                         f"than one batch of {self.host_batch_size} records.")
+                         f"than one batch of {batch_size} records.")
       epoch, index = epoch + 1, 0
+
+  def host_batches(self, position: dict[str, int] | None = None
+                   ) -> Iterator[tuple[dict[str, np.ndarray], dict[str, int]]]:
+    """Yields `(host_batch, position_after_it)` from `position` on."""
+    if self.packs_online:
+      yield from self._packed_online(position)
+      return
+    for batch, epoch, index in self._record_batches(position, self.host_batch_size):
+      if self.masking_mode == features.DYNAMIC:
+        batch = self._mask(batch, [self.seed, epoch, index, self.process_index, 3])
+      yield batch, {"epoch": epoch, "batch": index + 1}
+
+  def _packed_online(self, position: dict[str, int] | None
+                     ) -> Iterator[tuple[dict[str, np.ndarray], dict[str, int]]]:
+    """Packed rows made from unpacked dynamic-masking records as they are read.
+
+    Records are read in groups of `max_sequences_per_row` batches' worth; each group is packed
+    on its own (`packing.pack`, with each row's masked-LM budget kept, as data_prep packs) into
+    rows in a seeded order, and the rows go out `host_batch_size` at a time, a batch taking
+    rows from the next group when one runs out. The position after a batch is where its next
+    row lies — `{"epoch", "batch": group, "row": row in the group's packing}` — so a resumed
+    stream repacks that group and skips the rows already trained on: the same rows, the same
+    masks. A group at the end of an epoch may be short (nothing is dropped); in a stream that
+    does not repeat, a last batch that the rows cannot fill is dropped, as for unpacked rows.
+    """
+    k = self.max_sequences_per_row
+    length, budget = self.max_seq_length, self.max_predictions_per_seq
+    costs = packing.prediction_costs(length, self.masking_config.masked_lm_prob, budget)
+    skip = int((position or {}).get("row", 0))
+    pending: list[dict[str, np.ndarray]] = []  # rows not yet given out, oldest first
+    owners: list[np.ndarray] = []              # per pending row: (epoch, group, row)
+    for batch, epoch, group in self._record_batches(position, self.host_batch_size * k,
+                                                    drop_remainder=False):
+      lengths = batch[features.INPUT_MASK].sum(1)
+      placed = packing.pack(lengths, length, k, costs=costs, max_cost=budget,
+                            rng=np.random.default_rng([self.seed, epoch, group,
+                                                       self.process_index, 4]))
+      rows = packing.pack_rows(batch, placed.row, placed.slot, placed.offset, placed.num_rows, k)
+      tags = np.stack([np.full(placed.num_rows, epoch), np.full(placed.num_rows, group),
+                       np.arange(placed.num_rows)], 1)
+      pending.append({name: values[skip:] for name, values in rows.items()})
+      owners.append(tags[skip:])
+      skip = 0
+      while sum(len(t) for t in owners) >= self.host_batch_size:
+        rows = {name: np.concatenate([p[name] for p in pending]) for name in pending[0]}
+        tags = np.concatenate(owners)
+        n = self.host_batch_size
+        out = {name: values[:n] for name, values in rows.items()}
+        pending, owners = [{name: values[n:] for name, values in rows.items()}], [tags[n:]]
+        first_epoch, first_group, first_row = (int(x) for x in tags[0])
+        out = self._mask({name: values.astype(np.int32) if values.dtype.kind in "iu" else values
+                          for name, values in out.items()},
+                         [self.seed, first_epoch, first_group, first_row, self.process_index, 5])
+        if len(tags) > n:
+          after = {"epoch": int(tags[n, 0]), "batch": int(tags[n, 1]), "row": int(tags[n, 2])}
+        else:
+          after = {"epoch": epoch, "batch": group + 1, "row": 0}
+        yield out, after
 
   def global_batches(self, position: dict[str, int] | None = None
                      ) -> Iterator[tuple[dict[str, jax.Array], dict[str, int]]]:

@@ -93,6 +93,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if not 0 < config.data.max_predictions_per_seq <= config.data.max_seq_length:
     raise ValueError(f"config.data.max_predictions_per_seq={config.data.max_predictions_per_seq}"
                      f" must lie in [1, max_seq_length={config.data.max_seq_length}].")
+  if config.data.get("packing"):
+    positive("data.max_sequences_per_row", config.data.get("max_sequences_per_row"))
   if config.init_mode not in ("continue", "params"):
     raise ValueError(f"config.init_mode={config.init_mode!r}: expected 'continue' or 'params'.")
 
@@ -291,7 +293,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: list[str]
                         ) -> dict[str, Any]:
-  run = build(config, max_sequences_per_row=input_pipeline.detect_packing(files[0]))
+  pack_sequences = config.data.max_sequences_per_row if config.data.get("packing") else None
+  run = build(config, max_sequences_per_row=(input_pipeline.detect_packing(files[0])
+                                             or pack_sequences))
   seq_len, max_pred = config.data.max_seq_length, config.data.max_predictions_per_seq
   eval_files = input_pipeline.list_files(config.data.eval_files) if config.data.eval_files else None
   train_files, eval_files = input_pipeline.split_train_eval(files, eval_files)
@@ -299,7 +303,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: 
   data_kwargs = dict(global_batch_size=config.global_batch_size, max_seq_length=seq_len,
                      max_predictions_per_seq=max_pred, sharding=batch_sh,
                      masking_config=masking_config(config, train_files),
-                     skip_corrupt_records=config.data.get("skip_corrupt_records", False))
+                     skip_corrupt_records=config.data.get("skip_corrupt_records", False),
+                     pack_sequences=pack_sequences)
   train_data = input_pipeline.PretrainingData(
       None, files=train_files, seed=config.seed,
       shuffle_buffer_size=config.data.shuffle_buffer_size, **data_kwargs)
@@ -323,8 +328,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: 
               f"devices, {jax.process_count()} processes | {init.origin} | train "
               f"{len(train_files)} files, eval {len(eval_files)} files "
               f"({train_data.masking_mode} masking"
-              + (f", packed: up to {train_data.max_sequences_per_row} sequences per row"
-                 if train_data.packed else "") + f") | workdir {workdir}")
+              + (f", packed{' as read' if train_data.packs_online else ''}: up to "
+                 f"{train_data.max_sequences_per_row} sequences per row" if train_data.packed
+                 else "") + f") | workdir {workdir}")
   metrics.log(modeling.attention_kernel_description(run.bert_config))
 
   train_step = step_lib.build_train_step(run.objective, run.model, run.tx, run.schedule,

@@ -25,8 +25,9 @@ import optax
 from bert_jax.training.objective import Objective
 from bert_jax.training.state import TrainState
 
-# Step metrics that are not the objective's sums.
-STEP_SCALARS = ("loss", "grad_norm", "learning_rate")
+# Step metrics that are not the objective's sums. `real_tokens`: the batch's non-padding tokens
+# (`input_mask`), for the useful tokens per second the loop reports beside the row tokens.
+STEP_SCALARS = ("loss", "grad_norm", "learning_rate", "real_tokens")
 
 
 def _split_micro_batches(batch: dict[str, jax.Array], k: int) -> dict[str, jax.Array]:
@@ -86,6 +87,8 @@ def make_train_step(objective: Objective, model: nn.Module, tx: optax.GradientTr
     metrics = dict(sums)
     metrics.update(loss=loss, grad_norm=optax.tree.norm(grads),
                    learning_rate=schedule(state.step))
+    if "input_mask" in batch:
+      metrics["real_tokens"] = jnp.sum(batch["input_mask"].astype(jnp.float32))
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   return train_step
