@@ -76,6 +76,9 @@ ORIGINAL_FLAGS = (
     ("null_score_diff_threshold", "float", "SQuAD 2.0: predict no answer when null score - best "
                                            "score exceeds this (eval_results.json reports the "
                                            "best threshold on dev) (0)."),
+    # Not an original flag: the one switch of sequence packing.
+    ("packing", "bool", "Pack several examples into each row of --max_seq_length (same "
+                        "examples per step, fewer rows; see finetune_config)."),
 )
 
 

@@ -10,7 +10,7 @@ of compiled shapes), which is several times faster on short-sentence tasks.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -77,13 +77,22 @@ def steps_per_epoch(num_rows: int, batch_size: int) -> int:
   return max(1, math.ceil(num_rows / batch_size))
 
 
+def epoch_order(num_rows: int, seed: Any, epoch: int) -> np.ndarray:
+  """The rows of epoch `epoch` in training order: the permutation `default_rng([*seed, e])`."""
+  seed = list(seed) if isinstance(seed, (list, tuple)) else [seed]
+  return np.random.default_rng([*seed, epoch]).permutation(num_rows)
+
+
 def training_batches(feats: dict[str, np.ndarray], batch_size: int, sharding, *, seed: Any,
-                     trim: bool, position: dict[str, int] | None = None
+                     trim: bool, position: dict[str, int] | None = None,
+                     pack: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
                      ) -> Iterator[tuple[dict[str, jax.Array], dict[str, int]]]:
   """Endless shuffled epochs over every row: yields `(global_batch, position_after_it)`.
 
-  Epoch `e` is the permutation `default_rng([*seed, e])`, so the stream is a function of the
-  seed alone and resumes exactly from a `{"epoch", "batch"}` position.
+  Epoch `e` is `epoch_order(n, seed, e)`, so the stream is a function of the seed alone and
+  resumes exactly from a `{"epoch", "batch"}` position. `pack` (fine-tuning's sequence packing,
+  `data/packed_examples.batch_packer`) turns each batch's examples into packed rows after they
+  are picked, so packing changes neither the examples of a step nor the resume positions.
   """
   n = len(feats["weight"])
   if n == 0:
@@ -92,12 +101,13 @@ def training_batches(feats: dict[str, np.ndarray], batch_size: int, sharding, *,
   per_epoch = steps_per_epoch(n, batch_size)
   epoch = int((position or {}).get("epoch", 0))
   index = int((position or {}).get("batch", 0))
-  seed = list(seed) if isinstance(seed, (list, tuple)) else [seed]
   while True:
-    order = np.random.default_rng([*seed, epoch]).permutation(n)
+    order = epoch_order(n, seed, epoch)
     for b in range(index, per_epoch):
       rows = order[b * batch_size:(b + 1) * batch_size]
       batch = pad_rows({k: v[rows] for k, v in feats.items()}, batch_size)
+      if pack is not None:
+        batch = pack(batch)
       if trim:
         batch = trim_to_bucket(batch)
       yield to_global(batch, sharding), {"epoch": epoch, "batch": b + 1}

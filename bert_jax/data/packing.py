@@ -155,9 +155,10 @@ def pack_rows(instances: Mapping[str, np.ndarray], row: np.ndarray, slot: np.nda
               offset: np.ndarray, num_rows: int, max_sequences_per_row: int,
               max_predictions_per_seq: int | None = None) -> dict[str, np.ndarray]:
   """Packed rows from instances in the unpacked layout (`instances[name]`: (n, S) rows, and
-  `next_sentence_labels` (n, 1)); instance i goes to `row[i]` (0..num_rows-1), slot `slot[i]`,
-  from position `offset[i]`. Masked-LM features, if there, are laid into `max_predictions_per_seq`
-  slots per row (raises if a row's instances have more predictions than that)."""
+  `next_sentence_labels` (n, 1) where there are any); instance i goes to `row[i]`
+  (0..num_rows-1), slot `slot[i]`, from position `offset[i]`. Masked-LM features, if there,
+  are laid into `max_predictions_per_seq` slots per row (raises if a row's instances have more
+  predictions than that)."""
   input_mask = np.asarray(instances[features.INPUT_MASK]).astype(bool, copy=False)
   n, length = input_mask.shape
   row, slot, offset = (np.asarray(a, np.int64) for a in (row, slot, offset))
@@ -181,12 +182,13 @@ def pack_rows(instances: Mapping[str, np.ndarray], row: np.ndarray, slot: np.nda
   out[features.SEQUENCE_IDS] = sequence_ids.reshape(num_rows, length)
   cls_positions = np.zeros((num_rows, k), np.int64)
   cls_positions[row, slot] = offset
-  labels = np.zeros((num_rows, k), np.int64)
-  labels[row, slot] = np.asarray(instances[features.NEXT_SENTENCE_LABELS]).reshape(n)
   weights = np.zeros((num_rows, k), np.float32)
   weights[row, slot] = 1.0
   out[features.CLS_POSITIONS] = cls_positions
-  out[features.NEXT_SENTENCE_LABELS] = labels
+  if features.NEXT_SENTENCE_LABELS in instances:  # fine-tuning examples carry their own labels
+    labels = np.zeros((num_rows, k), np.int64)
+    labels[row, slot] = np.asarray(instances[features.NEXT_SENTENCE_LABELS]).reshape(n)
+    out[features.NEXT_SENTENCE_LABELS] = labels
   out[features.NEXT_SENTENCE_WEIGHTS] = weights
   if features.MASKED_LM_WEIGHTS in instances:
     out.update(_lay_predictions(instances, row, slot, offset, num_rows, k,

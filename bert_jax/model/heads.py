@@ -176,15 +176,21 @@ class BertForSequenceClassification(nn.Module):
 
   `num_labels` classes, or one output for regression (STS-B). Returns float32 logits
   (batch, num_labels). Serves GLUE and any custom single-sentence or sentence-pair task.
+
+  Packed rows (fine-tuning with `packing`) also pass `position_ids`, `sequence_ids` and
+  `cls_positions` (batch, k), as `BertForPreTraining` does: the logits are then
+  (batch, k, num_labels), one per packed example, each from its own [CLS].
   """
   config: BertConfig
   num_labels: int
 
   @nn.compact
-  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+  def __call__(self, input_ids, input_mask, segment_ids, position_ids=None, sequence_ids=None,
+               cls_positions=None, deterministic: bool = True):
     cfg = self.config
-    out = BertModel(cfg, name="bert")(input_ids, input_mask, segment_ids,
-                                      deterministic=deterministic)
+    out = BertModel(cfg, name="bert")(input_ids, input_mask, segment_ids, position_ids,
+                                      deterministic=deterministic, sequence_ids=sequence_ids,
+                                      cls_positions=cls_positions)
     pooled = nn.Dropout(cfg.hidden_dropout_prob)(out["pooled_output"],
                                                  deterministic=deterministic)
     logits = dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(
@@ -224,14 +230,20 @@ class BertForQuestionAnswering(nn.Module):
   it, so it is neither computed nor trained. Positions are not masked, as in the original —
   post-processing only ever picks context tokens, and the loss's softmax runs over every
   position, padding included, exactly as the paper's models were trained.
+
+  Packed rows also pass `position_ids` and `sequence_ids`; the logits are then per position of
+  the row, and the loss confines each window's softmax to its own tokens
+  (`question_answering.SquadSpans`).
   """
   config: BertConfig
 
   @nn.compact
-  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+  def __call__(self, input_ids, input_mask, segment_ids, position_ids=None, sequence_ids=None,
+               deterministic: bool = True):
     cfg = self.config
     out = BertModel(cfg, add_pooling_layer=False, name="bert")(
-        input_ids, input_mask, segment_ids, deterministic=deterministic)
+        input_ids, input_mask, segment_ids, position_ids, deterministic=deterministic,
+        sequence_ids=sequence_ids)
     logits = dense(cfg, 2, ("embed", "classes"), "qa_outputs")(
         out["sequence_output"].astype(jnp.dtype(cfg.dtype))).astype(jnp.float32)
     return logits[..., 0], logits[..., 1]

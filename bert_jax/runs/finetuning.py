@@ -8,6 +8,11 @@ of `init_checkpoint` (our workdir, a Hugging Face directory or a TF1 checkpoint)
 its initialisation, else from scratch (`bert_config_file`). Every training example is used each
 epoch: the last partial batch is padded with weight-0 rows, as evaluation does, so a train set
 smaller than one batch trains too.
+
+With `packing` (off by default), several short examples share a row of `max_seq_length`
+(`data/packed_examples.py`): each step still trains on `train_batch_size` examples in the
+unpacked order, on fewer rows; evaluation and prediction pack too and cut the outputs back out
+per example, so metrics and prediction files are read as unpacked ones are.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import file_io, inference
-from bert_jax.data import arrays
+from bert_jax.data import arrays, packed_examples
 from bert_jax.interop import checkpoints
 from bert_jax.model import configuration
 from bert_jax.parallel import sharding
@@ -89,6 +94,41 @@ def _optimizer(config, num_steps: int, learning_rate: float, warmup_proportion: 
       "grad_clip_norm": config.grad_clip_norm}))
 
 
+def max_sequences_per_row(config: ml_collections.ConfigDict, max_seq_length: int
+                          ) -> int | None:
+  """Examples per packed row when `config.packing` is on; None: one example per row."""
+  if not config.get("packing", False):
+    return None
+  return packed_examples.max_sequences_per_row(
+      config.get("packing_max_sequences_per_row", 8), max_seq_length)
+
+
+def _row_multiple(job: _Job) -> int:
+  """Packed rows of a training batch split evenly over processes, data-parallel devices and
+  gradient-accumulation micro-batches."""
+  shards = math.lcm(sharding.data_parallel_size(job.mesh), jax.process_count())
+  return shards * int(job.config.get("grad_accum_steps", 1))
+
+
+def _packer(job: _Job, objective, feats, batch_size: int, seed) -> tuple[Any, float]:
+  """The batch packer of a packed run, and the rows a step holds on average (for MFU); logs
+  how well the first epoch's batches (up to 256 of them) pack."""
+  k = objective.max_sequences_per_row
+  multiple = _row_multiple(job)
+  n = len(feats["weight"])
+  order = arrays.epoch_order(n, seed, 0)
+  batches = [order[b * batch_size:(b + 1) * batch_size]
+             for b in range(min(256, arrays.steps_per_epoch(n, batch_size)))]
+  report = packed_examples.efficiency(feats["input_mask"], batches, k, multiple=multiple,
+                                      max_rows=batch_size)
+  metrics.log(f"packing (up to {k} per row, first {len(batches)} batches): "
+              f"{report.describe()}")
+  pack = packed_examples.batch_packer(k, multiple=multiple, max_rows=batch_size,
+                                      position_columns=getattr(objective, "position_columns",
+                                                               ()))
+  return pack, report.bucketed_rows / len(batches)
+
+
 def _train(job: _Job, objective, model, tx, schedule, init, feats, num_steps: int,
            batch_size: int, seed: int, tokenizer, metadata: dict[str, Any]):
   """Trains through the core loop (checkpoints with the data position: an interrupted run
@@ -97,9 +137,14 @@ def _train(job: _Job, objective, model, tx, schedule, init, feats, num_steps: in
   train_step = step_lib.build_train_step(objective, model, tx, schedule, init.shardings,
                                          job.batch_sh, job.mesh, job.rules,
                                          config.get("grad_accum_steps", 1))
+  pack, rows_per_step = None, batch_size
+  if objective.max_sequences_per_row:
+    pack, rows_per_step = _packer(job, objective, feats, batch_size,
+                                  [seed, config.shuffle_seed_offset])
   batches = arrays.training_batches(feats, batch_size, job.batch_sh,
                                     seed=[seed, config.shuffle_seed_offset],
-                                    trim=objective.trim_batches, position=init.position)
+                                    trim=objective.trim_batches, position=init.position,
+                                    pack=pack)
   meta = {"bert_config": job.bert_config.to_hf_dict(),
           "do_lower_case": bool(tokenizer.do_lower_case), **metadata}
   result = loop.train(
@@ -108,7 +153,7 @@ def _train(job: _Job, objective, model, tx, schedule, init, feats, num_steps: in
           until_step=num_steps, examples_per_step=batch_size,
           tokens_per_example=objective.max_seq_length, log_every_steps=config.log_every_steps,
           checkpoint_every_steps=config.checkpoint_every_steps,
-          flops_per_step=objective.flops_per_step(job.bert_config, batch_size)),
+          flops_per_step=objective.flops_per_step(job.bert_config, rows_per_step)),
       writer=job.writer, checkpoints=job.checkpoints, metadata=meta)
   if jax.process_index() == 0:
     job.bert_config.to_json_file(file_io.join(job.output_dir, "bert_config.json"))
@@ -167,6 +212,25 @@ def _predictor(job: _Job, objective, model, init) -> inference.Predictor:
                              param_shardings=init.shardings.params)
 
 
+def _predict(predictor: inference.Predictor, objective, params, feats, batch_size: int, *,
+             desc: str, trim: bool = True):
+  """The model's outputs per example (per window), in order. A packed run packs the whole set
+  (`batch_size` rows per forward pass) and cuts the outputs back out: per-slot outputs per
+  example, per-token outputs (SQuAD's logits) into each window's own positions."""
+  k = objective.max_sequences_per_row
+  if not k:
+    return predictor(params, feats, batch_size, desc=desc, trim=trim)
+  rows, placement = packed_examples.pack_examples(feats, k)
+  length = np.shape(feats["input_mask"])[1]
+  metrics.log(f"{desc}: {len(placement.row)} examples packed in {len(rows['weight'])} rows "
+              f"(efficiency "
+              f"{placement.length.sum() / max(1, len(rows['weight']) * length):.3f})")
+  outputs = predictor(params, rows, batch_size, desc=desc, trim=trim)
+  if isinstance(outputs, tuple):  # per token: (rows, S) each
+    return tuple(packed_examples.per_window(o, placement, length) for o in outputs)
+  return packed_examples.per_example(outputs, placement)
+
+
 # ------------------------------------------------------------------------------------ GLUE
 def read_examples(task, data_dir, split, data_format):
   if data_format == "auto":
@@ -190,7 +254,8 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
                max_seq_length, {"train_batch_size": train_batch_size,
                                 "eval_batch_size": eval_batch_size,
                                 "predict_batch_size": predict_batch_size})
-  objective = sequence_classification.SequenceClassification(task, max_seq_length)
+  objective = sequence_classification.SequenceClassification(
+      task, max_seq_length, max_sequences_per_row(job.config, max_seq_length))
   model = objective.model(job.bert_config)
   results: dict[str, Any] = {"task": task.name}
   train_examples = read_examples(task, data_dir, "train", data_format) if do_train else []
@@ -220,7 +285,8 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
     for split in task.eval_splits:
       examples = read_examples(task, data_dir, split, data_format)
       feats = objective.featurize(examples, tokenizer)
-      logits = predictor(state.params, feats, eval_batch_size, desc=f"eval {split}")
+      logits = _predict(predictor, objective, state.params, feats, eval_batch_size,
+                        desc=f"eval {split}")
       preds = sequence_classification.to_predictions(task, logits)
       split_metrics = task.compute_metrics(preds, feats["label"])
       split_metrics["num_examples"] = len(examples)
@@ -236,7 +302,8 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
     for split, filename in task.predict_splits.items():
       examples = read_examples(task, data_dir, split, data_format)
       feats = objective.featurize(examples, tokenizer)
-      logits = predictor(state.params, feats, predict_batch_size, desc=f"predict {split}")
+      logits = _predict(predictor, objective, state.params, feats, predict_batch_size,
+                        desc=f"predict {split}")
       path = file_io.join(output_dir, filename)
       if jax.process_index() == 0:
         task.write_predictions(path, sequence_classification.to_predictions(task, logits))
@@ -276,7 +343,8 @@ def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
   job = _setup(config or get_config(), output_dir, tokenizer, init_checkpoint, bert_config_file,
                max_seq_length, {"train_batch_size": train_batch_size,
                                 "predict_batch_size": predict_batch_size})
-  objective = question_answering.SquadSpans(max_seq_length, version_2_with_negative)
+  objective = question_answering.SquadSpans(
+      max_seq_length, version_2_with_negative, max_sequences_per_row(job.config, max_seq_length))
   model = objective.model(job.bert_config)
   version = "v2.0" if version_2_with_negative else "v1.1"
   results: dict[str, Any] = {"task": f"squad {version}"}
@@ -314,9 +382,10 @@ def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
                                        version_2_with_negative)
     features = squad.convert_examples_to_features(examples, tokenizer, is_training=False,
                                                   **window)
-    start_logits, end_logits = _predictor(job, objective, model, init)(
-        state.params, features.arrays, predict_batch_size, desc="predict SQuAD",
-        trim=objective.trim_batches)
+    # Untrimmed: outputs with a sequence axis are joined across batches.
+    start_logits, end_logits = _predict(
+        _predictor(job, objective, model, init), objective, state.params, features.arrays,
+        predict_batch_size, desc="predict SQuAD", trim=False)
     predictions, nbest, null_odds = squad.postprocess(
         examples, features, start_logits, end_logits, n_best_size=n_best_size,
         max_answer_length=max_answer_length, version_2_with_negative=version_2_with_negative,

@@ -51,9 +51,16 @@ def to_predictions(task: glue.Task, logits: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class SequenceClassification(Objective):
-  """One label (or one score) per sentence or sentence pair."""
+  """One label (or one score) per sentence or sentence pair.
+
+  With `max_sequences_per_row` (fine-tuning's `packing`), batches are packed rows
+  (`data/packed_examples.py`): the model reads each example's [CLS] at `cls_positions`, and
+  `label` / `weight` are (rows, k), weight 0 in unused slots, so the loss is still the mean over
+  examples.
+  """
   task: glue.Task
   max_seq_length: int = 128
+  max_sequences_per_row: int | None = None  # None: one example per row
   head_scopes = ("classifier",)
   init_scopes = ("bert",)
   trim_batches = True  # padding columns no row uses are cut (results unchanged)
@@ -71,23 +78,35 @@ class SequenceClassification(Objective):
 
   @property
   def input_names(self) -> tuple[str, ...]:
+    if self.max_sequences_per_row:
+      return features.ENCODER_INPUTS + (features.POSITION_IDS, features.SEQUENCE_IDS,
+                                        features.CLS_POSITIONS)
     return features.ENCODER_INPUTS
 
   def batch_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
     tokens = jax.ShapeDtypeStruct((batch_size, self.max_seq_length), np.int32)
     label = np.float32 if self.task.is_regression else np.int32
-    return {**{k: tokens for k in features.ENCODER_INPUTS},
-            "label": jax.ShapeDtypeStruct((batch_size,), label),
-            "weight": jax.ShapeDtypeStruct((batch_size,), np.float32)}
+    per_example = (batch_size,)
+    spec = {k: tokens for k in features.ENCODER_INPUTS}
+    if self.max_sequences_per_row:
+      per_example = (batch_size, self.max_sequences_per_row)
+      spec.update({features.POSITION_IDS: tokens, features.SEQUENCE_IDS: tokens,
+                   features.CLS_POSITIONS: jax.ShapeDtypeStruct(per_example, np.int32)})
+    return {**spec, "label": jax.ShapeDtypeStruct(per_example, label),
+            "weight": jax.ShapeDtypeStruct(per_example, np.float32)}
 
   def featurize(self, examples: Sequence[glue.Example], tokenizer) -> dict[str, np.ndarray]:
     return featurize(self.task, examples, tokenizer, self.max_seq_length)
 
   def loss(self, outputs, batch, denominators):
+    labels, weights = batch["label"], batch["weight"]
+    if self.max_sequences_per_row:  # (rows, k, outputs): one example per slot
+      outputs = outputs.reshape(-1, outputs.shape[-1])
+      labels, weights = labels.reshape(-1), weights.reshape(-1)
     if self.task.is_regression:
-      out = heads.regression_loss(outputs, batch["label"], batch["weight"])
+      out = heads.regression_loss(outputs, labels, weights)
     else:
-      out = heads.classification_loss(outputs, batch["label"], batch["weight"])
+      out = heads.classification_loss(outputs, labels, weights)
     sums = {k: v for k, v in out.items() if k != "loss"}
     return out["loss_sum"] / denominators["examples"], sums
 
