@@ -3,8 +3,9 @@ fixtures several test files share."""
 
 import os
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
+from tests import helpers
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + helpers.xla_flags(8)).strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

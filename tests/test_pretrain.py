@@ -167,7 +167,7 @@ def _cli_args(records, workdir, **overrides):
 
 def _env(devices):
   env = dict(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["XLA_FLAGS"] = helpers.xla_flags(devices)
   env["PYTHONPATH"] = ph.REPO + os.pathsep + env.get("PYTHONPATH", "")
   return env
 

@@ -26,7 +26,7 @@ def records(tmp_path_factory):
 
 
 def _cli(module: str, *args: str, cwd: str, devices: int = 1) -> subprocess.CompletedProcess:
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  env = dict(os.environ, XLA_FLAGS=helpers.xla_flags(devices))
   return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=600)
 
