@@ -28,6 +28,7 @@ from absl import app, flags
 import jax
 import ml_collections
 import numpy as np
+import optax
 
 from benchmarks import model_step as ms  # the peer, the batches, machine description, recording
 from bert_jax.model import configuration
@@ -54,6 +55,96 @@ def _time_compile(fn, *args):
   return compiled, time.perf_counter() - start
 
 
+class Side:
+  """One contender's compiled train step and live training state, stepped in turns.
+
+  `run()` does one step, waits for it, and returns (seconds, loss); `useful_tokens.py` reuses
+  this (and `build_ours` / `build_peer`) for more than two contenders.
+  """
+
+  def __init__(self, label, compiled, compile_s, state, step_fn):
+    self.label, self.compiled, self.compile_s = label, compiled, compile_s
+    self.state, self._step_fn = state, step_fn
+    self.times: list[float] = []
+    self.losses: list[float] = []
+
+  def run(self, timed: bool) -> None:
+    start = time.perf_counter()
+    self.state, loss = self._step_fn(self.compiled, self.state)
+    elapsed = time.perf_counter() - start
+    self.losses.append(loss)
+    if timed:
+      self.times.append(elapsed)
+
+
+def build_ours(label, objective, config, np_batch, tx, schedule, mesh, rules, seed,
+               params=None) -> Side:
+  """Exactly what bert_jax.pretrain builds: sharded state, donated, `build_train_step`.
+  `params` (host arrays of this model's layout) replace the freshly initialised weights."""
+  model = objective.model(config)
+  state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, seed, np_batch,
+                                                 objective.input_names)
+  if params is not None:
+    state = state.replace(params=jax.device_put(params, state_sh.params))
+  batch_sh = sharding.batch_sharding(mesh)
+  batch = jax.device_put(np_batch, batch_sh)
+  step = step_lib.build_train_step(objective, model, tx, schedule, state_sh, batch_sh, mesh,
+                                   rules)
+  compiled, compile_s = _time_compile(step, state, batch)
+
+  def step_fn(compiled, state):
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready(state.params)
+    return state, float(metrics["loss"])
+  side = Side(label, compiled, compile_s, state, step_fn)
+  side.model, side.batch, side.objective = model, batch, objective
+  side.mesh, side.rules = mesh, rules
+  return side
+
+
+def eval_loss(side: Side, params=None) -> float:
+  """Our model's loss without dropout on the side's batch (the parity checks)."""
+  objective, model = side.objective, side.model
+  fn = step_lib.with_mesh(jax.jit(lambda p, b: objective.loss(
+      step_lib.apply_model(objective, model, p, b, deterministic=True), b,
+      objective.denominators(b))[0]), side.mesh, side.rules)
+  return float(fn(side.state.params if params is None else params, side.batch))
+
+
+def build_peer(label, config, params, np_batch, tx, seed) -> Side:
+  """FlaxBertForPreTraining holding `params` (ours, unrolled layout), the same optimizer."""
+  peer_params, peer_loss, _ = ms.build_peer(config, params, np_batch["input_ids"].shape[1])
+  peer_batch = jax.device_put(np_batch)
+
+  def peer_step(params, opt_state, b, rng):
+    rng, dropout_rng = jax.random.split(rng)
+    (loss, _), grads = jax.value_and_grad(peer_loss, has_aux=True)(params, b, dropout_rng, False)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, rng
+  peer_state = (peer_params, tx.init(peer_params), jax.random.PRNGKey(seed))
+  peer_jit = jax.jit(peer_step, donate_argnums=(0, 1))
+  compiled, compile_s = _time_compile(peer_jit, peer_state[0], peer_state[1], peer_batch,
+                                      peer_state[2])
+
+  def step_fn(compiled, state):
+    p, o, loss, r = compiled(state[0], state[1], peer_batch, state[2])
+    jax.block_until_ready(p)
+    return (p, o, r), float(loss)
+  side = Side(label, compiled, compile_s, peer_state, step_fn)
+  side.batch = peer_batch
+  side.eval_loss = lambda: float(jax.jit(lambda p, b: peer_loss(
+      p, b, jax.random.PRNGKey(0), True)[0])(side.state[0], peer_batch))
+  return side
+
+
+def alternate(sides, warmup: int, steps: int) -> None:
+  """Steps every side in turns, the order reversed every round, so that load which comes and
+  goes slows all alike; the first `warmup` rounds are not timed."""
+  for i in range(warmup + steps):
+    for side in (sides if i % 2 == 0 else sides[::-1]):
+      side.run(timed=i >= warmup)
+
+
 def benchmark(name: str, seed: int, mesh_shape) -> dict:
   shape = ms.SHAPES.get(name, ms.DEFAULT_SHAPE)
   steps = ms._STEPS.value or shape["steps"]  # pylint: disable=protected-access
@@ -63,59 +154,19 @@ def benchmark(name: str, seed: int, mesh_shape) -> dict:
                            shape["predictions"], config.vocab_size)
   np_batch["next_sentence_labels"] = np_batch["next_sentence_labels"].reshape(-1, 1)
   tx, schedule = _paper_optimizer()
-
-  # Ours: exactly what bert_jax.pretrain builds.
   mesh = sharding.create_mesh(mesh_shape)
-  rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
   objective = mlm_nsp.MaskedLmNextSentence(shape["length"], shape["predictions"])
-  model = objective.model(config)
-  state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, seed, np_batch,
-                                                 objective.input_names)
-  batch_sh = sharding.batch_sharding(mesh)
-  batch = jax.device_put(np_batch, batch_sh)
-  ours_step = step_lib.build_train_step(objective, model, tx, schedule, state_sh, batch_sh,
-                                        mesh, rules)
-  ours_compiled, ours_compile_s = _time_compile(ours_step, state, batch)
-
-  # The peer: FlaxBertForPreTraining holding the same weights, the same optimizer.
-  peer_params, peer_loss, _ = ms.build_peer(config, jax.device_get(state.params),
-                                            shape["length"])
-  peer_batch = jax.device_put(np_batch)
-
-  def peer_step(params, opt_state, b, rng):
-    rng, dropout_rng = jax.random.split(rng)
-    (loss, _), grads = jax.value_and_grad(peer_loss, has_aux=True)(params, b, dropout_rng, False)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    import optax  # pylint: disable=g-import-not-at-top
-    return optax.apply_updates(params, updates), opt_state, loss, rng
-  peer_state = (peer_params, tx.init(peer_params), jax.random.PRNGKey(seed))
-  peer_jit = jax.jit(peer_step, donate_argnums=(0, 1))
-  peer_compiled, peer_compile_s = _time_compile(peer_jit, peer_state[0], peer_state[1],
-                                                peer_batch, peer_state[2])
-
-  times = {"ours": [], "peer": []}
-  losses = {"ours": [], "peer": []}
-  for i in range(warmup + steps):
-    for who in (("ours", "peer") if i % 2 == 0 else ("peer", "ours")):
-      start = time.perf_counter()
-      if who == "ours":
-        state, m = ours_compiled(state, batch)
-        jax.block_until_ready(state.params)
-        loss = float(m["loss"])
-      else:
-        p, o, loss, r = peer_compiled(peer_state[0], peer_state[1], peer_batch, peer_state[2])
-        jax.block_until_ready(p)
-        peer_state = (p, o, r)
-        loss = float(loss)
-      if i >= warmup:
-        times[who].append(time.perf_counter() - start)
-      losses[who].append(loss)
-  flops_ours, _ = ms._xla_costs(ours_compiled)  # pylint: disable=protected-access
-  flops_peer, _ = ms._xla_costs(peer_compiled)  # pylint: disable=protected-access
-  analytic = mlm_nsp.MaskedLmNextSentence(shape["length"], shape["predictions"]).flops_per_step(
-      config, shape["batch"])
-  return dict(name=name, shape=shape, steps=steps, warmup=warmup, times=times, losses=losses,
-              compile_s={"ours": ours_compile_s, "peer": peer_compile_s},
+  ours = build_ours("ours", objective, config, np_batch, tx, schedule, mesh,
+                    sharding.DEFAULT_LOGICAL_AXIS_RULES, seed)
+  peer = build_peer("peer", config, jax.device_get(ours.state.params), np_batch, tx, seed)
+  alternate([ours, peer], warmup, steps)
+  flops_ours, _ = ms._xla_costs(ours.compiled)  # pylint: disable=protected-access
+  flops_peer, _ = ms._xla_costs(peer.compiled)  # pylint: disable=protected-access
+  analytic = objective.flops_per_step(config, shape["batch"])
+  return dict(name=name, shape=shape, steps=steps, warmup=warmup,
+              times={"ours": ours.times, "peer": peer.times},
+              losses={"ours": ours.losses, "peer": peer.losses},
+              compile_s={"ours": ours.compile_s, "peer": peer.compile_s},
               flops={"ours": (flops_ours or 0) * jax.device_count(), "peer": flops_peer},
               analytic=analytic, mesh=dict(mesh.shape))
 
