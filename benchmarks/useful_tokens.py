@@ -34,6 +34,15 @@ unrolled layers, ours with `nn.scan` over layers (`model.scan_layers`), and the 
 batch of real unpacked rows (`--layer_rows` × 128), for each of `--layer_configs`. The scanned
 model holds the unrolled model's weights (`modeling.stack_layers`), and both must give the same
 loss without dropout; the difference is reported.
+
+`attention` — the attention core alone (one layer's q, k, v → context, forward + backward, BERT-
+base heads, the input mask of the first `--rows` rows of the stored batch at each length), as
+each side runs it: ours with the paper recipe (`modeling.dot_product_attention`, explicit softmax,
+one dropout draw per probability as the original BERT), ours with the fast recipe (the same
+function without dropout: `jax.nn.dot_product_attention`), the explicit softmax without dropout
+(no recipe of ours runs it in training; the bound), and the peer's own call (flax
+`dot_product_attention_weights` with `broadcast_dropout=True`, as `FlaxBertSelfAttention` calls
+it: one dropout mask per (query, key) shared by every row and head).
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ import os
 import platform
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -61,7 +71,8 @@ from bert_jax.parallel import sharding
 from bert_jax.text import features
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-_TABLES = flags.DEFINE_list("tables", ["tokens", "layers"], "tokens and/or layers.")
+_TABLES = flags.DEFINE_list("tables", ["tokens", "layers"],
+                             "tokens, layers and/or attention (see the module docstring).")
 _BATCH_DIR = flags.DEFINE_string(
     "batch_dir", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               ".bench_batches"),
@@ -251,6 +262,68 @@ def layers_table(results: list[dict]) -> list[str]:
   return lines
 
 
+# --------------------------------------------------------------------------- attention table
+def attention_entry(length: int, rows: int, seed: int) -> dict:
+  import math  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  config = configuration.get_preset(_CONFIG.value)
+  heads, head_dim = config.num_attention_heads, config.head_dim
+  input_mask = jnp.asarray(load_rows(length, "unpacked", rows)[0][features.INPUT_MASK])
+  keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+  q, k, v, g = (jax.random.normal(keys[i], (rows, length, heads, head_dim)) for i in range(4))
+  mask = modeling.attention_mask(input_mask)
+
+  def explicit_no_dropout(q, k, v, rng):
+    del rng
+    logits = jnp.einsum("btnd,bsnd->bnts", q, k) / math.sqrt(head_dim)
+    probs = jax.nn.softmax(jnp.where(mask, logits, -1e9), axis=-1)
+    return jnp.einsum("bnts,bsnd->btnd", probs, v)
+
+  def peer(q, k, v, rng):  # transformers' FlaxBertSelfAttention, p=0.1, train=True
+    bias = jax.lax.select(mask > 0, jnp.full(mask.shape, 0.0), jnp.full(mask.shape, -3.4e38))
+    weights = nn.dot_product_attention_weights(
+        q, k, bias=bias, dropout_rng=rng, dropout_rate=0.1, broadcast_dropout=True,
+        deterministic=False, dtype=jnp.float32)
+    return jnp.einsum("...hqk,...khd->...qhd", weights, v)
+
+  variants = {
+      "ours, paper recipe (explicit, one dropout draw per probability)":
+          lambda q, k, v, rng: modeling.dot_product_attention(
+              q, k, v, input_mask, dropout_rate=0.1, dropout_rng=rng, deterministic=False),
+      "ours, fast recipe (`jax.nn.dot_product_attention`, XLA)":
+          lambda q, k, v, rng: modeling.dot_product_attention(
+              q, k, v, input_mask, dropout_rate=0.0, dropout_rng=None, deterministic=False),
+      "explicit softmax, no dropout": explicit_no_dropout,
+      "peer (flax, one dropout mask shared by rows and heads)": peer,
+  }
+  compiled = {name: jax.jit(jax.grad(lambda q, k, v, rng, f=f: jnp.sum(f(q, k, v, rng) * g),
+                                     argnums=(0, 1, 2))).lower(q, k, v, keys[4]).compile()
+              for name, f in variants.items()}
+  times = {name: [] for name in variants}
+  warmup, steps = 1, 7
+  for i in range(warmup + steps):
+    for name in (list(variants) if i % 2 == 0 else list(variants)[::-1]):
+      start = time.perf_counter()
+      jax.block_until_ready(compiled[name](q, k, v, keys[4]))
+      if i >= warmup:
+        times[name].append(time.perf_counter() - start)
+  return dict(length=length, rows=rows, layers=config.num_hidden_layers, times=times)
+
+
+def attention_table(results: list[dict]) -> list[str]:
+  lines = ["| batch × seq | attention core (one layer, forward + backward) | median ms "
+           "[min–max] | × layers = s per step | vs ours fast |", "|---|---|---|---|---|"]
+  for r in results:
+    fast = statistics.median(list(r["times"].values())[1])
+    for name, times in r["times"].items():
+      median = statistics.median(times)
+      lines.append(f"| {r['rows']} × {r['length']} | {name} | {1000 * median:.0f} "
+                   f"[{1000 * min(times):.0f}–{1000 * max(times):.0f}] | "
+                   f"{r['layers'] * median:.2f} | {median / fast:.2f}× |")
+  return lines
+
+
 # --------------------------------------------------------------------------------- reporting
 def _header(title: str, command: str, load_start: float) -> list[str]:
   import transformers  # pylint: disable=g-import-not-at-top
@@ -276,7 +349,8 @@ def main(argv):
   del argv
   seed = ms._SEED.value  # pylint: disable=protected-access
   print(f"Machine: {ms.machine_description()}; load average {os.getloadavg()[0]:.2f}", flush=True)
-  _warm_up_compilers(seed)
+  if {"tokens", "layers"} & set(_TABLES.value):
+    _warm_up_compilers(seed)
   sections = []
   if "tokens" in _TABLES.value:
     load = os.getloadavg()[0]
@@ -331,6 +405,18 @@ def main(argv):
         f"{max(r['roundtrip'] for r in results)}.", ""]
     lines += layers_table(results)
     lines.append("")
+    sections.append("\n".join(lines))
+    print("\n" + sections[-1], flush=True)
+  if "attention" in _TABLES.value:
+    load = os.getloadavg()[0]
+    results = []
+    for item in _ROWS.value:
+      length, rows = (int(x) for x in item.split(":"))
+      results.append(attention_entry(length, rows, seed))
+    lines = _header("Attention core per recipe, ours and the peer's", _command(), load)
+    lines += ["- One attention layer of BERT-base heads (q, k, v random, the stored batch's "
+              "input mask), jit(grad) of forward + backward, float32; variants in turns.", ""]
+    lines += attention_table(results) + [""]
     sections.append("\n".join(lines))
     print("\n" + sections[-1], flush=True)
   if ms._RECORD.value:  # pylint: disable=protected-access
