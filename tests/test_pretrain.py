@@ -41,6 +41,21 @@ def _losses(workdir):
   return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
+def test_scan_layers_default_follows_the_platform():
+  """`model.scan_layers` unset: scanned on TPUs, unrolled on CPUs and GPUs (where scanned
+  steps measured slower); set, it is what it says everywhere."""
+  config = ph.run_config("unused")
+  assert config.model.scan_layers is None
+  assert pretraining.bert_config_from(config, platform="tpu").scan_layers
+  assert not pretraining.bert_config_from(config, platform="gpu").scan_layers
+  assert not pretraining.bert_config_from(config, platform="cpu").scan_layers
+  assert not pretraining.bert_config_from(config).scan_layers  # this machine: a CPU
+  config.model.scan_layers = True
+  assert pretraining.bert_config_from(config, platform="gpu").scan_layers
+  config.model.scan_layers = False
+  assert not pretraining.bert_config_from(config, platform="tpu").scan_layers
+
+
 def _setup(config):
   bert_config = pretraining.bert_config_from(config)
   model = heads.BertForPreTraining(bert_config)

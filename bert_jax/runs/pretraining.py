@@ -30,9 +30,22 @@ from bert_jax.training import state as state_lib
 from bert_jax.training.objective import Objective
 
 
-def bert_config_from(config: ml_collections.ConfigDict) -> configuration.BertConfig:
-  """The model section of a run config → BertConfig (preset, then the non-None fields)."""
+def default_scan_layers(platform: str | None = None) -> bool:
+  """`model.scan_layers` left unset: scanned layers (one compiled layer, stacked parameters,
+  the same losses bit for bit) on TPUs, unrolled elsewhere. Scanning compiles BERT-large's step
+  in 0.55x the time, but the scanned step measured 1.05-1.10x slower on CPU and 1.45x on an
+  H100 (benchmarks/RESULTS.md), so there the unrolled step pays for its compile within a few
+  dozen steps; on TPUs the scanned loop is the production path of large JAX trainers."""
+  platform = platform or jax.default_backend()
+  return platform == "tpu"
+
+
+def bert_config_from(config: ml_collections.ConfigDict,
+                     platform: str | None = None) -> configuration.BertConfig:
+  """The model section of a run config → BertConfig (preset, then the non-None fields;
+  `scan_layers` unset: `default_scan_layers` of the platform)."""
   fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
+  fields.setdefault("scan_layers", default_scan_layers(platform))
   return configuration.get_preset(config.model.preset, **fields)
 
 
