@@ -37,7 +37,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("steps", None, "Training steps (default: the demo config's).")
   flags.DEFINE_integer("dupe_factor", 5, "Copies of the corpus with different masks.")
   flags.DEFINE_integer("num_shards", 10, "TFRecord shards (one is held out for eval).")
-  flags.DEFINE_integer("vocab_size", 8000, "WordPiece vocabulary size.")
+  flags.DEFINE_integer("vocab_size", 3000, "WordPiece vocabulary size (a tiny model on a 1.2M-word "
+                       "corpus: every piece is seen often).")
 
 FILL_MASK_TEXTS = (
     "to be, or not to [MASK], that is the question.",
@@ -58,19 +59,24 @@ def _run(step: str, args: list[str]) -> None:
 
 
 def baselines(files: list[str], max_seq_length: int, max_predictions: int) -> dict[str, float]:
-  """What guessing alone scores on these records: always the most frequent masked token
-  (`mlm`), always the more frequent next-sentence label (`nsp`)."""
+  """What guessing alone scores on these records (packed or not): always the most frequent
+  masked token (`mlm`), always the more frequent next-sentence label (`nsp`)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from bert_jax import file_io  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from bert_jax.text import features  # pylint: disable=g-import-not-at-top
   tf = file_io.tensorflow()
-  spec = features.tf_feature_spec(max_seq_length, max_predictions)
+  per_row = input_pipeline.detect_packing(files[0])
+  spec = features.tf_feature_spec(max_seq_length, max_predictions, features.STATIC, per_row)
   tokens: collections.Counter = collections.Counter()
   labels: collections.Counter = collections.Counter()
   for batch in tf.data.TFRecordDataset(files).batch(1024).map(
       lambda s: tf.io.parse_example(s, spec)).as_numpy_iterator():
     tokens.update(np.asarray(batch["masked_lm_ids"][batch["masked_lm_weights"] > 0]).tolist())
-    labels.update(np.asarray(batch["next_sentence_labels"]).ravel().tolist())
+    nsp = np.asarray(batch["next_sentence_labels"])
+    if per_row:  # the instances' labels, not the empty slots'
+      nsp = nsp[np.asarray(batch["next_sentence_weights"]) > 0]
+    labels.update(nsp.ravel().tolist())
 
   def majority(counts):
     total = sum(counts.values())
@@ -119,10 +125,12 @@ def main(argv):
           "--model_type=wordpiece", f"--vocab_size={FLAGS.vocab_size}",
           f"--output_prefix={vocab_prefix}"])
   _run(f"3/5 pre-training data: NSP pairs, 15% masks (80/10/10), x{FLAGS.dupe_factor} with different "
-       "masks", [py, "-m", "data_prep.create_pretraining_data", f"--input_file={corpus}",
-                 f"--vocab_file={vocab}", f"--output_dir={data_dir}",
-                 f"--num_output_shards={FLAGS.num_shards}", f"--dupe_factor={FLAGS.dupe_factor}",
-                 "--max_seq_length=128", "--max_predictions_per_seq=20"])
+       "masks, packed up to 3 per row", [
+           py, "-m", "data_prep.create_pretraining_data", f"--input_file={corpus}",
+           f"--vocab_file={vocab}", f"--output_dir={data_dir}",
+           f"--num_output_shards={FLAGS.num_shards}", f"--dupe_factor={FLAGS.dupe_factor}",
+           "--max_seq_length=128", "--max_predictions_per_seq=20", "--packing",
+           "--max_sequences_per_row=3"])
 
   # pylint: disable=g-import-not-at-top
   import importlib.util
@@ -131,6 +139,7 @@ def main(argv):
   from bert_jax.interop import checkpoints
   from bert_jax.runs import pretraining
   from bert_jax.text import tokenization
+  from bert_jax.training import metrics
   # pylint: enable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location(
       "pretrain_configs", os.path.join(configs_dir(), "pretrain.py"))
@@ -162,8 +171,15 @@ def main(argv):
   _, eval_files = input_pipeline.split_train_eval(
       input_pipeline.list_files(config.data.train_files), None)
   base = baselines(eval_files, config.data.max_seq_length, config.data.max_predictions_per_seq)
+  with open(os.path.join(data_dir, "summary.json"), encoding="utf-8") as f:
+    packing_efficiency = json.load(f).get("packing_efficiency")
+  logged = [r for r in metrics.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+            if "perf/useful_tokens_per_sec" in r]
   summary = {
       "steps": result["step"],
+      "packing_efficiency": packing_efficiency,
+      "useful_tokens_per_sec": (sum(r["perf/useful_tokens_per_sec"] for r in logged) / len(logged)
+                                if logged else None),
       "eval_mlm_accuracy": result.get("eval/mlm_accuracy"),
       "eval_nsp_accuracy": result.get("eval/nsp_accuracy"),
       "eval_mlm_loss": result.get("eval/mlm_loss"),
@@ -179,6 +195,10 @@ def main(argv):
         f"{summary['eval_nsp_accuracy']:.1%} (always the majority label: {base['nsp']:.1%})")
   for line in _verdict(result, base):
     print(line)
+  if summary["useful_tokens_per_sec"]:
+    print(f"speed: {summary['useful_tokens_per_sec']:,.0f} useful (non-padding) tokens/s on "
+          f"{os.cpu_count()} CPU cores; packing efficiency {packing_efficiency:.3f} (real tokens "
+          "/ row tokens: the rows hold several sequences each instead of padding)")
   print(f"checkpoints:  {os.path.join(run_dir, checkpoints.CHECKPOINTS)}")
   print(f"TensorBoard:  tensorboard --logdir {os.path.join(run_dir, 'tensorboard')}")
   print(f"metrics:      {os.path.join(run_dir, 'metrics.jsonl')}")
