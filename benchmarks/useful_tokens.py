@@ -363,8 +363,8 @@ def main(argv):
                        for r in results)
     parity = "; ".join(f"{r['length']}: ours {r['parity'][0]:.6f} vs peer {r['parity'][1]:.6f}"
                        for r in results)
-    lines = _header(f"Useful tokens per second on real records: production step vs "
-                    f"FlaxBertForPreTraining", _command(), load)
+    lines = _header("Useful tokens per second on real records: production step vs "
+                    "FlaxBertForPreTraining", _command(), load)
     lines += [
         f"- Batches: the first rows of `.bench_batches/<len>_{{unpacked,packed}}.npz` (the input "
         f"pipeline's first batch over `data_prep` records of Shakespeare's plays, MiniLM uncased "

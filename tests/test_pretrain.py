@@ -376,7 +376,8 @@ def test_packed_rows_from_real_text_train_end_to_end(tmp_path, masking, packed_a
   rows = [r for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
           if "train/mlm_loss" in r]
   # Packed rows, whoever packed them: little padding, and the useful tokens/s reported.
-  assert all(r["perf/padding_fraction"] < 0.06 for r in rows)
+  padding = np.mean([r["perf/padding_fraction"] for r in rows])
+  assert padding < (0.6 * (1 - summary["packing_efficiency"]) if packed_as_read else 0.06)
   assert all(0 < r["perf/useful_tokens_per_sec"] <= r["perf/tokens_per_sec"] for r in rows)
   assert rows[-1]["train/mlm_loss"] < rows[0]["train/mlm_loss"] - 0.3
   assert out["eval/mlm_loss"] < np.log(summary["vocab_size"]) - 0.5  # below a uniform guess

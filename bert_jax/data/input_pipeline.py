@@ -50,6 +50,9 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 _tf = file_io.tensorflow
 
+# Fewest records packed together when the pipeline packs rows as it reads (`data.packing`).
+ONLINE_PACKING_GROUP = 1024
+
 
 def list_files(patterns: str | Sequence[str]) -> list[str]:
   """Sorted files matching comma-separated glob patterns (local or gs://)."""
@@ -439,7 +442,8 @@ class PretrainingData:
                      ) -> Iterator[tuple[dict[str, np.ndarray], dict[str, int]]]:
     """Packed rows made from unpacked dynamic-masking records as they are read.
 
-    Records are read in groups of `max_sequences_per_row` batches' worth; each group is packed
+    Records are read in groups of `max_sequences_per_row` batches' worth (at least
+    `ONLINE_PACKING_GROUP` records: a packer that sees more lengths leaves less room); each is packed
     on its own (`packing.pack`, with each row's masked-LM budget kept, as data_prep packs) into
     rows in a seeded order, and the rows go out `host_batch_size` at a time, a batch taking
     rows from the next group when one runs out. The position after a batch is where its next
@@ -454,8 +458,8 @@ class PretrainingData:
     skip = int((position or {}).get("row", 0))
     pending: list[dict[str, np.ndarray]] = []  # rows not yet given out, oldest first
     owners: list[np.ndarray] = []              # per pending row: (epoch, group, row)
-    for batch, epoch, group in self._record_batches(position, self.host_batch_size * k,
-                                                    drop_remainder=False):
+    group_size = max(self.host_batch_size * k, ONLINE_PACKING_GROUP)
+    for batch, epoch, group in self._record_batches(position, group_size, drop_remainder=False):
       lengths = batch[features.INPUT_MASK].sum(1)
       placed = packing.pack(lengths, length, k, costs=costs, max_cost=budget,
                             rng=np.random.default_rng([self.seed, epoch, group,
