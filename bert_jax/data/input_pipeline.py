@@ -85,23 +85,25 @@ def record_lengths(path: str) -> dict[str, int]:
   return out
 
 
-def detect_masking(path: str) -> str:
-  """'static' for records with masked-LM features, 'dynamic' for unmasked ones."""
-  lengths = record_lengths(path)
+def detect_masking(path: str, lengths: dict[str, int] | None = None) -> str:
+  """'static' for records with masked-LM features, 'dynamic' for unmasked ones (`lengths`:
+  `record_lengths(path)` when already read)."""
+  lengths = lengths or record_lengths(path)
   return features.STATIC if features.MASKED_LM_POSITIONS in lengths else features.DYNAMIC
 
 
-def detect_packing(path: str) -> int | None:
+def detect_packing(path: str, lengths: dict[str, int] | None = None) -> int | None:
   """`max_sequences_per_row` of packed records (`data_prep --packing`), None for unpacked ones."""
-  lengths = record_lengths(path)
+  lengths = lengths or record_lengths(path)
   return lengths[features.CLS_POSITIONS] if features.SEQUENCE_IDS in lengths else None
 
 
 def check_record_shapes(path: str, max_seq_length: int, max_predictions_per_seq: int,
-                        masking_mode: str, max_sequences_per_row: int | None = None) -> None:
+                        masking_mode: str, max_sequences_per_row: int | None = None,
+                        lengths: dict[str, int] | None = None) -> None:
   """Compares the first record of `path` with the schema the config implies; names the feature
   and both sizes when they disagree (instead of tf.data's parse error mid-training)."""
-  lengths = record_lengths(path)
+  lengths = lengths or record_lengths(path)
   layout = (f"packed ({max_sequences_per_row} per row) " if max_sequences_per_row else "")
   per_row = {features.CLS_POSITIONS, features.NEXT_SENTENCE_WEIGHTS}
   if max_sequences_per_row:
@@ -273,12 +275,13 @@ class PretrainingData:
     self._recorded = recorded_counts(self.host_files)
     self._skipped.update(check_recorded_counts(self.host_files, self._recorded,
                                                skip=skip_corrupt_records))
-    self.masking_mode = detect_masking(self.host_files[0])
+    first = record_lengths(self.host_files[0])  # one read of the first record, not three
+    self.masking_mode = detect_masking(self.host_files[0], first)
     # The records' own layout: up to this many instances per record (None: one per record).
-    records_per_row = detect_packing(self.host_files[0])
-    for path in self.host_files[:1] + self.host_files[-1:]:
+    records_per_row = detect_packing(self.host_files[0], first)
+    for path in dict.fromkeys(self.host_files[:1] + self.host_files[-1:]):
       check_record_shapes(path, max_seq_length, max_predictions_per_seq, self.masking_mode,
-                          records_per_row)
+                          records_per_row, first if path == self.host_files[0] else None)
     # Rows as batches carry them: packed as written, packed here, or one instance each.
     self.max_sequences_per_row = records_per_row
     self.packs_online = bool(pack_sequences) and records_per_row is None
@@ -456,8 +459,9 @@ class PretrainingData:
     length, budget = self.max_seq_length, self.max_predictions_per_seq
     costs = packing.prediction_costs(length, self.masking_config.masked_lm_prob, budget)
     skip = int((position or {}).get("row", 0))
-    pending: list[dict[str, np.ndarray]] = []  # rows not yet given out, oldest first
-    owners: list[np.ndarray] = []              # per pending row: (epoch, group, row)
+    n = self.host_batch_size
+    pending: dict[str, np.ndarray] = {}  # rows not yet given out, oldest first
+    owners = np.zeros((0, 3), np.int64)  # per pending row: (epoch, group, row)
     group_size = max(self.host_batch_size * k, ONLINE_PACKING_GROUP)
     for batch, epoch, group in self._record_batches(position, group_size, drop_remainder=False):
       lengths = batch[features.INPUT_MASK].sum(1)
@@ -467,21 +471,20 @@ class PretrainingData:
       rows = packing.pack_rows(batch, placed.row, placed.slot, placed.offset, placed.num_rows, k)
       tags = np.stack([np.full(placed.num_rows, epoch), np.full(placed.num_rows, group),
                        np.arange(placed.num_rows)], 1)
-      pending.append({name: values[skip:] for name, values in rows.items()})
-      owners.append(tags[skip:])
+      pending = {name: np.concatenate([pending[name], values[skip:]]) if pending
+                 else values[skip:] for name, values in rows.items()}
+      owners = np.concatenate([owners, tags[skip:]])
       skip = 0
-      while sum(len(t) for t in owners) >= self.host_batch_size:
-        rows = {name: np.concatenate([p[name] for p in pending]) for name in pending[0]}
-        tags = np.concatenate(owners)
-        n = self.host_batch_size
-        out = {name: values[:n] for name, values in rows.items()}
-        pending, owners = [{name: values[n:] for name, values in rows.items()}], [tags[n:]]
-        first_epoch, first_group, first_row = (int(x) for x in tags[0])
+      while len(owners) >= n:
+        out = {name: values[:n] for name, values in pending.items()}
+        pending = {name: values[n:] for name, values in pending.items()}
+        first, owners = owners[0], owners[n:]
         out = self._mask({name: values.astype(np.int32) if values.dtype.kind in "iu" else values
                           for name, values in out.items()},
-                         [self.seed, first_epoch, first_group, first_row, self.process_index, 5])
-        if len(tags) > n:
-          after = {"epoch": int(tags[n, 0]), "batch": int(tags[n, 1]), "row": int(tags[n, 2])}
+                         [self.seed, *(int(x) for x in first), self.process_index, 5])
+        if len(owners):
+          after = {"epoch": int(owners[0, 0]), "batch": int(owners[0, 1]),
+                   "row": int(owners[0, 2])}
         else:
           after = {"epoch": epoch, "batch": group + 1, "row": 0}
         yield out, after

@@ -29,9 +29,9 @@ __all__ = ["BertConfig", "PRESETS", "get_preset", "BertModel", "BertEmbeddings",
 BATCH, LENGTH, EMBED = "activation_batch", "activation_length", "activation_embed"
 HEADS, KV, MLP, VOCAB = "activation_heads", "activation_kv", "activation_mlp", "activation_vocab"
 
-# Large negative for masked attention logits: exp() of it is exactly 0 in float32, like the
+# Large negative for masked logits (attention, SQuAD windows): exp() of it is exactly 0 in float32, like the
 # original's -10000 additive mask, without overflowing in bfloat16.
-_MASK_VALUE = -1e9
+MASKED_LOGIT = -1e9
 
 
 def bert_initializer(stddev: float) -> Callable[..., jax.Array]:
@@ -190,7 +190,7 @@ def _explicit_attention(query, key, value, mask, dropout_rate, dropout_rng):
   """softmax(q·k/√d) in float32, masked, with the probabilities dropped out (the paper's)."""
   scale = 1.0 / math.sqrt(query.shape[-1])
   logits = jnp.einsum("btnd,bsnd->bnts", query, key, preferred_element_type=jnp.float32) * scale
-  logits = jnp.where(mask, logits, _MASK_VALUE)
+  logits = jnp.where(mask, logits, MASKED_LOGIT)
   probs = jax.nn.softmax(logits, axis=-1)
   if dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)

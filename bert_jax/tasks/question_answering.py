@@ -17,15 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.model import heads
+from bert_jax.model import heads, modeling
 from bert_jax.model.configuration import BertConfig
 from bert_jax.text import features
 from bert_jax.training import perf
 from bert_jax.training.objective import Objective, per_example_averages
-
-# A logit that softmax turns into exactly 0 in float32 (as the attention mask's).
-_MASKED_LOGIT = -1e9
-
 
 def window_logits(logits: jax.Array, sequence_ids: jax.Array, num_slots: int) -> jax.Array:
   """(rows, S) logits of packed rows → (rows, k, S): slot j's copy keeps only the positions of
@@ -33,7 +29,7 @@ def window_logits(logits: jax.Array, sequence_ids: jax.Array, num_slots: int) ->
   a softmax over it runs over that window's own tokens."""
   slots = jnp.arange(1, num_slots + 1, dtype=sequence_ids.dtype)
   own = sequence_ids[:, None, :] == slots[None, :, None]
-  return jnp.where(own, logits[:, None, :], _MASKED_LOGIT)
+  return jnp.where(own, logits[:, None, :], modeling.MASKED_LOGIT)
 
 
 @dataclasses.dataclass(frozen=True)

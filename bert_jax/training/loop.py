@@ -145,8 +145,8 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
     if "real_tokens" in fetched[0]:  # what the rows hold besides padding
       real = float(np.sum([m["real_tokens"] for m in fetched]))
       scalars["perf/useful_tokens_per_sec"] = real / elapsed
-      scalars["perf/padding_fraction"] = 1.0 - real / (
-          len(fetched) * config.examples_per_step * config.tokens_per_example)
+      scalars["perf/padding_fraction"] = 1.0 - real / float(
+          np.sum([m["row_tokens"] for m in fetched]))
     if peak:
       scalars["perf/mfu"] = config.flops_per_step * steps_per_sec / (peak * jax.device_count())
     writer.write(step, scalars)

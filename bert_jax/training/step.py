@@ -25,9 +25,10 @@ import optax
 from bert_jax.training.objective import Objective
 from bert_jax.training.state import TrainState
 
-# Step metrics that are not the objective's sums. `real_tokens`: the batch's non-padding tokens
-# (`input_mask`), for the useful tokens per second the loop reports beside the row tokens.
-STEP_SCALARS = ("loss", "grad_norm", "learning_rate", "real_tokens")
+# Step metrics that are not the objective's sums. `real_tokens` / `row_tokens`: the batch's
+# non-padding tokens (`input_mask`) and all its token slots, whatever the rows' count and length
+# (packed and trimmed batches vary), for the useful tokens/s and padding the loop reports.
+STEP_SCALARS = ("loss", "grad_norm", "learning_rate", "real_tokens", "row_tokens")
 
 
 def _split_micro_batches(batch: dict[str, jax.Array], k: int) -> dict[str, jax.Array]:
@@ -89,6 +90,7 @@ def make_train_step(objective: Objective, model: nn.Module, tx: optax.GradientTr
                    learning_rate=schedule(state.step))
     if "input_mask" in batch:
       metrics["real_tokens"] = jnp.sum(batch["input_mask"].astype(jnp.float32))
+      metrics["row_tokens"] = jnp.float32(batch["input_mask"].size)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   return train_step
