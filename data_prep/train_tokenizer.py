@@ -1,9 +1,12 @@
-r"""Trains a vocabulary on the user's corpus: SentencePiece (unigram or BPE) or WordPiece.
+r"""Trains a vocabulary on the user's corpus: SentencePiece (unigram or BPE), WordPiece, or
+RoBERTa's byte-level BPE.
 
     python -m data_prep.train_tokenizer --input_file='corpus/*.txt' --model_type=unigram \
       --vocab_size=32000 --output_prefix=vocab/spm   # → vocab/spm.model, vocab/spm.vocab
     python -m data_prep.train_tokenizer --input_file='corpus/*.txt' --model_type=wordpiece \
       --vocab_size=30522 --output_prefix=vocab/wp    # → vocab/wp.vocab.txt (BERT format)
+    python -m data_prep.train_tokenizer --input_file='corpus/*.txt' --model_type=byte_bpe \
+      --vocab_size=50265 --output_prefix=vocab/rb    # → vocab/rb.vocab.json, vocab/rb.merges.txt
 
 Either way the vocabulary has BERT's special tokens, so `create_pretraining_data.py` and the
 models take it as is: SentencePiece gets [PAD] = 0 and [UNK] = 1 as its pad/unk pieces and
@@ -12,6 +15,12 @@ writes a `vocab.txt` that starts [PAD], [UNK], [CLS], [SEP], [MASK] and marks co
 with "##", like Google's. `--do_lower_case` lower-cases the training text (SentencePiece) or
 lower-cases and strips accents (WordPiece, as uncased BERT does); use the same flag when
 creating pre-training data. Input lines are sentences; blank lines are skipped.
+
+`--flavour=albert` gives a SentencePiece model in ALBERT's layout instead (<pad> = 0, <unk> = 1,
+[CLS], [SEP], [MASK] at 2-4), trained on text cleaned as ALBERT's tokenizer cleans it
+(`tokenization.albert_preprocess`: accents dropped, and lower-cased with --do_lower_case); load it
+with `load_tokenizer(spm_model_file=..., flavour="albert")`. `--model_type=byte_bpe` writes
+RoBERTa's layout (<s>, <pad>, </s>, <unk> at 0-3, <mask> last); it never lower-cases.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ if __package__ in (None, ""):  # run as a script: make `bert_jax` / `data_prep` 
 from absl import app, flags
 
 from bert_jax import file_io
-from bert_jax.text import tokenization
+from bert_jax.text import bpe, tokenization
 from data_prep import corpus_io
 # pylint: enable=g-import-not-at-top
 
@@ -40,7 +49,10 @@ def define_flags() -> None:
   flags.DEFINE_string("input_file", None,
                       "Comma-separated globs of training text (local or gs://).")
   flags.DEFINE_string("output_prefix", None, "Output path prefix (local or gs://).")
-  flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe", "wordpiece"], "Vocabulary kind.")
+  flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe", "wordpiece", "byte_bpe"],
+                    "Vocabulary kind (byte_bpe: RoBERTa's byte-level BPE).")
+  flags.DEFINE_enum("flavour", "bert", ["bert", "albert"],
+                    "SentencePiece: BERT's special pieces, or ALBERT's layout and preprocessing.")
   flags.DEFINE_integer("vocab_size", 32000, "Vocabulary size, special tokens included.")
   flags.DEFINE_bool("do_lower_case", True, "Lower-case the text (uncased vocabulary).")
   flags.DEFINE_integer("max_sentences", 10_000_000,
@@ -51,6 +63,8 @@ def define_flags() -> None:
 
 
 CONTROL_SYMBOLS = (tokenization.CLS, tokenization.SEP, tokenization.MASK)
+# SentencePiece's pad and unk pieces per flavour; the control symbols are the same in both.
+PAD_UNK_PIECES = {"bert": (tokenization.PAD, tokenization.UNK), "albert": ("<pad>", "<unk>")}
 
 
 def iter_sentences(input_files: list[str], decode_errors: str = "strict") -> Iterator[str]:
@@ -62,11 +76,16 @@ def iter_sentences(input_files: list[str], decode_errors: str = "strict") -> Ite
 def train_sentencepiece(input_files: list[str], output_prefix: str, model_type: str,
                         vocab_size: int, do_lower_case: bool = True,
                         max_sentences: int = 10_000_000, character_coverage: float = 0.9999,
-                        decode_errors: str = "strict") -> str:
+                        decode_errors: str = "strict", flavour: str = "bert") -> str:
   """Trains and writes `<output_prefix>.model` / `.vocab`; returns the model path."""
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  if flavour not in PAD_UNK_PIECES:
+    raise ValueError(f"flavour={flavour!r}: expected one of {', '.join(PAD_UNK_PIECES)}.")
+  pad_piece, unk_piece = PAD_UNK_PIECES[flavour]
   sentences = iter_sentences(input_files, decode_errors)
-  if do_lower_case:
+  if flavour == "albert":
+    sentences = (tokenization.albert_preprocess(s, do_lower_case) for s in sentences)
+  elif do_lower_case:
     sentences = (s.lower() for s in sentences)
   with tempfile.TemporaryDirectory(prefix="bert_jax_spm_") as tmp:
     prefix = os.path.join(tmp, "spm")
@@ -75,7 +94,7 @@ def train_sentencepiece(input_files: list[str], output_prefix: str, model_type: 
           sentence_iterator=sentences, model_prefix=prefix, model_type=model_type,
           vocab_size=vocab_size, character_coverage=character_coverage,
           input_sentence_size=max_sentences, shuffle_input_sentence=True,
-          pad_id=0, pad_piece=tokenization.PAD, unk_id=1, unk_piece=tokenization.UNK,
+          pad_id=0, pad_piece=pad_piece, unk_id=1, unk_piece=unk_piece,
           bos_id=-1, eos_id=-1, control_symbols=list(CONTROL_SYMBOLS),
           normalization_rule_name="nmt_nfkc", minloglevel=2)
     except RuntimeError as e:
@@ -108,19 +127,38 @@ def train_wordpiece(input_files: list[str], output_prefix: str, vocab_size: int,
   return path
 
 
+def train_byte_level_bpe(input_files: list[str], output_prefix: str, vocab_size: int,
+                         decode_errors: str = "strict") -> tuple[str, str]:
+  """Trains RoBERTa's byte-level BPE; writes `<output_prefix>.vocab.json` and
+  `<output_prefix>.merges.txt` and returns both paths."""
+  vocab_file, merges_file = output_prefix + ".vocab.json", output_prefix + ".merges.txt"
+  bpe.train_vocab(iter_sentences(input_files, decode_errors), vocab_file, merges_file, vocab_size)
+  return vocab_file, merges_file
+
+
 def main(argv):
   del argv
   input_files = corpus_io.expand_input_patterns(FLAGS.input_file)
+  if FLAGS.flavour == "albert" and FLAGS.model_type not in ("unigram", "bpe"):
+    print(f"train_tokenizer: error: --flavour=albert is a SentencePiece layout; "
+          f"--model_type={FLAGS.model_type} has none.", file=sys.stderr)
+    sys.exit(1)
   try:
     if FLAGS.model_type == "wordpiece":
       path = train_wordpiece(input_files, FLAGS.output_prefix, FLAGS.vocab_size,
                              FLAGS.do_lower_case, FLAGS.decode_errors)
       tokenizer = tokenization.WordPieceTokenizer(path, do_lower_case=FLAGS.do_lower_case)
+    elif FLAGS.model_type == "byte_bpe":
+      path, merges_file = train_byte_level_bpe(input_files, FLAGS.output_prefix,
+                                               FLAGS.vocab_size, FLAGS.decode_errors)
+      tokenizer = tokenization.ByteLevelBPETokenizer(path, merges_file)
     else:
       path = train_sentencepiece(input_files, FLAGS.output_prefix, FLAGS.model_type,
                                  FLAGS.vocab_size, FLAGS.do_lower_case, FLAGS.max_sentences,
-                                 FLAGS.character_coverage, FLAGS.decode_errors)
-      tokenizer = tokenization.SentencePieceTokenizer(path, do_lower_case=FLAGS.do_lower_case)
+                                 FLAGS.character_coverage, FLAGS.decode_errors, FLAGS.flavour)
+      tokenizer = tokenization.load_tokenizer(spm_model_file=path,
+                                              do_lower_case=FLAGS.do_lower_case,
+                                              flavour=FLAGS.flavour)
   except (ValueError, FileNotFoundError) as e:
     print(f"train_tokenizer: error: {e}", file=sys.stderr)
     sys.exit(1)

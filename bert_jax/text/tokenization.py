@@ -1,4 +1,5 @@
-"""Tokenizers behind one interface: WordPiece over a BERT `vocab.txt`, and SentencePiece.
+"""Tokenizers behind one interface: WordPiece over a BERT `vocab.txt`, SentencePiece (BERT's
+and ALBERT's layouts), and RoBERTa's byte-level BPE (`vocab.json` + `merges.txt`).
 
 Everything downstream (pre-training data, the input pipeline's dynamic masking, fine-tuning
 features) needs the same few things from a tokenizer: text → ids, the ids of the five special
@@ -29,10 +30,12 @@ cleanup drops them) and the Greek final sigma (Python's `str.lower` is context-a
 transformers' `BertTokenizer` caps words at 100 characters instead of 200; pass
 `max_input_chars_per_word=100` to match it on words of 101–200 characters.
 
-Special-token strings that occur literally in text ("[MASK]", "[SEP]") are single tokens by
-default, as in transformers; `split_special_tokens=True` treats them as ordinary text, as the
-original did. Pre-training data uses the latter so that corpus text can never forge a [SEP] or a
-[MASK] inside an instance.
+The five special tokens are known by role (pad, unk, cls, sep, mask), since the families name
+them differently: BERT's [PAD] [UNK] [CLS] [SEP] [MASK], RoBERTa's <pad> <unk> <s> </s> <mask>,
+ALBERT's <pad> <unk> [CLS] [SEP] [MASK]. Their strings, where they occur literally in text
+("[MASK]", "<mask>"), are single tokens by default, as in transformers;
+`split_special_tokens=True` treats them as ordinary text, as the original did. Pre-training data
+uses the latter so that corpus text can never forge a [SEP] or a [MASK] inside an instance.
 
 A damaged `vocab.txt` is refused at load, by file and line (`load_vocab`). One cut short looks
 like any other, so its effect is checked where text is tokenized in bulk: `count_unknown` and
@@ -53,6 +56,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax import file_io
+from bert_jax.text import bpe
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -71,6 +75,8 @@ class Tokenizer(abc.ABC):
   mask_id: int
   # word_start_table[id] is True where a token with that id begins a new word.
   word_start_table: np.ndarray
+  # Separators between the two segments of a pair: one in BERT's [CLS] A [SEP] B [SEP].
+  pair_separators = 1
 
   def tokenize(self, text: str) -> list[str]:
     return self.convert_ids_to_tokens(self.encode(text))
@@ -109,17 +115,37 @@ class Tokenizer(abc.ABC):
     """Boolean array: which of `ids` begin a word (special tokens count as starts)."""
     return self.word_start_table[np.asarray(ids, dtype=np.int64)]
 
+  def build_inputs(self, ids_a: Sequence[int], ids_b: Sequence[int] | None = None) -> list[int]:
+    """One or two encoded segments as a model input: [CLS] A [SEP] B [SEP] for BERT and ALBERT,
+    <s> A </s></s> B </s> for RoBERTa (`pair_separators`)."""
+    ids = [self.cls_id, *ids_a, self.sep_id]
+    if ids_b is not None:
+      ids += [self.sep_id] * (self.pair_separators - 1) + [*ids_b, self.sep_id]
+    return ids
+
   @property
   def special_ids(self) -> dict[str, int]:
     return {"pad_id": self.pad_id, "unk_id": self.unk_id, "cls_id": self.cls_id,
             "sep_id": self.sep_id, "mask_id": self.mask_id}
 
+  @property
+  def special_tokens(self) -> tuple[str, ...]:
+    """The strings of the special tokens, in the order of `special_ids`."""
+    return tuple(self.convert_ids_to_tokens(self.special_ids.values()))
+
   def _split_on_specials(self, text: str) -> list[str | int]:
     """Cuts `text` at literal special-token strings: pieces of text and special ids in order."""
+    if "_specials_split" not in self.__dict__:
+      ids = dict(zip(self.special_tokens, self.special_ids.values()))
+      # Longest first, so that no special token is cut short by another that is its prefix.
+      alternatives = sorted(ids, key=len, reverse=True)
+      self._specials_split = (
+          re.compile("(" + "|".join(re.escape(t) for t in alternatives) + ")"), ids)
+    pattern, ids = self._specials_split
     pieces: list[str | int] = []
-    for i, part in enumerate(_SPECIALS_RE.split(text)):
+    for i, part in enumerate(pattern.split(text)):
       if i % 2:
-        pieces.append(getattr(self, _SPECIAL_ATTR[part]))
+        pieces.append(ids[part])
       elif part:
         pieces.append(part)
     return pieces
@@ -189,10 +215,6 @@ def check_unknown_rate(tokenizer: "Tokenizer", unknown: int, pieces: int, source
   return rate
 
 
-_SPECIALS_RE = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TOKENS) + ")")
-_SPECIAL_ATTR = {PAD: "pad_id", UNK: "unk_id", CLS: "cls_id", SEP: "sep_id", MASK: "mask_id"}
-
-
 # ---------------------------------------------------------------------------------------------
 # WordPiece
 
@@ -260,11 +282,14 @@ def _check_vocab_tokens(vocab_file: str, tokens: list[str], max_token_chars: int
       first_line[token] = line
 
 
-def _check_specials(source: str, present: Iterable[str]) -> None:
-  missing = [t for t in SPECIAL_TOKENS if t not in set(present)]
+def _check_specials(source: str, present: Iterable[str],
+                    required: Sequence[str] = SPECIAL_TOKENS,
+                    how: str = "one per line in vocab.txt") -> None:
+  present = set(present)
+  missing = [t for t in required if t not in present]
   if missing:
     raise ValueError(f"{source}: the vocabulary lacks the special token(s) {', '.join(missing)}; "
-                     f"BERT needs all of {', '.join(SPECIAL_TOKENS)} (one per line in vocab.txt).")
+                     f"the tokenizer needs all of {', '.join(required)} ({how}).")
 
 
 def has_text(text: str) -> bool:
@@ -773,7 +798,8 @@ class SentencePieceTokenizer(Tokenizer):
   `data_prep/train_tokenizer.py` makes such models: [PAD] and [UNK] are SentencePiece's pad and
   unk pieces, [CLS], [SEP] and [MASK] are control symbols (reserved ids that encoding never
   produces from text). A piece that starts with "▁" starts a word. Lower-casing, when asked for,
-  happens before encoding, as ALBERT did, and must match how the model was trained.
+  happens before encoding and must match how the model was trained. (ALBERT's own preprocessing
+  is `AlbertSentencePieceTokenizer`.)
   """
 
   def __init__(self, model_file: str, do_lower_case: bool = False,
@@ -799,32 +825,38 @@ class SentencePieceTokenizer(Tokenizer):
       names[PAD] = self.sp.pad_id()
     if self.sp.unk_id() >= 0:
       names[UNK] = self.sp.unk_id()
-    _check_specials(model_file, names)
+    _check_specials(model_file, names, how="pad and unk as the model's pad and unk pieces, "
+                    "[CLS], [SEP] and [MASK] as pieces of their own")
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
         names[t] for t in SPECIAL_TOKENS)
     self.word_start_table = np.array(
         [p.startswith(SPM_WORD_START) or self.sp.is_control(i) or self.sp.is_unknown(i)
          for i, p in enumerate(self.id_to_token)], bool)
 
-  def _encode_text(self, text: str) -> list[int]:
-    if self.do_lower_case:
-      text = text.lower()
-    return self.sp.encode(text)
+  def _preprocess(self, text: str) -> str:
+    """What happens to text before SentencePiece sees it."""
+    return text.lower() if self.do_lower_case else text
+
+  def _encode_preprocessed(self, texts: list[str]) -> list[list[int]]:
+    return self.sp.encode(texts)
 
   def encode(self, text: str) -> list[int]:
     if self.split_special_tokens:
-      return self._encode_text(text)
+      return self._encode_preprocessed([self._preprocess(text)])[0]
+    pieces = self._split_on_specials(text)
+    texts = [self._preprocess(p) for p in pieces if not isinstance(p, int)]
+    encoded = iter(self._encode_preprocessed(texts))
     ids: list[int] = []
-    for piece in self._split_on_specials(text):
+    for piece in pieces:
       if isinstance(piece, int):
         ids.append(piece)
       else:
-        ids.extend(self._encode_text(piece))
+        ids.extend(next(encoded))
     return ids
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     if self.split_special_tokens:
-      return self.sp.encode([t.lower() for t in texts] if self.do_lower_case else list(texts))
+      return self._encode_preprocessed([self._preprocess(t) for t in texts])
     return [self.encode(t) for t in texts]
 
   def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
@@ -834,15 +866,191 @@ class SentencePieceTokenizer(Tokenizer):
     return [self.id_to_token[int(i)] for i in ids]
 
 
+def albert_preprocess(text: str, do_lower_case: bool = True, keep_accents: bool = False) -> str:
+  """ALBERT's text cleanup before SentencePiece (its `preprocess_text`): runs of whitespace
+  become one space and the ends are stripped, LaTeX-style quotes `` and '' become ", accents are
+  dropped (NFKD, then the combining marks removed) unless `keep_accents`, and the text is
+  lower-cased when `do_lower_case`. Training text goes through the same function
+  (`data_prep/train_tokenizer.py`), so the model sees at training what it sees at encoding."""
+  text = " ".join(text.strip().split())
+  text = text.replace("``", '"').replace("''", '"')
+  if not keep_accents:
+    text = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
+  return text.lower() if do_lower_case else text
+
+
+class AlbertSentencePieceTokenizer(SentencePieceTokenizer):
+  """An ALBERT `spiece.model` (<pad> = 0, <unk> = 1, [CLS] = 2, [SEP] = 3, [MASK] = 4) with
+  ALBERT's preprocessing (`albert_preprocess`) and its rule for numbers.
+
+  The rule: a piece that ends in a digit and a comma ("▁1," of "1,000") is encoded again without
+  the comma, and the comma follows as a piece of its own, so that numbers are cut the same way
+  whatever punctuation follows them. ALBERT's tokenizer and transformers' Python
+  `AlbertTokenizer` apply it (and transformers' converted ALBERT tokenizers approximate it with
+  scores); transformers 5 building an `AlbertTokenizer` straight from a `spiece.model` does not,
+  so `split_digit_comma=False` gives its ids. A model whose pieces never end in a digit and a
+  comma (SentencePiece's default `split_by_number` training makes none) is not affected.
+  """
+
+  def __init__(self, model_file: str, do_lower_case: bool = True, keep_accents: bool = False,
+               split_special_tokens: bool = False, split_digit_comma: bool = True):
+    super().__init__(model_file, do_lower_case=do_lower_case,
+                     split_special_tokens=split_special_tokens)
+    self.keep_accents = keep_accents
+    self.split_digit_comma = split_digit_comma and any(
+        _ends_in_digit_comma(p) for p in self.id_to_token)
+
+  def _preprocess(self, text: str) -> str:
+    return albert_preprocess(text, self.do_lower_case, self.keep_accents)
+
+  def _encode_preprocessed(self, texts: list[str]) -> list[list[int]]:
+    encoded = self.sp.encode(texts)
+    if self.split_digit_comma:
+      for i, text in enumerate(texts):
+        if "," in text:
+          encoded[i] = self._split_digit_commas(text, encoded[i])
+    return encoded
+
+  def _split_digit_commas(self, text: str, ids: list[int]) -> list[int]:
+    pieces = self.sp.encode(text, out_type=str)
+    if not any(_ends_in_digit_comma(p) for p in pieces):
+      return ids
+    out: list[int] = []
+    for piece, piece_id in zip(pieces, ids):
+      if not _ends_in_digit_comma(piece):
+        out.append(piece_id)
+        continue
+      number = self.sp.encode(piece[:-1].replace(SPM_WORD_START, ""), out_type=str)
+      if not piece.startswith(SPM_WORD_START) and number[0].startswith(SPM_WORD_START):
+        number = number[1:] if len(number[0]) == 1 else [number[0][1:]] + number[1:]
+      out.extend(self.sp.piece_to_id(p) for p in number + [piece[-1]])
+    return out
+
+
+def _ends_in_digit_comma(piece: str) -> bool:
+  return len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit()
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte-level BPE
+
+
+class ByteLevelBPETokenizer(Tokenizer):
+  """GPT-2 / RoBERTa byte-level BPE over a `vocab.json` and its `merges.txt` (see `bpe`).
+
+  Ids equal transformers' `RobertaTokenizer` built from the same two files, with its defaults:
+  no space is added before the text, so a word at the start of a text is a different piece from
+  the same word after a space ("Hello" vs "ĠHello"), and nothing is lower-cased. The special
+  tokens by role are <pad>, <unk>, <s> (classifier), </s> (separator) and <mask>.
+  """
+
+  # RoBERTa separates a pair with two separators: <s> A </s></s> B </s>.
+  pair_separators = 2
+
+  def __init__(self, vocab_file: str, merges_file: str | None = None,
+               split_special_tokens: bool = False):
+    self.vocab_file = vocab_file
+    self.merges_file = merges_file or default_merges_file(vocab_file)
+    self.split_special_tokens = split_special_tokens
+    self.vocab = bpe.load_vocab_json(vocab_file)
+    self.vocab_size = len(self.vocab)
+    self.id_to_token = [""] * self.vocab_size
+    for token, index in self.vocab.items():
+      if index >= self.vocab_size:
+        raise ValueError(f"{vocab_file}: the id of {token[:40]!r} is {index} but there are "
+                         f"{self.vocab_size} tokens; ids must be 0 to {self.vocab_size - 1}.")
+      self.id_to_token[index] = token
+    _check_specials(vocab_file, self.vocab, bpe.SPECIAL_TOKENS,
+                    how="keys of vocab.json, as in RoBERTa's")
+    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+        self.vocab[t] for t in bpe.SPECIAL_TOKENS)
+    merges = bpe.load_merges(self.merges_file, self.vocab)
+    self._is_special = np.zeros(self.vocab_size, bool)
+    self._is_special[list(self.special_ids.values())] = True
+    self.word_start_table = self._is_special | np.array(
+        [t.startswith(bpe.WORD_START) for t in self.id_to_token], bool)
+    self._rust = bpe.build(self.vocab, merges,
+                           () if split_special_tokens else bpe.SPECIAL_TOKENS)
+
+  def encode(self, text: str) -> list[int]:
+    return self._rust.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [e.ids for e in self._rust.encode_batch(list(texts), add_special_tokens=False)]
+
+  def word_starts(self, ids) -> np.ndarray:
+    """As `Tokenizer.word_starts`, and also the first piece of a text: at the start of `ids`'
+    last axis or after a special token ("Hello" in "<s>Hello": no "Ġ", as no space precedes it)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    starts = self.word_start_table[ids]
+    if ids.ndim and ids.shape[-1]:
+      starts[..., 0] = True
+      starts[..., 1:] |= self._is_special[ids[..., :-1]]
+    return starts
+
+  def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+    return [self.vocab.get(t, self.unk_id) for t in tokens]
+
+  def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+    return [self.id_to_token[int(i)] for i in ids]
+
+
+def default_merges_file(vocab_file: str) -> str:
+  """The merges.txt beside a vocab.json: "vocab.json" at the end of the name becomes
+  "merges.txt" (vocab.json → merges.txt, spm.vocab.json → spm.merges.txt)."""
+  if not vocab_file.endswith("vocab.json"):
+    raise ValueError(f"{vocab_file}: give merges_file; only for a file named ...vocab.json is "
+                     "the merges.txt beside it found by name.")
+  return vocab_file[:-len("vocab.json")] + "merges.txt"
+
+
+FLAVOURS = ("bert", "albert", "roberta")
+
+
 def load_tokenizer(vocab_file: str | None = None, spm_model_file: str | None = None,
                    do_lower_case: bool = True, split_special_tokens: bool = False,
+                   merges_file: str | None = None, flavour: str | None = None,
                    **kwargs) -> Tokenizer:
-  """WordPiece for a `vocab.txt`, SentencePiece for a `.model`; exactly one must be given."""
+  """The tokenizer of the files given; exactly one of `vocab_file` and `spm_model_file`.
+
+  * a `vocab.txt`: WordPiece (`kwargs` are its options);
+  * a `vocab.json` (a name ending in .json, or any name with `merges_file`): RoBERTa's byte-level
+    BPE, with `merges_file` or else the merges.txt beside it (`default_merges_file`); RoBERTa
+    does not lower-case, so `do_lower_case` does not apply;
+  * a SentencePiece `.model`: BERT's layout, or with `flavour="albert"` an ALBERT spiece.model
+    with ALBERT's preprocessing.
+
+  `flavour` ("bert", "albert", "roberta"; None: from the files) only has to agree with the files.
+  """
   if bool(vocab_file) == bool(spm_model_file):
-    raise ValueError("Give exactly one of vocab_file (WordPiece vocab.txt) and spm_model_file "
-                     "(SentencePiece .model).")
+    raise ValueError("Give exactly one of vocab_file (WordPiece vocab.txt, or byte-level BPE "
+                     "vocab.json) and spm_model_file (SentencePiece .model).")
+  if flavour is not None and flavour not in FLAVOURS:
+    raise ValueError(f"flavour={flavour!r}: expected one of {', '.join(FLAVOURS)}.")
+  byte_level = bool(vocab_file) and (bool(merges_file) or vocab_file.endswith(".json") or
+                                     flavour == "roberta")
+  given = f"vocab_file={vocab_file}" if vocab_file else f"spm_model_file={spm_model_file}"
+  if merges_file and not vocab_file:
+    raise ValueError(f"merges_file={merges_file} goes with a byte-level BPE vocab.json, not with "
+                     f"{given}.")
+  expected = {"bert": "a WordPiece vocab.txt or a SentencePiece .model",
+              "albert": "an ALBERT SentencePiece .model (spm_model_file)",
+              "roberta": "a byte-level BPE vocab.json (vocab_file) and its merges.txt"}
+  if flavour is not None and ((flavour == "albert" and not spm_model_file) or
+                              (flavour == "bert" and byte_level) or
+                              (flavour == "roberta" and spm_model_file)):
+    raise ValueError(f"flavour={flavour!r} needs {expected[flavour]}, not {given}"
+                     f"{' with merges_file' if merges_file else ''}.")
+  if kwargs and (spm_model_file or byte_level):
+    raise ValueError(f"{', '.join(sorted(kwargs))}: WordPiece options, not for {given}.")
   if spm_model_file:
+    if flavour == "albert":
+      return AlbertSentencePieceTokenizer(spm_model_file, do_lower_case=do_lower_case,
+                                          split_special_tokens=split_special_tokens)
     return SentencePieceTokenizer(spm_model_file, do_lower_case=do_lower_case,
                                   split_special_tokens=split_special_tokens)
+  if byte_level:
+    return ByteLevelBPETokenizer(vocab_file, merges_file,
+                                 split_special_tokens=split_special_tokens)
   return WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case,
                             split_special_tokens=split_special_tokens, **kwargs)
