@@ -73,6 +73,13 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
       "masked_lm_prob": 0.15,
       "whole_word_mask": False,
       "per_word_draw": False,
+      # What a masked unit is: "token" (the original), "whole_word" (= whole_word_mask), "ngram"
+      # (ALBERT: 1..max_ngram words, P(n) ∝ 1/n) or "span" (SpanBERT: Geometric(span_p) words
+      # clipped at max_span_length, 80/10/10 per span). Static records carry their masks.
+      "masking_strategy": "token",
+      "max_ngram": 3,
+      "span_p": 0.2,
+      "max_span_length": 10,
       # Pack several instances into each row as dynamic-masking records are read (attention
       # kept within each; Krell et al. 2021), up to max_sequences_per_row. Records written
       # with data_prep --packing are packed already and read as they are.

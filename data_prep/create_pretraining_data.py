@@ -27,6 +27,16 @@ what makes it tens of times faster per core than the original.
 times over. `--masking=dynamic` writes each instance once, unmasked, with the word starts that
 whole-word masking needs; the input pipeline draws fresh masks each time it reads a record.
 
+`--objective` and `--sequence_mode` pick the successors' recipes (`instances.py`): `sop` is
+ALBERT's sentence-order prediction (A and B consecutive text of one document, swapped half of
+the time; `next_sentence_labels` 1 = swapped), `none` pairs without a label (kept 0 so the schema
+is unchanged); `--sequence_mode=full_sentences` (RoBERTa's FULL-SENTENCES, crossing documents
+with a separator token) and `doc_sentences` (within one document) write single segments and go
+with `--objective=none` only. `--masking_strategy` picks token, whole-word, n-gram (ALBERT) or
+span (SpanBERT) masking (`bert_jax/text/masking.py`). The summary says which label the records
+carry (`sentence_objective`). The pair layout comes from the tokenizer: a byte-level BPE
+`vocab.json` gives RoBERTa's <s> A </s></s> B </s>.
+
 `--packing` lays several instances back to back in each row (Krell et al. 2021, "Efficient
 Sequence Packing without Cross-contamination"): the same instances, masked the same way, in
 fewer rows — up to `--max_sequences_per_row` per row, packed per shard by
@@ -125,9 +135,28 @@ def define_flags() -> None:
   flags.DEFINE_integer("max_sequences_per_row", packing_lib.DEFAULT_MAX_SEQUENCES_PER_ROW,
                        "With --packing: at most this many instances per row.")
   flags.DEFINE_bool("progress", True, "Show a progress bar.")
+  flags.DEFINE_enum("objective", "nsp", list(instances_lib.OBJECTIVES),
+                    "The sentence-level label: nsp (B is a random segment half of the time, the "
+                    "original), sop (ALBERT: A and B consecutive, swapped half of the time; label "
+                    "1 = swapped) or none (no label; written as 0).")
+  flags.DEFINE_enum("sequence_mode", "pairs", list(SEQUENCE_MODES),
+                    "pairs: [CLS] A [SEP] B [SEP] (the original). full_sentences (RoBERTa): one "
+                    "segment of contiguous sentences up to the length, crossing documents with a "
+                    "separator between them. doc_sentences: the same within one document. The "
+                    "single-segment modes need --objective=none.")
+  flags.DEFINE_enum("masking_strategy", None, list(masking.STRATEGIES),
+                    "What a masked unit is: token (default), whole_word (= --do_whole_word_mask), "
+                    "ngram (ALBERT: 1..--max_ngram words, P(n) ∝ 1/n) or span (SpanBERT: "
+                    "Geometric(--span_p) words clipped at --max_span_length, 80/10/10 per span).")
+  flags.DEFINE_integer("max_ngram", 3, "--masking_strategy=ngram: the longest n-gram, in words.")
+  flags.DEFINE_float("span_p", 0.2, "--masking_strategy=span: the geometric distribution's p.")
+  flags.DEFINE_integer("max_span_length", 10,
+                       "--masking_strategy=span: spans are clipped at this many words.")
 
 
 _CHUNK = 2048  # instances masked and serialised per vectorised step
+PAIRS, FULL_SENTENCES, DOC_SENTENCES = "pairs", "full_sentences", "doc_sentences"
+SEQUENCE_MODES = (PAIRS, FULL_SENTENCES, DOC_SENTENCES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,14 +171,26 @@ def make_settings(input_file: str, vocab_file: str | None = None,
                   masked_lm_prob: float = 0.15, short_seq_prob: float = 0.1,
                   masking: str = "static", decode_errors: str = "strict",
                   packing: bool = False,
-                  max_sequences_per_row: int = packing_lib.DEFAULT_MAX_SEQUENCES_PER_ROW
-                  ) -> dict[str, Any]:
+                  max_sequences_per_row: int = packing_lib.DEFAULT_MAX_SEQUENCES_PER_ROW,
+                  objective: str = "nsp", sequence_mode: str = PAIRS,
+                  masking_strategy: str | None = None, max_ngram: int = 3, span_p: float = 0.2,
+                  max_span_length: int = 10) -> dict[str, Any]:
   """Everything that decides the output, with the original's defaults (for use from Python)."""
   if dupe_factor is None:
     dupe_factor = 10 if masking == features_lib.STATIC else 1
-  # Packing settings only when packing: unpacked runs keep the settings (and so the shards'
-  # stats files) of before.
+  # Packing and the successors' settings only when used: runs with the original's settings keep
+  # the settings (and so the shards' stats files) of before.
   packed = {"packing": True, "max_sequences_per_row": max_sequences_per_row} if packing else {}
+  if objective != "nsp":
+    packed["objective"] = objective
+  if sequence_mode != PAIRS:
+    packed["sequence_mode"] = sequence_mode
+  if masking_strategy == "whole_word":
+    do_whole_word_mask, masking_strategy = True, None
+  if masking_strategy not in (None, "token"):
+    packed["masking_strategy"] = masking_strategy
+    packed.update({"max_ngram": max_ngram} if masking_strategy == "ngram" else
+                  {"span_p": span_p, "max_span_length": max_span_length})
   return {
       "input_file": input_file,
       "vocab_file": vocab_file,
@@ -178,7 +219,9 @@ def settings_from_flags() -> dict[str, Any]:
       dupe_factor=FLAGS.dupe_factor, masked_lm_prob=FLAGS.masked_lm_prob,
       short_seq_prob=FLAGS.short_seq_prob, masking=FLAGS.masking,
       decode_errors=FLAGS.decode_errors, packing=FLAGS.packing,
-      max_sequences_per_row=FLAGS.max_sequences_per_row)
+      max_sequences_per_row=FLAGS.max_sequences_per_row, objective=FLAGS.objective,
+      sequence_mode=FLAGS.sequence_mode, masking_strategy=FLAGS.masking_strategy,
+      max_ngram=FLAGS.max_ngram, span_p=FLAGS.span_p, max_span_length=FLAGS.max_span_length)
 
 
 def check_settings(s: dict[str, Any]) -> None:
@@ -195,6 +238,38 @@ def check_settings(s: dict[str, Any]) -> None:
     raise ValueError("--dupe_factor must be at least 1.")
   if s.get("packing") and s["max_sequences_per_row"] < 1:
     raise ValueError("--max_sequences_per_row must be at least 1.")
+  objective, mode = s.get("objective", "nsp"), s.get("sequence_mode", PAIRS)
+  if objective not in instances_lib.OBJECTIVES:
+    raise ValueError(f"--objective={objective}: expected one of "
+                     f"{', '.join(instances_lib.OBJECTIVES)}.")
+  if mode not in SEQUENCE_MODES:
+    raise ValueError(f"--sequence_mode={mode}: expected one of {', '.join(SEQUENCE_MODES)}.")
+  if mode != PAIRS and objective != "none":
+    raise ValueError(f"--sequence_mode={mode} writes single segments, which have no sentence "
+                     f"pair for --objective={objective}: add --objective=none, or use "
+                     "--sequence_mode=pairs.")
+  strategy = s.get("masking_strategy")
+  if strategy is not None and s["do_whole_word_mask"]:
+    raise ValueError(f"--do_whole_word_mask with --masking_strategy={strategy}: n-grams and "
+                     "spans are of whole words already; drop --do_whole_word_mask.")
+  if strategy is not None:
+    mask_config(s, vocab_size=1, mask_id=0, cls_id=0, sep_id=0)  # its parameters' checks
+
+
+def mask_config(s: dict[str, Any], **special_ids) -> masking.MaskingConfig:
+  """The masking settings of a run as a `MaskingConfig` (special ids from the tokenizer)."""
+  strategy = s.get("masking_strategy")
+  extra = {}
+  if strategy is not None:
+    extra = {"strategy": strategy, "max_ngram": s.get("max_ngram", 3),
+             "span_p": s.get("span_p", 0.2), "max_span_length": s.get("max_span_length", 10)}
+  try:
+    return masking.MaskingConfig(
+        **special_ids, masked_lm_prob=s["masked_lm_prob"],
+        max_predictions_per_seq=s["max_predictions_per_seq"],
+        whole_word_mask=s["do_whole_word_mask"], per_word_draw=s["per_word_draw"], **extra)
+  except ValueError as e:
+    raise ValueError(f"--masking_strategy={strategy}: {e}") from e
 
 
 def output_paths(output_file: str | None, output_dir: str | None,
@@ -456,31 +531,38 @@ def process_shard(task: dict[str, Any]) -> dict[str, Any]:
       max_rate=task.get("max_unknown_rate", tokenization.MAX_UNKNOWN_RATE),
       override="pass --max_unknown_rate=1")
   pair_rng, mask_rng = shard_seeds(settings["random_seed"], task["shard"])
-  instances, short_targets = instances_lib.build_instances(
-      documents, max_seq_length, settings["short_seq_prob"], settings["dupe_factor"], pair_rng)
-  tokens = instances_lib.padded_tokens(documents.tokens, max_seq_length)
-  stats["document_passes"] = documents.num_documents * settings["dupe_factor"]
+  mode = settings.get("sequence_mode", PAIRS)
+  pair_separators = tokenizer.pair_separators
+  if mode == PAIRS:
+    instances, short_targets = instances_lib.build_instances(
+        documents, max_seq_length, settings["short_seq_prob"], settings["dupe_factor"],
+        pair_rng, objective=settings.get("objective", "nsp"), pair_separators=pair_separators)
+    stream = documents.tokens
+    stats["document_passes"] = documents.num_documents * settings["dupe_factor"]
+  else:  # one target length per row: rows are counted where document passes are for pairs
+    instances, short_targets, stream = instances_lib.build_single_segments(
+        documents, max_seq_length, settings["short_seq_prob"], settings["dupe_factor"],
+        pair_rng, cross_documents=mode == FULL_SENTENCES, sep_id=tokenizer.sep_id)
+    stats["document_passes"] = instances.size
+  tokens = instances_lib.padded_tokens(stream, max_seq_length)
   stats["short_target_passes"] = short_targets
-  del documents
-  lengths = instances.a_length.astype(np.int64) + instances.b_length + 3
+  del documents, stream
+  lengths = instances.lengths(pair_separators)
   stats["instances"] = instances.size
   stats["random_next"] = int(instances.is_random_next.sum())
   stats["slots"] = instances.size * max_seq_length
   stats["tokens"] = int(lengths.sum())
-  stats["maskable_tokens"] = int((lengths - 3).sum())
+  stats["maskable_tokens"] = int((instances.a_length.astype(np.int64) + instances.b_length).sum())
   order = mask_rng.permutation(instances.size)
 
   static = settings["masking"] == features_lib.STATIC
-  whole_word = settings["do_whole_word_mask"]
   max_predictions = settings["max_predictions_per_seq"]
   packed = bool(settings.get("packing"))
   per_row = settings["max_sequences_per_row"] if packed else None
   schema = features_lib.pretraining_features(max_seq_length, max_predictions,
                                              settings["masking"], per_row)
-  mask_config = masking.MaskingConfig.from_tokenizer(
-      tokenizer, masked_lm_prob=settings["masked_lm_prob"],
-      max_predictions_per_seq=max_predictions,
-      whole_word_mask=whole_word, per_word_draw=settings["per_word_draw"])
+  masks = mask_config(settings, vocab_size=tokenizer.vocab_size, mask_id=tokenizer.mask_id,
+                      cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id)
   if packed:
     # Rows of instances (in the shuffled order, so a row's instances are a random draw among
     # those of their lengths); each step writes the rows of about _CHUNK instances.
@@ -505,12 +587,12 @@ def process_shard(task: dict[str, Any]) -> dict[str, Any]:
       else:
         rows = order[begin:end]
       batch = instances.features(rows, tokens, max_seq_length, tokenizer.cls_id,
-                                 tokenizer.sep_id)
+                                 tokenizer.sep_id, pair_separators)
       word_starts = None
-      if whole_word or not static:
+      if masks.whole_word_mask or not static:
         word_starts = tokenizer.word_starts(batch["input_ids"]) & batch["input_mask"]
       if static:  # packed or not, each instance is masked on its own
-        masked = masking.mask_batch(batch["input_ids"], batch["input_mask"], mask_config,
+        masked = masking.mask_batch(batch["input_ids"], batch["input_mask"], masks,
                                     mask_rng, word_starts=word_starts)
         _count_masks(stats, masked, tokenizer.mask_id, max_predictions)
         batch.update(masked)
@@ -720,7 +802,16 @@ def summarize(settings, input_files, paths, shard_stats, split_stats, skipped, s
       "sentences_longer_than_max": total["sentences_longer_than_max"],
       "instances": total["instances"],
       "tokens": total["tokens"],
-      "random_next_fraction": ratio(total["random_next"], total["instances"]),
+      # What next_sentence_labels mean: nsp (1 = B is random), sop (1 = A and B swapped) or
+      # none (always 0); and how many are 1.
+      "sentence_objective": settings.get("objective", "nsp"),
+      "sequence_mode": settings.get("sequence_mode", PAIRS),
+      "masking_strategy": settings.get("masking_strategy") or (
+          "whole_word" if settings["do_whole_word_mask"] else "token"),
+      "random_next_fraction": (ratio(total["random_next"], total["instances"])
+                               if settings.get("objective", "nsp") == "nsp" else None),
+      "swapped_fraction": (ratio(total["random_next"], total["instances"])
+                           if settings.get("objective") == "sop" else None),
       "short_target_fraction": ratio(total["short_target_passes"], total["document_passes"]),
       "padding_fraction": ratio(total["slots"] - total["tokens"], total["slots"]),
       # Real tokens / row tokens, packed or not (unpacked: 1 - padding_fraction), so the two
@@ -747,7 +838,7 @@ def summarize(settings, input_files, paths, shard_stats, split_stats, skipped, s
                     "have one sentence: is the input one sentence per line with a blank line "
                     "between documents? NSP needs sentences to pair.")
   few = sorted(i for i, s in shard_stats.items() if s["documents"] < 2)
-  if few:
+  if few and settings.get("objective", "nsp") == "nsp":
     warnings.append(f"shard(s) {few[:10]} hold fewer than 2 documents, so 'random next' "
                     "segments come from the same document: use fewer --num_output_shards.")
   if total["sentences"] and total["sentences_longer_than_max"] > 0.05 * total["sentences"]:
@@ -778,6 +869,7 @@ def print_summary(summary: dict[str, Any], summary_path: str) -> None:
            f"in {summary['seconds']:,.1f} s ({summary['instances_per_second'] or 0:,.0f} "
            "instances/s)."]
   for key in ("documents", "sentences", "tokens", "masked_fraction", "random_next_fraction",
+              "swapped_fraction",
               "short_target_fraction", "padding_fraction", "packing_efficiency",
               "sequences_per_row"):
     if summary.get(key) is not None:

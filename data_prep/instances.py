@@ -19,6 +19,16 @@ Binomial per segment, the same distribution), so the instances are distributed e
 original's. The original also shuffles the documents before the passes; that only changes the
 order in which instances come out, and the shard shuffles all its instances anyway.
 
+Beyond the original, `objective` changes what the pair means: "sop" (ALBERT's sentence-order
+prediction) always takes B as the rest of the chunk, so A and B are consecutive text of one
+document, and swaps them with probability 0.5 (label 1 = swapped); "none" takes the same
+consecutive pair and never swaps (label 0). Under both, a chunk of one sentence is split at a
+random token inside it (ALBERT would take B from another document, which is no longer a pair of
+one document), and truncation cuts only the outer ends (A's front, B's back), so that A still
+ends where B begins. `build_single_segments` makes RoBERTa's single-segment rows instead:
+FULL-SENTENCES (contiguous sentences up to the target length, crossing document boundaries with
+a separator token between documents) and DOC-SENTENCES (the same within one document).
+
 Documents are one int32 array of token ids plus sentence and document boundaries, and an instance
 is four numbers (where A and B start in that array, and their lengths), so nothing per token or
 per instance is a Python object; `Instances.features` cuts fixed-width rows out of the token
@@ -29,7 +39,11 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+import bisect
+
 import numpy as np
+
+OBJECTIVES = ("nsp", "sop", "none")
 
 
 class Documents(NamedTuple):
@@ -68,33 +82,50 @@ class Instances(NamedTuple):
   def size(self) -> int:
     return len(self.a_start)
 
+  def lengths(self, pair_separators: int = 1) -> np.ndarray:
+    """Tokens of each instance with its special tokens: [CLS] A [SEP] (an instance without B),
+    [CLS] A [SEP] B [SEP], or with `pair_separators` 2 RoBERTa's <s> A </s></s> B </s>."""
+    la, lb = self.a_length.astype(np.int64), self.b_length.astype(np.int64)
+    return la + lb + np.where(lb > 0, 2 + pair_separators, 2)
+
   def features(self, rows: np.ndarray, tokens: np.ndarray, max_seq_length: int, cls_id: int,
-               sep_id: int) -> dict[str, np.ndarray]:
+               sep_id: int, pair_separators: int = 1) -> dict[str, np.ndarray]:
     """input_ids, input_mask, segment_ids, next_sentence_labels of the given instances.
 
     `tokens` is `padded_tokens(documents.tokens, max_seq_length)`: a row's worth of zeros on
     both sides, so that for every instance the `max_seq_length` tokens from where A (or B) must
     start in the row are one window of the array, and a row is cut out of two such windows
-    (positions outside the segments are then overwritten or zeroed).
+    (positions outside the segments are then overwritten or zeroed). An instance with
+    `b_length` 0 is one segment, [CLS] A [SEP], all of segment 0. Pairs use the tokenizer's
+    `pair_separators`; RoBERTa's layout (2) has no segment embeddings, so its B keeps segment 0
+    too, as its tokenizer gives it.
     """
     length = max_seq_length
     la = self.a_length[rows].astype(np.int64)
     lb = self.b_length[rows].astype(np.int64)
+    has_b = lb > 0
+    b_offset = la + 1 + pair_separators  # row position of B's first token
     position = np.arange(length)
     windows = np.lib.stride_tricks.sliding_window_view(tokens, length)
-    # Row position p holds A's token p - 1 (p = 1..la) and B's token p - la - 2 after that.
+    # Row position p holds A's token p - 1 (p = 1..la) and B's token p - b_offset after that.
     input_ids = np.where(position <= la[:, None], windows[self.a_start[rows] + length - 1],
-                         windows[self.b_start[rows] + length - la - 2])
-    input_mask = position < (la + lb + 3)[:, None]
+                         windows[self.b_start[rows] + length - b_offset])
+    total = self.lengths(pair_separators)[rows]
+    input_mask = position < total[:, None]
     input_ids *= input_mask
     rows_index = np.arange(len(rows))
     input_ids[:, 0] = cls_id
-    input_ids[rows_index, la + 1] = sep_id
-    input_ids[rows_index, la + lb + 2] = sep_id
+    for k in range(pair_separators if has_b.any() else 1):
+      at = np.flatnonzero(has_b) if k else rows_index
+      input_ids[at, la[at] + 1 + k] = sep_id
+    input_ids[has_b, total[has_b] - 1] = sep_id
+    segment_ids = input_mask & (position >= b_offset[:, None]) & has_b[:, None]
+    if pair_separators != 1:
+      segment_ids = np.zeros_like(segment_ids)
     return {
         "input_ids": input_ids,
         "input_mask": input_mask,
-        "segment_ids": input_mask & (position >= (la + 2)[:, None]),
+        "segment_ids": segment_ids,
         "next_sentence_labels": self.is_random_next[rows][:, None],
     }
 
@@ -128,12 +159,16 @@ def truncation_cuts(la: np.ndarray, lb: np.ndarray, max_num_tokens: int,
 
 
 def build_instances(documents: Documents, max_seq_length: int, short_seq_prob: float,
-                    dupe_factor: int, rng: np.random.Generator) -> tuple[Instances, int]:
+                    dupe_factor: int, rng: np.random.Generator, objective: str = "nsp",
+                    pair_separators: int = 1) -> tuple[Instances, int]:
   """All instances of `dupe_factor` passes over the documents; also returns how many of the
-  (pass, document) walks had a short target length."""
+  (pass, document) walks had a short target length. `objective` is "nsp" (the original),
+  "sop" or "none" (see the module docstring)."""
+  if objective not in OBJECTIVES:
+    raise ValueError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}.")
   starts = documents.sentence_starts
   num_documents = documents.num_documents
-  max_num_tokens = max_seq_length - 3
+  max_num_tokens = max_seq_length - 2 - pair_separators
   # One walk per (pass, document): the document, the next sentence, the end, the target.
   doc = np.tile(np.arange(num_documents, dtype=np.int64), dupe_factor)
   short = rng.random(doc.size) < short_seq_prob
@@ -151,6 +186,13 @@ def build_instances(documents: Documents, max_seq_length: int, short_seq_prob: f
     a_count = rng.integers(1, np.maximum(chunk, 2))  # [1, chunk - 1]; 1 for a lone sentence
     a_lo, a_hi = starts[cursor], starts[cursor + a_count]
     b_lo, b_hi = starts[cursor + a_count], starts[last + 1]
+    if objective != "nsp":
+      parts.append(_consecutive_pair(a_lo, a_hi, b_lo, b_hi, chunk, max_num_tokens,
+                                     objective == "sop", rng))
+      cursor = last + 1
+      going = cursor < end
+      doc, cursor, end, target = doc[going], cursor[going], end[going], target[going]
+      continue
     is_random = (chunk == 1) | (rng.random(n) < 0.5)
     pick = np.flatnonzero(is_random)
     if pick.size:
@@ -183,3 +225,94 @@ def build_instances(documents: Documents, max_seq_length: int, short_seq_prob: f
   instances = Instances(*(np.concatenate(column) for column in zip(*parts)))
   assert (instances.a_length > 0).all() and (instances.b_length > 0).all()
   return instances, int(short.sum())
+
+
+def _consecutive_pair(a_lo, a_hi, b_lo, b_hi, chunk, max_num_tokens: int, swap: bool,
+                      rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+  """SOP / no-objective pairs of a step of chunks: A = the chunk's first sentences, B = the rest
+  (a lone sentence is split at a random token inside it; one of a single token gives no pair),
+  cut at the outer ends to fit, then swapped with probability 0.5 if `swap`."""
+  lone = chunk == 1
+  lone_length = a_hi - a_lo
+  split = a_lo + np.maximum(1, (rng.random(chunk.size) * lone_length).astype(np.int64))
+  a_hi, b_lo = np.where(lone, split, a_hi), np.where(lone, split, b_lo)
+  keep = (a_hi > a_lo) & (b_hi > b_lo)
+  a_front, a_back, b_front, b_back = truncation_cuts(a_hi - a_lo, b_hi - b_lo, max_num_tokens,
+                                                     rng)
+  a_lo, b_hi = a_lo + a_front + a_back, b_hi - b_front - b_back
+  swapped = (rng.random(chunk.size) < 0.5) if swap else np.zeros(chunk.size, bool)
+  first_lo = np.where(swapped, b_lo, a_lo)
+  first_length = np.where(swapped, b_hi - b_lo, a_hi - a_lo)
+  second_lo = np.where(swapped, a_lo, b_lo)
+  second_length = np.where(swapped, a_hi - a_lo, b_hi - b_lo)
+  return (first_lo[keep], first_length[keep].astype(np.int32), second_lo[keep],
+          second_length[keep].astype(np.int32), swapped[keep])
+
+
+def with_document_separators(documents: Documents, sep_id: int
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The shard's sentences as one stream with a separator token between documents, as units:
+  (tokens, unit starts (num_units + 1), which units are separators)."""
+  lengths = np.diff(documents.sentence_starts)
+  between = documents.document_starts[1:-1]  # the first sentence of every document but the first
+  tokens = np.insert(documents.tokens, documents.sentence_starts[between], sep_id)
+  unit_lengths = np.insert(lengths, between, 1)
+  is_separator = np.insert(np.zeros(lengths.size, bool), between, True)
+  return (tokens.astype(np.int32, copy=False),
+          np.concatenate([[0], np.cumsum(unit_lengths)]).astype(np.int64), is_separator)
+
+
+def build_single_segments(documents: Documents, max_seq_length: int, short_seq_prob: float,
+                          dupe_factor: int, rng: np.random.Generator, cross_documents: bool,
+                          sep_id: int) -> tuple[Instances, int, np.ndarray]:
+  """RoBERTa's single-segment rows, [CLS] ... [SEP]: whole consecutive sentences while they fit
+  in the target length (`max_seq_length - 2`, or with probability `short_seq_prob` a random
+  length in [2, that], drawn per row), a sentence longer than the target alone and cut at its
+  end. `cross_documents` (FULL-SENTENCES) runs on over document boundaries with a separator
+  token between documents (never first or last in a row); otherwise (DOC-SENTENCES) a
+  document's last row is whatever is left of it.
+
+  Returns the instances (B empty, label 0), how many rows had a short target, and the token
+  array the instances point into (with the separators when crossing documents).
+
+  One row follows from where the last ended, so this is a loop over rows with a binary search
+  each (about a microsecond per row), not the array walk of `build_instances`.
+  """
+  max_num_tokens = max_seq_length - 2
+  if cross_documents:
+    tokens, unit_starts, is_separator = with_document_separators(documents, sep_id)
+    walks = [(0, len(unit_starts) - 1)] if len(unit_starts) > 1 else []
+  else:
+    tokens, unit_starts = documents.tokens, documents.sentence_starts
+    is_separator = np.zeros(len(unit_starts) - 1, bool)
+    bounds = documents.document_starts.tolist()
+    walks = list(zip(bounds[:-1], bounds[1:]))
+  starts, separator = unit_starts.tolist(), is_separator.tolist()
+  row_starts, row_lengths = [], []
+  short = 0
+  block, used = np.zeros(0), 0
+  for _ in range(dupe_factor):
+    for cursor, end in walks:
+      while cursor < end:
+        if separator[cursor]:
+          cursor += 1
+          continue
+        if used + 2 > block.size:  # per row: whether short, and the short length
+          block, used = rng.random(8192), 0
+        target = max_num_tokens
+        if block[used] < short_seq_prob:
+          target = 2 + int(block[used + 1] * (max_num_tokens - 1))
+          short += 1
+        used += 2
+        fits = bisect.bisect_right(starts, starts[cursor] + target, cursor + 1, end + 1) - 1
+        last = max(fits - 1, cursor)
+        if separator[last]:
+          last -= 1
+        row_starts.append(starts[cursor])
+        row_lengths.append(min(starts[last + 1] - starts[cursor], target))
+        cursor = last + 1
+  a_start = np.array(row_starts, np.int64)
+  a_length = np.array(row_lengths, np.int32)
+  instances = Instances(a_start, a_length, a_start.copy(), np.zeros_like(a_length),
+                        np.zeros(a_start.size, bool))
+  return instances, short, tokens

@@ -269,7 +269,10 @@ def masking_config(config, files) -> masking.MaskingConfig | None:
   return masking.MaskingConfig.from_tokenizer(
       tokenizer, masked_lm_prob=config.data.masked_lm_prob,
       max_predictions_per_seq=config.data.max_predictions_per_seq,
-      whole_word_mask=whole_word, per_word_draw=config.data.per_word_draw)
+      whole_word_mask=whole_word, per_word_draw=config.data.per_word_draw,
+      strategy=config.data.get("masking_strategy", "token"),
+      **{k: config.data.get(k, v) for k, v in (("max_ngram", 3), ("span_p", 0.2),
+                                               ("max_span_length", 10))})
 
 
 def evaluator(objective: Objective, eval_step, data: input_pipeline.PretrainingData,
