@@ -105,7 +105,7 @@ def load_any(path: str, bert_config_file: str | None = None, subtree: str = "par
     return Loaded(config, params, report, kind, where)
   ckpt_dir = orbax_directory(where)
   tree, meta = checkpointing.load_params(ckpt_dir, subtree=subtree)
-  config = (BertConfig.from_json_file(bert_config_file) if bert_config_file
+  config = (tf1.read_config_file(bert_config_file) if bert_config_file
             else _orbax_config(where, meta))
   for key in reversed(subtree.split("/")[1:]):
     tree = {key: tree}
@@ -163,7 +163,7 @@ def read_config(path: str | None, bert_config_file: str | None = None) -> BertCo
   """The model config of a checkpoint without reading its weights: `bert_config_file` when
   given, else the checkpoint's own (`config.json`, `bert_config.json` or the run metadata)."""
   if bert_config_file:
-    return BertConfig.from_json_file(bert_config_file)
+    return tf1.read_config_file(bert_config_file)
   if not path:
     raise ValueError("Give --init_checkpoint or --bert_config_file.")
   kind, where = checkpoint_kind(path)

@@ -9,6 +9,16 @@ table, through `apply_table` and `params_to_state`, so the formats cannot diverg
 Our parameter tree is the pre-training model's: `{'bert': {...}, 'cls': {...}}`; a bare encoder
 is `params['bert']`. Layers are in the unrolled layout (`layer_{i}`); scanned models are
 converted with `modeling.stack_layers` / `unstack_layers`.
+
+One table per family (`config.model_type`), all over the same tree of ours:
+- BERT: the rows below (TF1: Google's release; Hugging Face: `bert.*`, `cls.*`).
+- RoBERTa: BERT's rows under `roberta.*`, the MLM head as `lm_head.*`; no next-sentence head
+  and no TF1 release (its TF1 column is empty).
+- ALBERT (`share_parameters="all"`): embeddings E wide, the E→H projection, one shared layer
+  (TF1 `bert/encoder/transformer/group_0/inner_group_0/...` as google-research/albert's
+  `modeling.py` names it; Hugging Face `albert.encoder.albert_layer_groups.0.albert_layers.0.*`),
+  `predictions.*` and the sentence-order head (`cls/seq_relationship` in TF1,
+  `sop_classifier.classifier` in Hugging Face, `cls/sop_classifier` here).
 """
 
 from __future__ import annotations
@@ -123,6 +133,114 @@ HF_DERIVED = {
 }
 
 
+# ------------------------------------------------------------------------------------ RoBERTa
+def _roberta_rows(rows):
+  """BERT's rows with the Hugging Face names under `roberta.` and no TF1 name."""
+  return tuple((ours, "", _SAME, hf.replace("bert.", "roberta.", 1), hf_layout)
+               for ours, _, _, hf, hf_layout in rows)
+
+
+ROBERTA_HEAD_ROWS = (
+    ("cls/predictions/transform/dense/kernel", "", _SAME, "lm_head.dense.weight", _T),
+    ("cls/predictions/transform/dense/bias", "", _SAME, "lm_head.dense.bias", _SAME),
+    ("cls/predictions/transform/LayerNorm/scale", "", _SAME, "lm_head.layer_norm.weight", _SAME),
+    ("cls/predictions/transform/LayerNorm/bias", "", _SAME, "lm_head.layer_norm.bias", _SAME),
+    ("cls/predictions/output_bias", "", _SAME, "lm_head.bias", _SAME),
+)
+
+# ------------------------------------------------------------------------------------- ALBERT
+_ALBERT_LAYER_TF1 = "bert/encoder/transformer/group_0/inner_group_0/"
+_ALBERT_LAYER_HF = "albert.encoder.albert_layer_groups.0.albert_layers.0."
+_OURS_SHARED = "bert/encoder/shared_layer/"
+
+ALBERT_EMBEDDING_ROWS = tuple(
+    (ours, tf1, tf1_layout, hf.replace("bert.", "albert.", 1), hf_layout)
+    for ours, tf1, tf1_layout, hf, hf_layout in EMBEDDING_ROWS) + (
+    ("bert/encoder/embedding_hidden_mapping_in/kernel",
+     "bert/encoder/embedding_hidden_mapping_in/kernel", _SAME,
+     "albert.encoder.embedding_hidden_mapping_in.weight", _T),
+    ("bert/encoder/embedding_hidden_mapping_in/bias",
+     "bert/encoder/embedding_hidden_mapping_in/bias", _SAME,
+     "albert.encoder.embedding_hidden_mapping_in.bias", _SAME),
+)
+
+# (ours under shared_layer/, TF1 under group_0/inner_group_0/, HF under albert_layers.0., is the
+# array a kernel): the one shared block.
+_ALBERT_LAYER_PARTS = (
+    ("attention/self/query", "attention_1/self/query", "attention.query"),
+    ("attention/self/key", "attention_1/self/key", "attention.key"),
+    ("attention/self/value", "attention_1/self/value", "attention.value"),
+    ("attention/output/dense", "attention_1/output/dense", "attention.dense"),
+    ("intermediate/dense", "ffn_1/intermediate/dense", "ffn"),
+    ("output/dense", "ffn_1/intermediate/output/dense", "ffn_output"),
+)
+_ALBERT_LAYER_NORMS = (
+    ("attention/output/LayerNorm", "LayerNorm", "attention.LayerNorm"),
+    ("output/LayerNorm", "LayerNorm_1", "full_layer_layer_norm"),
+)
+ALBERT_LAYER_ROWS = tuple(
+    row for ours, tf1, hf in _ALBERT_LAYER_PARTS for row in (
+        (f"{_OURS_SHARED}{ours}/kernel", f"{_ALBERT_LAYER_TF1}{tf1}/kernel", _SAME,
+         f"{_ALBERT_LAYER_HF}{hf}.weight", _T),
+        (f"{_OURS_SHARED}{ours}/bias", f"{_ALBERT_LAYER_TF1}{tf1}/bias", _SAME,
+         f"{_ALBERT_LAYER_HF}{hf}.bias", _SAME))) + tuple(
+    row for ours, tf1, hf in _ALBERT_LAYER_NORMS for row in (
+        (f"{_OURS_SHARED}{ours}/scale", f"{_ALBERT_LAYER_TF1}{tf1}/gamma", _SAME,
+         f"{_ALBERT_LAYER_HF}{hf}.weight", _SAME),
+        (f"{_OURS_SHARED}{ours}/bias", f"{_ALBERT_LAYER_TF1}{tf1}/beta", _SAME,
+         f"{_ALBERT_LAYER_HF}{hf}.bias", _SAME)))
+
+ALBERT_POOLER_ROWS = (
+    ("bert/pooler/dense/kernel", "bert/pooler/dense/kernel", _SAME, "albert.pooler.weight", _T),
+    ("bert/pooler/dense/bias", "bert/pooler/dense/bias", _SAME, "albert.pooler.bias", _SAME),
+)
+
+ALBERT_HEAD_ROWS = (
+    ("cls/predictions/transform/dense/kernel", "cls/predictions/transform/dense/kernel", _SAME,
+     "predictions.dense.weight", _T),
+    ("cls/predictions/transform/dense/bias", "cls/predictions/transform/dense/bias", _SAME,
+     "predictions.dense.bias", _SAME),
+    ("cls/predictions/transform/LayerNorm/scale", "cls/predictions/transform/LayerNorm/gamma",
+     _SAME, "predictions.LayerNorm.weight", _SAME),
+    ("cls/predictions/transform/LayerNorm/bias", "cls/predictions/transform/LayerNorm/beta",
+     _SAME, "predictions.LayerNorm.bias", _SAME),
+    ("cls/predictions/output_bias", "cls/predictions/output_bias", _SAME, "predictions.bias",
+     _SAME),
+    ("cls/sop_classifier/kernel", "cls/seq_relationship/output_weights", _T,
+     "sop_classifier.classifier.weight", _T),
+    ("cls/sop_classifier/bias", "cls/seq_relationship/output_bias", _SAME,
+     "sop_classifier.classifier.bias", _SAME),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """How one model family is named in Hugging Face checkpoints: the prefix of its encoder,
+  the prefixes of its heads (a bare encoder is saved without the encoder prefix), and the
+  tensors that carry nothing of their own (buffers; the decoder tied to the embeddings)."""
+  hf_prefix: str
+  hf_head_prefixes: tuple[str, ...]
+  hf_derived: Mapping[str, str | None]
+  has_tf1: bool
+
+
+FAMILIES = {
+    "bert": Family("bert.", ("cls.",), HF_DERIVED, True),
+    "roberta": Family("roberta.", ("lm_head.",), {
+        "roberta.embeddings.position_ids": None,
+        "roberta.embeddings.token_type_ids": None,
+        "lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
+        "lm_head.decoder.bias": "lm_head.bias",
+    }, False),
+    "albert": Family("albert.", ("predictions.", "sop_classifier."), {
+        "albert.embeddings.position_ids": None,
+        "albert.embeddings.token_type_ids": None,
+        "predictions.decoder.weight": "albert.embeddings.word_embeddings.weight",
+        "predictions.decoder.bias": "predictions.bias",
+    }, True),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Row:
   ours: str
@@ -132,8 +250,15 @@ class Row:
   hf_layout: str
 
 
-def name_table(num_layers: int, pooler: bool = True, pretraining_heads: bool = True) -> list[Row]:
-  """The table expanded for a model with `num_layers` layers."""
+def name_table(num_layers: int, pooler: bool = True, pretraining_heads: bool = True,
+               model_type: str = "bert") -> list[Row]:
+  """The table of `model_type` expanded for a model with `num_layers` layers (ALBERT's one
+  shared layer has one set of rows whatever the depth)."""
+  if model_type == "albert":
+    rows = [Row(*r) for r in ALBERT_EMBEDDING_ROWS + ALBERT_LAYER_ROWS]
+    rows += [Row(*r) for r in ALBERT_POOLER_ROWS] if pooler else []
+    rows += [Row(*r) for r in ALBERT_HEAD_ROWS] if pretraining_heads else []
+    return rows
   rows = [Row(*r) for r in EMBEDDING_ROWS]
   for i in range(num_layers):
     rows += [Row(*(c.format(i=i) for c in r)) for r in LAYER_ROWS]
@@ -141,7 +266,36 @@ def name_table(num_layers: int, pooler: bool = True, pretraining_heads: bool = T
     rows += [Row(*r) for r in POOLER_ROWS]
   if pretraining_heads:
     rows += [Row(*r) for r in PRETRAINING_HEAD_ROWS]
+  if model_type == "roberta":
+    heads_rows = [Row(*r) for r in ROBERTA_HEAD_ROWS] if pretraining_heads else []
+    return [Row(*r) for r in _roberta_rows(
+        [dataclasses.astuple(r) for r in rows if not r.ours.startswith("cls/")])] + heads_rows
+  if model_type != "bert":
+    raise ValueError(f"No name table for model_type={model_type!r}; known: "
+                     f"{', '.join(FAMILIES)}.")
   return rows
+
+
+def family_table(config: BertConfig, column: str) -> list[Row]:
+  """The table for `config`, after checking that the format can express the model at all:
+  the released families only (ALBERT with every layer shared, BERT and RoBERTa unshared and
+  unfactorized), and TF1 only for the families that released TF1 checkpoints."""
+  family = config.model_type
+  expected_share = "all" if family == "albert" else "none"
+  problems = []
+  if config.share_parameters != expected_share:
+    problems.append(f"share_parameters={config.share_parameters!r} (a {family} checkpoint "
+                    f"has {expected_share!r})")
+  if family != "albert" and config.factorized_embeddings:
+    problems.append(f"embedding_size={config.embedding_size} != hidden_size (only ALBERT "
+                    "checkpoints have factorized embeddings)")
+  if column == "tf1" and not FAMILIES[family].has_tf1:
+    problems.append(f"{family} has no TF1 checkpoint format (no TF1 release)")
+  if problems:
+    fmt = "TF1" if column == "tf1" else "Hugging Face"
+    raise ValueError(f"model_type={family!r}: no {fmt} names for this model: "
+                     + "; ".join(problems) + ".")
+  return name_table(config.num_hidden_layers, model_type=family)
 
 
 def _to_layout(array: np.ndarray, layout: str) -> np.ndarray:
@@ -207,10 +361,11 @@ def apply_table(state: Mapping[str, np.ndarray], config: BertConfig, column: str
   Shapes are checked against `config` (in the checkpoint's own layout, so that the message
   shows the shapes as they are stored); every mismatch is listed in one error.
   """
+  rows = family_table(config, column)
   expected = expected_shapes(config)
   report = LoadReport(source)
   flat, errors, used = {}, [], set()
-  for row in name_table(config.num_hidden_layers):
+  for row in rows:
     name, layout = getattr(row, column), getattr(row, column + "_layout")
     if name not in state:
       report.missing.append(row.ours)
@@ -223,7 +378,8 @@ def apply_table(state: Mapping[str, np.ndarray], config: BertConfig, column: str
       continue
     flat[row.ours] = _to_layout(stored, layout).astype(np.float32)
   if errors:
-    raise ValueError(f"{source}: tensor shapes disagree with the config:\n" + "\n".join(errors))
+    raise ValueError(f"{source}: tensor shapes disagree with the config "
+                     f"(model_type={config.model_type}):\n" + "\n".join(errors))
   params = unflatten_params(flat)
   if config.scan_layers and "bert" in params and "encoder" in params["bert"]:
     params = modeling.stack_layers(params, config.num_hidden_layers)
@@ -239,7 +395,7 @@ def params_to_state(params: Mapping, config: BertConfig, column: str,
   if "bert" in params and "layer" in params["bert"].get("encoder", {}):
     params = modeling.unstack_layers(params, config.num_hidden_layers)
   flat = flatten_params(params)
-  rows = name_table(config.num_hidden_layers)
+  rows = family_table(config, column)
   state = {}
   for row in rows:
     if row.ours in flat:
@@ -247,7 +403,8 @@ def params_to_state(params: Mapping, config: BertConfig, column: str,
                                                getattr(row, column + "_layout"))
   unknown = sorted(set(flat) - {r.ours for r in rows})
   if unknown:
-    raise ValueError(f"No {format_name} name for parameters: {', '.join(unknown)}")
+    raise ValueError(f"No {format_name} name for parameters: {', '.join(unknown)} "
+                     f"(model_type={config.model_type})")
   return state
 
 

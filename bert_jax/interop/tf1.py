@@ -1,5 +1,10 @@
 """Google's TF1 checkpoints (`bert_model.ckpt.{index,data-*}` + `bert_config.json`) ↔ ours.
 
+ALBERT's release (google-research/albert) is read and written the same way, with
+`albert_config.json` beside the checkpoint: its variables follow the ALBERT rows of the name
+table, and its `hidden_act: "gelu"` means the tanh approximation (ALBERT's `modeling.gelu`),
+which is `gelu_new` here.
+
 Read with TensorFlow's own checkpoint reader (optimizer slots and the step are counted, never
 loaded); written with TensorFlow's saver under the original variable names, so the original
 `modeling.py`, `tf.train.init_from_checkpoint` and our loaders all read them.
@@ -23,6 +28,13 @@ from bert_jax.model.configuration import BertConfig
 # `bert_config.json` and `vocab.txt`; variables carry the names of the table's `tf1` column.
 TF1_PREFIX_NAME = "bert_model.ckpt"
 TF1_CONFIG_NAME = "bert_config.json"
+ALBERT_CONFIG_NAME = "albert_config.json"
+# The activation names of ALBERT's config file ↔ ours: its "gelu" is the tanh form; the exact
+# form, which its code does not know, is written as "gelu_exact" so that we read it back.
+_ALBERT_ACT_TO_OURS = {"gelu": "gelu_new", "gelu_exact": "gelu"}
+_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_approximate")
+# Variables that only an ALBERT checkpoint has.
+_ALBERT_MARKER = "bert/encoder/transformer/group_0/"
 
 # What training leaves in a checkpoint besides the weights: the moments of the original
 # optimization.py (`adam_m`, `adam_v`), tf.train.AdamOptimizer's slots and powers, the step.
@@ -82,15 +94,39 @@ def tf1_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig,
   return params, report
 
 
+def read_albert_config(path: str) -> BertConfig:
+  """An ALBERT release's `albert_config.json` (its field names, its meaning of "gelu")."""
+  values = json.loads(file_io.read_text(path))
+  if not isinstance(values, dict):
+    raise ValueError(f"{path}: expected a JSON object with ALBERT config fields.")
+  values["model_type"] = "albert"
+  act = values.get("hidden_act")
+  values["hidden_act"] = _ALBERT_ACT_TO_OURS.get(act, act)
+  return BertConfig.from_dict(values, source=path)
+
+
+def read_config_file(path: str) -> BertConfig:
+  """A config file by its kind: ALBERT's `albert_config.json`, else a BERT-style one
+  (`bert_config.json`, Hugging Face `config.json`, ours, which carry `model_type`)."""
+  if path.rstrip("/").rsplit("/", 1)[-1] == ALBERT_CONFIG_NAME:
+    return read_albert_config(path)
+  return BertConfig.from_json_file(path)
+
+
 def read_config(prefix: str, bert_config_file: str | None = None) -> BertConfig:
   """The config of the checkpoint at `prefix`: `bert_config_file`, else the `bert_config.json`
-  beside it (as in Google's release); the original code needed one too."""
-  config_file = bert_config_file or file_io.join(dirname(prefix) or ".", TF1_CONFIG_NAME)
-  if not file_io.exists(config_file):
-    raise FileNotFoundError(f"{prefix}: no {TF1_CONFIG_NAME} beside the checkpoint "
-                            f"({config_file}); give the model's config file "
-                            "(--bert_config_file).")
-  return BertConfig.from_json_file(config_file)
+  (Google's BERT release) or `albert_config.json` (ALBERT's) beside it; the original code
+  needed one too."""
+  if bert_config_file:
+    return read_config_file(bert_config_file)
+  directory = dirname(prefix) or "."
+  for name in (TF1_CONFIG_NAME, ALBERT_CONFIG_NAME):
+    config_file = file_io.join(directory, name)
+    if file_io.exists(config_file):
+      return read_config_file(config_file)
+  raise FileNotFoundError(f"{prefix}: no {TF1_CONFIG_NAME} beside the checkpoint (nor "
+                          f"{ALBERT_CONFIG_NAME}; in {directory}); give the model's config file "
+                          "(--bert_config_file).")
 
 
 def load_tf1_checkpoint(path: str, bert_config_file: str | None = None, **config_overrides
@@ -107,6 +143,12 @@ def load_tf1_checkpoint(path: str, bert_config_file: str | None = None, **config
   if config_overrides:
     config = config.replace(**config_overrides)
   names = sorted(reader.get_variable_to_shape_map())
+  albert_names = any(n.startswith(_ALBERT_MARKER) for n in names)
+  if albert_names != (config.model_type == "albert"):
+    family = "ALBERT" if albert_names else "BERT"
+    raise ValueError(f"{prefix}: the checkpoint's variables are {family}'s but its config "
+                     f"says model_type={config.model_type!r}; give the matching config file "
+                     f"({ALBERT_CONFIG_NAME} for ALBERT).")
   state = {n: reader.get_tensor(n) for n in names if not is_tf1_optimizer_variable(n)}
   params, report = tf1_state_to_params(state, config, source=prefix)
   report.skipped = [n for n in names if is_tf1_optimizer_variable(n)]
@@ -127,6 +169,20 @@ def original_config_json(config: BertConfig) -> str:
   return json.dumps(values, indent=2, sort_keys=True) + "\n"
 
 
+def albert_config_json(config: BertConfig) -> str:
+  """`albert_config.json` as ALBERT's release has it: the BERT fields plus `embedding_size`
+  and one group of one inner layer, "gelu" meaning its tanh form."""
+  values = {k: v for k, v in config.to_original_dict().items() if k not in
+            ("model_type", "embedding_size", "share_parameters")}
+  values.update(embedding_size=config.embedding_width, num_hidden_groups=1, inner_group_num=1,
+                net_structure_type=0, gap_size=0, num_memory_blocks=0, down_scale_factor=1)
+  act = config.hidden_act
+  values["hidden_act"] = "gelu" if act in _TANH_GELUS else ("gelu_exact" if act == "gelu" else act)
+  if config.layer_norm_eps != 1e-12:
+    values["layer_norm_eps"] = config.layer_norm_eps
+  return json.dumps(values, indent=2, sort_keys=True) + "\n"
+
+
 def save_tf1_checkpoint(params: Mapping, config: BertConfig, path: str) -> str:
   """Writes a TF1 checkpoint with the original variable names and layouts, plus
   `bert_config.json` beside it; returns the checkpoint prefix.
@@ -139,15 +195,22 @@ def save_tf1_checkpoint(params: Mapping, config: BertConfig, path: str) -> str:
   state = params_to_tf1_state(params, config)
   name = path.rstrip("/").rsplit("/", 1)[-1]
   prefix = path.rstrip("/") if ".ckpt" in name else file_io.join(path, TF1_PREFIX_NAME)
-  if config.hidden_act not in ("gelu", "relu", "tanh") or config.layer_norm_eps != 1e-12:
+  albert = config.model_type == "albert"
+  known = ("gelu_new", "relu", "tanh") if albert else ("gelu", "relu", "tanh")
+  if config.hidden_act not in known or config.layer_norm_eps != 1e-12:
     logging.warning("hidden_act=%s, layer_norm_eps=%g: the original modeling.py knows only "
                     "gelu/relu/tanh and hard-codes 1e-12; our loaders read the values from %s.",
-                    config.hidden_act, config.layer_norm_eps, TF1_CONFIG_NAME)
+                    config.hidden_act, config.layer_norm_eps,
+                    ALBERT_CONFIG_NAME if albert else TF1_CONFIG_NAME)
   tf = _tf()
   file_io.makedirs(dirname(prefix) or ".")
   names = sorted(state)
   tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
                     tensors=[tf.constant(state[n]) for n in names])
-  file_io.write_text_atomic(file_io.join(dirname(prefix) or ".", TF1_CONFIG_NAME),
-                            original_config_json(config))
+  if albert:
+    file_io.write_text_atomic(file_io.join(dirname(prefix) or ".", ALBERT_CONFIG_NAME),
+                              albert_config_json(config))
+  else:
+    file_io.write_text_atomic(file_io.join(dirname(prefix) or ".", TF1_CONFIG_NAME),
+                              original_config_json(config))
   return prefix

@@ -24,6 +24,14 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 # to `jax.nn.dot_product_attention`, "pallas" is the Pallas TPU flash-attention kernel.
 ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn", "pallas")
 
+# Model families: one encoder, configured. "albert" adds factorized embeddings, shared layers and
+# a sentence-order head; "roberta" one token type and positions counted after the padding index.
+MODEL_TYPES = ("bert", "albert", "roberta")
+
+# Which parts of a layer are shared across layers (Lan et al. 2020, Table 4): none, all (ALBERT),
+# only the attention block, or only the feed-forward block.
+SHARE_PARAMETERS = ("none", "all", "attention", "ffn")
+
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
@@ -45,6 +53,19 @@ class BertConfig:
   type_vocab_size: int = 2
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-12  # the original hard-codes 1e-12 in layer_norm()
+  # The family (written to Hugging Face `config.json` as `model_type`): which heads the
+  # pre-training model has and which name table converts its checkpoints.
+  model_type: str = "bert"
+  # Width E of the embedding tables when factorized (ALBERT: 128, projected to hidden_size by
+  # `embedding_hidden_mapping_in`); None means E = hidden_size and no projection (BERT).
+  embedding_size: int | None = None
+  # Cross-layer parameter sharing: "all" is one set of layer weights applied
+  # num_hidden_layers times (ALBERT's num_hidden_groups = inner_group_num = 1).
+  share_parameters: str = "none"
+  # Added to every position id before the lookup. RoBERTa counts positions after its padding
+  # index (padding_idx + 1 = 2), so its tables have 514 rows for 512 tokens; a per-instance
+  # position id of packed rows gets the same offset, so packing needs nothing else.
+  position_offset: int = 0
 
   # How to compute. bfloat16 on TPU; parameters stay float32 (`param_dtype`), and LayerNorm,
   # softmax and losses are always computed in float32.
@@ -61,6 +82,11 @@ class BertConfig:
                   "intermediate_size", "hidden_act", "hidden_dropout_prob",
                   "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
                   "initializer_range", "layer_norm_eps")
+  # Fields of the successors, written only where they differ from BERT, so that a BERT config
+  # is written exactly as the original wrote it.
+  FAMILY_FIELDS = ("model_type", "embedding_size", "share_parameters", "position_offset")
+  FAMILY_DEFAULTS = {"model_type": "bert", "embedding_size": None, "share_parameters": "none",
+                     "position_offset": 0}
 
   def __post_init__(self):
     if self.hidden_size % self.num_attention_heads:
@@ -80,16 +106,49 @@ class BertConfig:
                  "intermediate_size", "max_position_embeddings", "type_vocab_size"):
       if int(getattr(self, name)) <= 0:
         raise ValueError(f"BertConfig: {name}={getattr(self, name)} must be positive.")
+    if self.model_type not in MODEL_TYPES:
+      raise ValueError(f"BertConfig: model_type={self.model_type!r}; expected one of "
+                       f"{', '.join(MODEL_TYPES)}.")
+    if self.share_parameters not in SHARE_PARAMETERS:
+      raise ValueError(f"BertConfig: share_parameters={self.share_parameters!r}; expected one "
+                       f"of {', '.join(SHARE_PARAMETERS)}.")
+    if self.embedding_size is not None and int(self.embedding_size) <= 0:
+      raise ValueError(f"BertConfig: embedding_size={self.embedding_size} must be positive.")
+    if not 0 <= self.position_offset < self.max_position_embeddings:
+      raise ValueError(f"BertConfig: position_offset={self.position_offset} must be in "
+                       f"[0, max_position_embeddings={self.max_position_embeddings}).")
+    if self.scan_layers and self.share_parameters in ("attention", "ffn"):
+      # A scan stacks each layer's parameters; a part shared by every step would have to be
+      # broadcast into the loop while the rest is stacked, which the layer does not support.
+      raise ValueError(f"BertConfig: scan_layers=True with share_parameters="
+                       f"{self.share_parameters!r} is not supported; use scan_layers=False "
+                       "(share_parameters='all' and 'none' scan).")
 
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
 
+  @property
+  def embedding_width(self) -> int:
+    """E: the width of the embedding tables and of the MLM decoder (hidden_size unless
+    factorized)."""
+    return self.hidden_size if self.embedding_size is None else int(self.embedding_size)
+
+  @property
+  def factorized_embeddings(self) -> bool:
+    return self.embedding_width != self.hidden_size
+
+  @property
+  def max_sequence_length(self) -> int:
+    """The longest input the position table serves (514 rows less RoBERTa's offset of 2)."""
+    return self.max_position_embeddings - self.position_offset
+
   def check_sequence_length(self, length: int, name: str = "max_seq_length") -> None:
     """Refuses inputs longer than the position table (the one place this rule is written)."""
-    if length > self.max_position_embeddings:
+    if length > self.max_sequence_length:
+      offset = (f" less position_offset={self.position_offset}" if self.position_offset else "")
       raise ValueError(f"{name}={length} exceeds the model's "
-                       f"max_position_embeddings={self.max_position_embeddings}.")
+                       f"max_position_embeddings={self.max_position_embeddings}{offset}.")
 
   def replace(self, **changes) -> "BertConfig":
     return dataclasses.replace(self, **changes)
@@ -105,9 +164,10 @@ class BertConfig:
     """
     values = dict(values)
     model_type = values.get("model_type", "bert")
-    if model_type not in ("bert",):
-      raise ValueError(f"{source}: model_type={model_type!r}; only 'bert' checkpoints are "
-                       "supported.")
+    if model_type not in MODEL_TYPES:
+      raise ValueError(f"{source}: model_type={model_type!r}; supported families: "
+                       f"{', '.join(MODEL_TYPES)}.")
+    values.update(_family_fields(model_type, values, source))
     position_type = values.get("position_embedding_type", "absolute")
     if position_type != "absolute":
       raise ValueError(f"{source}: position_embedding_type={position_type!r}; only 'absolute' "
@@ -143,16 +203,45 @@ class BertConfig:
     return cls.from_dict(values, source=path)
 
   # ----------------------------------------------------------------------------- writing
+  def _family_values(self) -> dict[str, Any]:
+    return {name: getattr(self, name) for name in self.FAMILY_FIELDS
+            if getattr(self, name) != self.FAMILY_DEFAULTS[name]}
+
   def to_original_dict(self) -> dict[str, Any]:
-    """The original `bert_config.json` fields (no compute fields)."""
+    """The original `bert_config.json` fields (no compute fields), plus the family fields
+    where they differ from BERT (so a BERT config is written as the original wrote it)."""
     out = {name: getattr(self, name) for name in self.SHAPE_FIELDS if name != "layer_norm_eps"}
+    out.update(self._family_values())
     return out
 
-  def to_hf_dict(self, architectures=("BertForPreTraining",)) -> dict[str, Any]:
-    """A Hugging Face `config.json` for the same model."""
+  def to_hf_dict(self, architectures=None) -> dict[str, Any]:
+    """A Hugging Face `config.json` for the same model, in its family's terms.
+
+    ALBERT: `embedding_size` and one hidden group of one inner layer (`share_parameters='all'`;
+    other sharing has no Hugging Face form, so only our own loaders read it back from
+    `share_parameters`). RoBERTa: `pad_token_id` is the offset less one (padding_idx).
+    """
     out = {name: getattr(self, name) for name in self.SHAPE_FIELDS}
-    out.update(model_type="bert", architectures=list(architectures),
-               position_embedding_type="absolute", pad_token_id=0, torch_dtype="float32")
+    out.update(model_type=self.model_type, position_embedding_type="absolute",
+               torch_dtype="float32")
+    if architectures is None:
+      architectures = (DEFAULT_ARCHITECTURES[self.model_type],)
+    out["architectures"] = list(architectures)
+    if self.model_type == "bert":
+      out.update(pad_token_id=0)
+    elif self.model_type == "albert":
+      out.update(embedding_size=self.embedding_width, pad_token_id=0, bos_token_id=2,
+                 eos_token_id=3)
+      if self.share_parameters == "all":
+        out.update(num_hidden_groups=1, inner_group_num=1)
+    else:
+      out.update(pad_token_id=max(self.position_offset - 1, 0), bos_token_id=0, eos_token_id=2)
+    if self.model_type != "albert" and self.embedding_size is not None:
+      out["embedding_size"] = self.embedding_width
+    if self.share_parameters != ("all" if self.model_type == "albert" else "none"):
+      out["share_parameters"] = self.share_parameters
+    if self.model_type != "roberta" and self.position_offset:
+      out["position_offset"] = self.position_offset
     return out
 
   def to_json_file(self, path: str, flavour: str = "original") -> None:
@@ -161,7 +250,51 @@ class BertConfig:
     file_io.write_text_atomic(path, json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
+# The Hugging Face class a full pre-training tree of each family is written as.
+DEFAULT_ARCHITECTURES = {"bert": "BertForPreTraining", "albert": "AlbertForPreTraining",
+                         "roberta": "RobertaForMaskedLM"}
+
+
+def _family_fields(model_type: str, values: Mapping[str, Any], source: str) -> dict[str, Any]:
+  """The family fields implied by a Hugging Face (or ALBERT/RoBERTa release) config.
+
+  ALBERT: its layer groups must be one group of one inner layer, which is sharing "all";
+  other groupings are refused by name. RoBERTa: positions start after `pad_token_id`.
+  Values that our own writers put in (`share_parameters`, `position_offset`) win.
+  """
+  out: dict[str, Any] = {"model_type": model_type}
+  if model_type == "albert":
+    groups = values.get("num_hidden_groups", 1)
+    inner = values.get("inner_group_num", 1)
+    if "share_parameters" not in values and (groups != 1 or inner != 1):
+      raise ValueError(f"{source}: ALBERT with num_hidden_groups={groups}, inner_group_num="
+                       f"{inner}; only num_hidden_groups=1 and inner_group_num=1 (every layer "
+                       "shares one set of weights, as in every released ALBERT) are supported.")
+    out["share_parameters"] = values.get("share_parameters", "all")
+    out["embedding_size"] = values.get("embedding_size", 128)
+  elif model_type == "roberta":
+    pad = values.get("pad_token_id", 1)
+    out["position_offset"] = values.get("position_offset", (1 if pad is None else pad) + 1)
+  return out
+
+
 # --------------------------------------------------------------------------------- presets
+def _albert(layers: int, hidden: int, heads: int, ffn: int) -> BertConfig:
+  """ALBERT (Lan et al. 2020, Table 1): E = 128, all layers shared, tanh-approximated GELU
+  (transformers' AlbertConfig default `gelu_new`), 30k SentencePiece vocabulary, no dropout."""
+  return BertConfig(model_type="albert", vocab_size=30000, embedding_size=128,
+                    share_parameters="all", hidden_size=hidden, num_hidden_layers=layers,
+                    num_attention_heads=heads, intermediate_size=ffn, hidden_act="gelu_new",
+                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def _roberta(layers: int, hidden: int, heads: int) -> BertConfig:
+  """RoBERTa (Liu et al. 2019): BERT's shape, 50k byte-level BPE vocabulary, one token type,
+  positions after padding_idx=1 (514 rows), LayerNorm epsilon 1e-5 as released."""
+  return BertConfig(model_type="roberta", vocab_size=50265, hidden_size=hidden,
+                    num_hidden_layers=layers, num_attention_heads=heads,
+                    intermediate_size=4 * hidden, max_position_embeddings=514,
+                    type_vocab_size=1, position_offset=2, layer_norm_eps=1e-5)
 def _compact(layers: int, hidden: int) -> BertConfig:
   return BertConfig(hidden_size=hidden, num_hidden_layers=layers,
                     num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
@@ -177,6 +310,12 @@ def _presets() -> dict[str, BertConfig]:
       "test": BertConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2,
                          num_attention_heads=8, intermediate_size=128,
                          max_position_embeddings=128),
+      "albert_base": _albert(12, 768, 12, 3072),
+      "albert_large": _albert(24, 1024, 16, 4096),
+      "albert_xlarge": _albert(24, 2048, 16, 8192),
+      "albert_xxlarge": _albert(12, 4096, 64, 16384),
+      "roberta_base": _roberta(12, 768, 12),
+      "roberta_large": _roberta(24, 1024, 16),
   }
   # The 24 compact models of Turc et al. 2019 ("Well-Read Students Learn Better"), named as in
   # their release: uncased_L-{L}_H-{H}_A-{H/64}.

@@ -5,6 +5,11 @@ Pre-training: the masked-LM head (transform → tied decoder + output bias) eval
 128/512 is most of the head's cost saved — and the next-sentence head on the pooled output.
 Paths (`cls/predictions/...`, `cls/seq_relationship/...`) follow the original TF1 checkpoint.
 Losses are computed in float32 with the original's formulas.
+
+The successors reuse these heads: RoBERTa's LM head (`lm_head`: dense, GELU, LayerNorm, tied
+decoder + bias) is BERT's masked-LM head; ALBERT's (`predictions`) is the same with the
+transform projecting H to the embedding width E, which the transform reads from the config.
+ALBERT's sentence-order head is `SentenceOrderHead` at `cls/sop_classifier`.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.model.modeling import (BATCH, LENGTH, VOCAB, BertConfig, BertModel,
-                                     activation_fn, dense, layer_norm)
+                                     activation_fn, bert_initializer, dense, layer_norm)
 
 
 def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:
@@ -23,13 +28,18 @@ def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:
 
 
 class MaskedLMTransform(nn.Module):
-  """dense → activation → LayerNorm, applied before the tied decoder (`cls/predictions/transform`)."""
+  """dense → activation → LayerNorm before the tied decoder (`cls/predictions/transform`).
+
+  The dense maps to the embedding width (hidden_size, or ALBERT's E), which the tied decoder
+  needs. RoBERTa's `lm_head` applies exact GELU whatever `hidden_act` says; every released
+  RoBERTa has `hidden_act="gelu"`, so the two agree.
+  """
   config: BertConfig
 
   @nn.compact
   def __call__(self, x):
     cfg = self.config
-    x = dense(cfg, cfg.hidden_size, ("embed", "embed_out"), "dense")(x)
+    x = dense(cfg, cfg.embedding_width, ("embed", "embed_out"), "dense")(x)
     x = activation_fn(cfg.hidden_act)(x)
     return layer_norm(cfg)(x.astype(jnp.float32)).astype(jnp.dtype(cfg.dtype))
 
@@ -49,10 +59,33 @@ class MaskedLMHead(nn.Module):
     return nn.with_logical_constraint(logits, (BATCH, LENGTH, VOCAB))
 
 
+class SentenceOrderHead(nn.Module):
+  """ALBERT's sentence-order prediction (SOP) classifier: 2 logits from the pooled [CLS]
+  (1 = the two segments are swapped). The same shape as the next-sentence head, under its own
+  name (`cls/sop_classifier`), so that an NSP head is never read as an SOP head or back."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, pooled_output):
+    cfg = self.config
+    pdt = jnp.dtype(cfg.param_dtype)
+    kernel = self.param("kernel", nn.with_logical_partitioning(
+        bert_initializer(cfg.initializer_range), ("embed", "classes")), (cfg.hidden_size, 2), pdt)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                           ("classes",)), (2,), pdt)
+    compute = jnp.dtype(cfg.dtype)
+    logits = jnp.dot(pooled_output.astype(compute), kernel.astype(compute),
+                     preferred_element_type=jnp.float32)
+    return logits + bias.astype(jnp.float32)
+
+
 class BertForPreTraining(nn.Module):
   """`BertModel` + masked-LM + next-sentence heads (the paper's pre-training model).
 
   Returns `(mlm_logits (batch, max_predictions, vocab), nsp_logits (batch, 2))`, float32.
+  For `model_type="albert"` the second output is the sentence-order head's logits
+  (`cls/sop_classifier`); the other families have the next-sentence head
+  (`cls/seq_relationship`).
 
   Packed rows (Krell et al. 2021: several `[CLS] A [SEP] B [SEP]` instances per row, so that
   short instances do not pay for padding) also pass `position_ids`, `sequence_ids` and
@@ -111,6 +144,8 @@ class _PreTrainingHeads(nn.Module):
         sequence_output, masked_lm_positions, attend)
     if not self.next_sentence:
       return mlm_logits
+    if self.config.model_type == "albert":
+      return mlm_logits, SentenceOrderHead(self.config, name="sop_classifier")(pooled_output)
     nsp_logits = dense(self.config, 2, ("embed", "classes"), "seq_relationship")(
         pooled_output.astype(jnp.dtype(self.config.dtype))).astype(jnp.float32)
     return mlm_logits, nsp_logits

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 from bert_jax.model.configuration import BertConfig, PRESETS, get_preset  # re-exported
 
 __all__ = ["BertConfig", "PRESETS", "get_preset", "BertModel", "BertEmbeddings", "BertEncoder",
-           "BertLayer", "dot_product_attention", "attention_mask", "attention_kernel_description",
-           "bert_initializer", "stack_layers", "unstack_layers"]
+           "BertLayer", "SharedLayerParts", "dot_product_attention", "attention_mask",
+           "attention_kernel_description", "bert_initializer", "stack_layers", "unstack_layers"]
 
 # Logical axis names of activations. Parameters use: vocab, embed, embed_out, joined_kv, mlp,
 # position, token_type, norm, classes, layers.
@@ -212,7 +212,12 @@ def attention_kernel_description(config: BertConfig) -> str:
 
 
 class BertEmbeddings(nn.Module):
-  """Word + position + token-type embeddings, then LayerNorm and dropout."""
+  """Word + position + token-type embeddings, then LayerNorm and dropout.
+
+  The tables are `config.embedding_width` wide: hidden_size for BERT and RoBERTa, E (128) for
+  ALBERT, whose encoder projects them up to hidden_size (`embedding_hidden_mapping_in`), so a
+  30k vocabulary costs V·E instead of V·H parameters.
+  """
   config: BertConfig
 
   def setup(self):
@@ -223,17 +228,21 @@ class BertEmbeddings(nn.Module):
     # so the MLM decoder can reuse the table (`attend`).
     self.word_embeddings = self.param(
         "word_embeddings", nn.with_logical_partitioning(init, ("vocab", "embed")),
-        (cfg.vocab_size, cfg.hidden_size), pdt)
+        (cfg.vocab_size, cfg.embedding_width), pdt)
     self.position_embeddings = self.param(
         "position_embeddings", nn.with_logical_partitioning(init, ("position", "embed")),
-        (cfg.max_position_embeddings, cfg.hidden_size), pdt)
+        (cfg.max_position_embeddings, cfg.embedding_width), pdt)
     self.token_type_embeddings = self.param(
         "token_type_embeddings", nn.with_logical_partitioning(init, ("token_type", "embed")),
-        (cfg.type_vocab_size, cfg.hidden_size), pdt)
+        (cfg.type_vocab_size, cfg.embedding_width), pdt)
     self.layer_norm = layer_norm(cfg)
     self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
   def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
+    if self.config.type_vocab_size == 1:
+      # One token type (RoBERTa): pipelines still emit pair segment ids, which would otherwise
+      # index past the one-row table (where jnp.take clamps silently).
+      segment_ids = jnp.zeros_like(segment_ids)
     # Under FSDP the table's hidden axis is split; gather it before the lookup (as FSDP does for
     # every weight) so the row gather partitions cleanly over a vocabulary split on `model`.
     word_table = nn.with_logical_constraint(self.word_embeddings, ("vocab", None))
@@ -311,20 +320,47 @@ class BertIntermediate(nn.Module):
 
 
 class BertLayer(nn.Module):
-  """One post-LN transformer block. With `scanned`, returns `(carry, per-layer output)`."""
+  """One post-LN transformer block. With `scanned`, returns `(carry, per-layer output)`.
+
+  `shared` holds the parts of the block that every layer uses (`SharedLayerParts`, created
+  once by the encoder, so their parameters live at `encoder/shared_layer/...`); the layer
+  creates the other parts itself. Sharing the whole block needs no `shared`: the encoder then
+  applies one `BertLayer` repeatedly.
+  """
   config: BertConfig
   scanned: bool = False
   collect_hidden_states: bool = False
+  shared: "SharedLayerParts | None" = None
 
   @nn.compact
   def __call__(self, x, input_mask, deterministic: bool, sequence_ids=None):
     cfg = self.config
-    x = BertAttention(cfg, name="attention")(x, input_mask, deterministic, sequence_ids)
-    y = BertIntermediate(cfg, name="intermediate")(x)
-    y = BertResidualOutput(cfg, "mlp", name="output")(y, x, deterministic)
+    parts = self.shared.parts if self.shared is not None else ()
+    attention = (self.shared.attention if "attention" in parts
+                 else BertAttention(cfg, name="attention"))
+    intermediate = (self.shared.intermediate if "ffn" in parts
+                    else BertIntermediate(cfg, name="intermediate"))
+    output = (self.shared.output if "ffn" in parts
+              else BertResidualOutput(cfg, "mlp", name="output"))
+    x = attention(x, input_mask, deterministic, sequence_ids)
+    y = output(intermediate(x), x, deterministic)
     if self.scanned:
       return y, (y if self.collect_hidden_states else None)
     return y
+
+
+class SharedLayerParts(nn.Module):
+  """The parts of a block shared across layers ("attention": the attention block; "ffn": the
+  feed-forward block), named as inside `BertLayer` so that checkpoints read the same way."""
+  config: BertConfig
+  parts: tuple[str, ...]
+
+  def setup(self):
+    if "attention" in self.parts:
+      self.attention = BertAttention(self.config)
+    if "ffn" in self.parts:
+      self.intermediate = BertIntermediate(self.config)
+      self.output = BertResidualOutput(self.config, "mlp")
 
 
 _REMAT_POLICIES = {
@@ -335,18 +371,34 @@ _REMAT_POLICIES = {
 
 
 class BertEncoder(nn.Module):
-  """`num_hidden_layers` blocks, unrolled (`layer_{i}`) or scanned (`layer`, stacked params)."""
+  """`num_hidden_layers` blocks, unrolled (`layer_{i}`) or scanned (`layer`, stacked params).
+
+  Factorized embeddings (ALBERT) are first projected from E to hidden_size
+  (`embedding_hidden_mapping_in`, where ALBERT's checkpoints keep it: in the encoder).
+  Cross-layer sharing (`config.share_parameters`): "all" applies one block, `shared_layer`,
+  num_hidden_layers times (scanned too: its parameters are broadcast into the loop, so both
+  layouts have the same tree); "attention" / "ffn" keep that part once in `shared_layer` and
+  the rest per layer in `layer_{i}` (unrolled only; the config refuses scan with them).
+  """
   config: BertConfig
   collect_hidden_states: bool = False
 
   @nn.compact
   def __call__(self, x, input_mask, deterministic: bool, sequence_ids=None):
     cfg = self.config
+    if cfg.factorized_embeddings:
+      x = dense(cfg, cfg.hidden_size, ("embed_out", "embed"), "embedding_hidden_mapping_in")(x)
+      x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
     layer_cls = BertLayer
     if cfg.remat_policy != "none":
       # Argument 0 is the module itself, so `deterministic` is argument 3.
       layer_cls = nn.remat(BertLayer, policy=_REMAT_POLICIES[cfg.remat_policy],
                            prevent_cse=not cfg.scan_layers, static_argnums=(3,))
+    if cfg.share_parameters == "all":
+      return self._shared(layer_cls, x, input_mask, deterministic, sequence_ids)
+    shared = None
+    if cfg.share_parameters in ("attention", "ffn"):
+      shared = SharedLayerParts(cfg, (cfg.share_parameters,), name="shared_layer")
     if cfg.scan_layers:
       stack = nn.scan(layer_cls, variable_axes={"params": 0},
                       split_rngs={"params": True, "dropout": True},
@@ -360,7 +412,29 @@ class BertEncoder(nn.Module):
       return x, hidden_states
     hidden_states = []
     for i in range(cfg.num_hidden_layers):
-      x = layer_cls(cfg, name=f"layer_{i}")(x, input_mask, deterministic, sequence_ids)
+      x = layer_cls(cfg, shared=shared, name=f"layer_{i}")(x, input_mask, deterministic,
+                                                            sequence_ids)
+      hidden_states.append(x)
+    return x, (tuple(hidden_states) if self.collect_hidden_states else ())
+
+  def _shared(self, layer_cls, x, input_mask, deterministic, sequence_ids):
+    """One block (`shared_layer`) applied num_hidden_layers times; its gradient is the sum of
+    every application's, as in ALBERT."""
+    cfg = self.config
+    if cfg.scan_layers:
+      stack = nn.scan(layer_cls, variable_broadcast="params",
+                      split_rngs={"params": False, "dropout": True},
+                      in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
+                      length=cfg.num_hidden_layers)
+      x, stacked = stack(cfg, scanned=True, collect_hidden_states=self.collect_hidden_states,
+                         name="shared_layer")(x, input_mask, deterministic, sequence_ids)
+      hidden_states = (tuple(stacked[i] for i in range(cfg.num_hidden_layers))
+                       if self.collect_hidden_states else ())
+      return x, hidden_states
+    layer = layer_cls(cfg, name="shared_layer")
+    hidden_states = []
+    for _ in range(cfg.num_hidden_layers):
+      x = layer(x, input_mask, deterministic, sequence_ids)
       hidden_states.append(x)
     return x, (tuple(hidden_states) if self.collect_hidden_states else ())
 
@@ -395,6 +469,10 @@ class BertModel(nn.Module):
   instance, `sequence_ids` (1..k per instance, 0 on padding: attention stays inside each
   instance) and `cls_positions` (batch, k): `pooled_output` is then (batch, k, hidden), one per
   instance. Each instance then gets what it would get alone in a row of its own.
+
+  Position ids, given or not, are shifted by `config.position_offset` before the lookup
+  (RoBERTa: 2, the first position after its padding index), so packed rows pass positions
+  restarting at 0 for every family.
   """
   config: BertConfig
   add_pooling_layer: bool = True
@@ -410,15 +488,15 @@ class BertModel(nn.Module):
                deterministic: bool = True, sequence_ids=None,
                cls_positions=None) -> dict[str, Any]:
     batch, length = input_ids.shape
-    if length > self.config.max_position_embeddings:
-      raise ValueError(f"Sequence length {length} exceeds max_position_embeddings="
-                       f"{self.config.max_position_embeddings}.")
+    self.config.check_sequence_length(length, "Sequence length")
     if input_mask is None:
       input_mask = jnp.ones((batch, length), jnp.int32)
     if segment_ids is None:
       segment_ids = jnp.zeros((batch, length), jnp.int32)
     if position_ids is None:
       position_ids = jnp.broadcast_to(jnp.arange(length), (batch, length))
+    if self.config.position_offset:
+      position_ids = position_ids + self.config.position_offset
     x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
     sequence_output, layer_outputs = self.encoder(x, input_mask, deterministic, sequence_ids)
     out = {"sequence_output": sequence_output.astype(jnp.float32)}
