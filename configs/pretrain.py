@@ -12,6 +12,16 @@ Variants (after the colon):
   large, large_phase2   the same for BERT-large (24L/1024H) on 64 chips.
   tiny          BERT-Tiny (2L/128H) for one CPU or GPU, a few thousand steps.
   demo          what `make demo` runs: BERT-Tiny (2L/128H) on Shakespeare on the CPU, ~8 minutes.
+  roberta_base  RoBERTa-base (Liu et al. 2019): masked-LM only (`mlm`) on FULL-SENTENCES rows of
+                512 with dynamic masking; batch 8k, Adam β2 0.98, lr 6e-4, 24k warmup, 500k steps.
+  albert_base, albert_large   ALBERT (Lan et al. 2020): factorized, shared layers; masked-LM
+                with n-gram masking + sentence order (`mlm_sop`); LAMB, batch 4096, lr 0.00176,
+                3,125 warmup, 125k steps at length 512, no dropout.
+  spanbert_base SpanBERT-base (Joshi et al. 2020): span masking + span boundary objective
+                (`mlm_sbo`) on single segments of 512; batch 256, lr 1e-4, ε 1e-8, 10k warmup,
+                2.4M steps.
+                Each recipe's data_prep command is beside it in get_config; records of the
+                wrong sentence objective (NSP pairs for mlm_sop, ...) are refused.
   <any>+fast    the fast recipe on top of a variant (`base+fast`, `large_phase2+fast`): no
                 attention-probability dropout (as MosaicBERT and ModernBERT train), so attention
                 runs as a fused kernel: `model.attention_implementation` "cudnn" on GPUs (1.18x
@@ -170,9 +180,74 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
     config.eval_every_steps = 2000
     config.eval_steps = 40
     config.checkpoint_every_steps = 2000
+  elif variant == "roberta_base":
+    # Liu et al. 2019, Table 9 (BERT-base shape, 500k steps at batch 8k): no NSP (objective
+    # "mlm"), FULL-SENTENCES rows of up to 512 tokens, masks drawn anew each epoch. Records:
+    #   python -m data_prep.create_pretraining_data --input_file='corpus/*.txt' \
+    #     --vocab_file=roberta/vocab.json --output_dir=gs://BUCKET/roberta512 --masking=dynamic \
+    #     --objective=none --sequence_mode=full_sentences --short_seq_prob=0 \
+    #     --max_seq_length=512 --max_predictions_per_seq=80
+    config.model.preset = "roberta_base"
+    config.objective = "mlm"
+    config.data.max_seq_length = 512
+    config.data.max_predictions_per_seq = 80
+    config.data.masking_strategy = "token"
+    config.data.do_lower_case = False     # byte-level BPE keeps case
+    config.global_batch_size = 8192
+    config.total_steps = config.train_until_step = 500_000
+    config.optimizer.update(learning_rate=6e-4, warmup_steps=24_000, weight_decay=0.01,
+                            b1=0.9, b2=0.98, eps=1e-6, bias_correction=True,
+                            grad_clip_norm=0.0)  # Table 9: "gradient clipping 0.0"
+    config.mesh_shape = (-1, 1, 1)
+  elif variant in ("albert_base", "albert_large"):
+    # Lan et al. 2020, Section 4.1: LAMB, batch 4096, learning rate 0.00176, 125k steps, length
+    # 512 (10% shorter), n-gram masking (n <= 3, P(n) ∝ 1/n), sentence-order prediction; the
+    # released v2 configs train without dropout; warmup 3,125 steps (run_pretraining.py).
+    # Records (ALBERT's 30k SentencePiece vocabulary):
+    #   python -m data_prep.create_pretraining_data --input_file='corpus/*.txt' \
+    #     --spm_model_file=albert/30k-clean.model --output_dir=gs://BUCKET/albert512 \
+    #     --objective=sop --masking_strategy=ngram --max_ngram=3 \
+    #     --max_seq_length=512 --max_predictions_per_seq=20
+    config.model.preset = variant
+    config.model.hidden_dropout_prob = 0.0
+    config.model.attention_probs_dropout_prob = 0.0
+    config.objective = "mlm_sop"
+    config.data.max_seq_length = 512
+    config.data.max_predictions_per_seq = 20
+    config.data.masking_strategy = "ngram"
+    config.data.max_ngram = 3
+    config.global_batch_size = 4096
+    config.total_steps = config.train_until_step = 125_000
+    config.optimizer.update(name="lamb", learning_rate=0.00176, warmup_steps=3125,
+                            weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, bias_correction=True)
+    config.mesh_shape = (-1, 1, 1)
+  elif variant == "spanbert_base":
+    # Joshi et al. 2020 (and pretraining/README.md of facebookresearch/SpanBERT): span masking
+    # (Geometric(0.2) words, at most 10, 80/10/10 per span) and the span boundary objective
+    # (objective "mlm_sbo"), single segments of up to 512 tokens without NSP, short_seq_prob 0;
+    # Adam with decoupled weight decay 0.01, ε 1e-8, lr 1e-4, warmup 10k then linear decay,
+    # 2.4M steps of 256 sequences, gradient clipping 1.0, dropout 0.1. Records (cased BERT
+    # WordPiece vocabulary):
+    #   python -m data_prep.create_pretraining_data --input_file='corpus/*.txt' \
+    #     --vocab_file=cased_L-12_H-768_A-12/vocab.txt --do_lower_case=False \
+    #     --output_dir=gs://BUCKET/spanbert512 --masking=dynamic --objective=none \
+    #     --sequence_mode=doc_sentences --short_seq_prob=0 --masking_strategy=span \
+    #     --span_p=0.2 --max_span_length=10 --max_seq_length=512 --max_predictions_per_seq=80
+    config.objective = "mlm_sbo"
+    config.data.max_seq_length = 512
+    config.data.max_predictions_per_seq = 80
+    config.data.masking_strategy = "span"
+    config.data.span_p = 0.2
+    config.data.max_span_length = 10
+    config.data.do_lower_case = False
+    config.total_steps = config.train_until_step = 2_400_000
+    config.optimizer.update(learning_rate=1e-4, warmup_steps=10_000, weight_decay=0.01,
+                            b1=0.9, b2=0.999, eps=1e-8, bias_correction=True,
+                            grad_clip_norm=1.0)
+    config.mesh_shape = (-1, 1, 1)
   else:
     raise ValueError(f"Unknown variant {variant!r}: base, base_phase2, large, large_phase2, "
-                     "tiny, demo.")
+                     "tiny, demo, roberta_base, albert_base, albert_large, spanbert_base.")
 
   if modifier == "fast":
     config.model.attention_probs_dropout_prob = 0.0

@@ -9,7 +9,8 @@ Losses are computed in float32 with the original's formulas.
 The successors reuse these heads: RoBERTa's LM head (`lm_head`: dense, GELU, LayerNorm, tied
 decoder + bias) is BERT's masked-LM head; ALBERT's (`predictions`) is the same with the
 transform projecting H to the embedding width E, which the transform reads from the config.
-ALBERT's sentence-order head is `SentenceOrderHead` at `cls/sop_classifier`.
+ALBERT's sentence-order head is `SentenceOrderHead` at `cls/sop_classifier`; SpanBERT's span
+boundary head is `SpanBoundaryHead` at `cls/pair_target_predictions`.
 """
 
 from __future__ import annotations
@@ -77,6 +78,60 @@ class SentenceOrderHead(nn.Module):
     logits = jnp.dot(pooled_output.astype(compute), kernel.astype(compute),
                      preferred_element_type=jnp.float32)
     return logits + bias.astype(jnp.float32)
+
+
+class SpanBoundaryHead(nn.Module):
+  """SpanBERT's span boundary objective (SBO; Joshi et al. 2020, "SpanBERT"): each masked token
+  of a span predicted from the encoder outputs at the two boundary tokens around the span
+  (`left`, `right`: positions) and a learned embedding of its `offset` within the span — with
+  no look at the token's own output, so the span's content has to be carried to its edges.
+
+  As SpanBERT's `BertPairTargetPredictionHead`: concat(left, right, offset embedding) →
+  Linear → GELU → LayerNorm → Linear → GELU → LayerNorm (`mlp_layer_norm`), then the tied word
+  embeddings as decoder with a bias of its own. Names follow SpanBERT's
+  (`cls.pair_target_predictions...`), so its checkpoints map by a table. The second linear
+  maps to the embedding width (hidden_size but for ALBERT's E), which the tied decoder needs.
+  The offset table has SpanBERT's `max_targets` (15) rows: spans are drawn in words (up to 10),
+  offsets count tokens; offsets past the last row share it.
+  Returns float32 logits (batch, num_positions, vocab).
+  """
+  config: BertConfig
+  max_targets: int = 15               # rows of the offset table (SpanBERT's --max-pair-targets)
+  position_embedding_size: int = 200  # its width (--pair-positional-embedding-size)
+
+  @nn.compact
+  def __call__(self, sequence_output, left, right, offset, attend):
+    cfg = self.config
+    compute = jnp.dtype(cfg.dtype)
+    table = self.param("position_embeddings", nn.with_logical_partitioning(
+        bert_initializer(cfg.initializer_range), ("position", "embed_out")),
+        (self.max_targets, self.position_embedding_size), jnp.dtype(cfg.param_dtype))
+    offset = jnp.clip(offset.astype(jnp.int32), 0, self.max_targets - 1)
+    x = jnp.concatenate([gather_positions(sequence_output, left).astype(compute),
+                         gather_positions(sequence_output, right).astype(compute),
+                         jnp.take(table, offset, axis=0).astype(compute)], axis=-1)
+    x = _SpanBoundaryMlp(cfg, name="mlp_layer_norm")(x)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                           ("vocab",)),
+                      (cfg.vocab_size,), jnp.dtype(cfg.param_dtype))
+    logits = attend(x) + bias.astype(jnp.float32)
+    return nn.with_logical_constraint(logits, (BATCH, LENGTH, VOCAB))
+
+
+class _SpanBoundaryMlp(nn.Module):
+  """SpanBERT's `MLPWithLayerNorm`: two (Linear → activation → LayerNorm) layers; the input
+  dimension (2H + offset width) is left unsharded, as it need not divide the mesh."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    act = activation_fn(cfg.hidden_act)
+    x = dense(cfg, cfg.hidden_size, ("embed_out", "embed"), "linear1")(x)
+    x = layer_norm(cfg, "layer_norm1")(act(x).astype(jnp.float32)).astype(jnp.dtype(cfg.dtype))
+    x = dense(cfg, cfg.embedding_width, ("embed", "embed_out"), "linear2")(x)
+    return layer_norm(cfg, "layer_norm2")(act(x).astype(jnp.float32)).astype(
+        jnp.dtype(cfg.dtype))
 
 
 class BertForPreTraining(nn.Module):

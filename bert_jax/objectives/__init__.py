@@ -2,14 +2,23 @@
 
 Each declares its model (encoder + heads), the batch features it reads and its metrics, and
 returns loss and metric sums; the core's one step and one loop do the rest. A run config names
-its objective (`config.objective`).
+its objective (`config.objective`):
+
+  mlm_nsp   BERT: masked-LM + next-sentence prediction (records of data_prep --objective=nsp)
+  mlm_sop   ALBERT: masked-LM + sentence-order prediction (--objective=sop; model_type albert)
+  mlm       RoBERTa: masked-LM alone (any records; the sentence label is not read)
+  mlm_sbo   SpanBERT: masked-LM + the span boundary objective (any records; span masking)
 """
 
 from __future__ import annotations
 
+from bert_jax.objectives.mlm import MaskedLm
 from bert_jax.objectives.mlm_nsp import MaskedLmNextSentence
+from bert_jax.objectives.mlm_sbo import MaskedLmSpanBoundary
+from bert_jax.objectives.mlm_sop import MaskedLmSentenceOrder
 
-OBJECTIVES = {"mlm_nsp": MaskedLmNextSentence}
+OBJECTIVES = {"mlm_nsp": MaskedLmNextSentence, "mlm_sop": MaskedLmSentenceOrder,
+              "mlm": MaskedLm, "mlm_sbo": MaskedLmSpanBoundary}
 
 
 def get_objective(name: str, **settings):

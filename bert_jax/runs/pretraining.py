@@ -61,6 +61,24 @@ def objective_from(config: ml_collections.ConfigDict,
                                   **packing)
 
 
+def check_records_objective(config: ml_collections.ConfigDict, files: list[str]) -> None:
+  """Refuses records whose sentence label means something else than the objective reads
+  (`sentence_objective` in data_prep's summary.json: nsp, sop or none): NSP labels taught as
+  sentence order, or back, train a head on the wrong question without any error."""
+  name = config.get("objective", "mlm_nsp")
+  wanted = getattr(objectives.OBJECTIVES.get(name), "sentence_objective", None)
+  summary = data_summary(files)
+  if wanted is None or not summary:  # the label is not read, or records of the original tool
+    return
+  found = summary.get("sentence_objective", "nsp")  # summaries from before the key were NSP
+  if found != wanted:
+    fix = {"nsp": "mlm_nsp", "sop": "mlm_sop"}.get(found, "mlm")
+    raise ValueError(
+        f"config.objective={name} reads {wanted.upper()} labels but {summary['path']} says the "
+        f"records carry sentence_objective={found!r}: set --config.objective={fix}, or rewrite "
+        f"the records with data_prep --objective={wanted}.")
+
+
 @dataclasses.dataclass
 class Run:
   """What a run config builds: the objective, the model, its optimizer, and the mesh."""
@@ -301,6 +319,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                      "--config.data.train_files='DIR/*.tfrecord' (the shards data_prep wrote).")
   check_config(config)
   files = input_pipeline.list_files(config.data.train_files)
+  check_records_objective(config, files)
   config = resolve_vocabulary(config, files)
   # Checked first, so a refused config leaves no workdir behind; then one run per workdir.
   with workdir_lock.hold(workdir):

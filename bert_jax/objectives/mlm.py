@@ -1,0 +1,166 @@
+"""Masked-LM alone (RoBERTa, Liu et al. 2019; SpanBERT without its boundary objective), and the
+masked-LM part every pre-training objective here shares.
+
+`MaskedLm` owns the masked-LM rule once: the batch layout (unpacked rows, or packed rows of
+several instances, Krell et al. 2021), the original's loss — cross-entropy weighted by
+`masked_lm_weights` over `sum(weights) + 1e-5` of the whole batch — its metric sums and
+summaries, and its FLOPs. The objectives that add a head (next-sentence, sentence-order, span
+boundary) subclass it and add their term, sums and metrics.
+
+The masked-LM-only model has no pooler and no sentence head, and reads no label: records that
+carry `next_sentence_labels` (every record does; the schema keeps it) are fine, it is ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from bert_jax.model import heads, modeling
+from bert_jax.model.configuration import BertConfig
+from bert_jax.text import features
+from bert_jax.training import perf
+from bert_jax.training.objective import Objective
+
+# int64 in the records, int32 in a batch (the pipeline casts); float32 stays float32.
+_BATCH_DTYPES = {"int64": np.int32, "float32": np.float32}
+
+
+def batch_spec_from_schema(schema: tuple[features.Feature, ...], batch_size: int
+                           ) -> dict[str, jax.ShapeDtypeStruct]:
+  """The batch layout of records of `schema` (`text/features.py`), as the pipeline yields it."""
+  return {f.name: jax.ShapeDtypeStruct((batch_size, f.length), _BATCH_DTYPES[f.dtype])
+          for f in schema}
+
+
+class MaskedLmModel(nn.Module):
+  """`BertModel` (no pooler) + the masked-LM head: `heads.BertForMaskedLM`'s parameter paths
+  (`bert/...`, `cls/predictions/...`), and packed rows besides (`position_ids`,
+  `sequence_ids`). Returns the MLM logits (batch, max_predictions, vocab), float32."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
+               position_ids=None, sequence_ids=None, deterministic: bool = True):
+    bert = modeling.BertModel(self.config, add_pooling_layer=False, name="bert")
+    out = bert(input_ids, input_mask, segment_ids, position_ids, deterministic=deterministic,
+               sequence_ids=sequence_ids)
+    return _MaskedLmScope(self.config, name="cls")(
+        out["sequence_output"].astype(jnp.dtype(self.config.dtype)), masked_lm_positions,
+        bert.attend)
+
+
+class _MaskedLmScope(nn.Module):
+  """The `cls` scope of the original checkpoint, with `predictions` alone."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, sequence_output, masked_lm_positions, attend):
+    return heads.MaskedLMHead(self.config, name="predictions")(
+        sequence_output, masked_lm_positions, attend)
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedLm(Objective):
+  """Masked-LM at `masked_lm_positions`, and nothing else.
+
+  `packed`: rows of several instances; `max_predictions_per_seq` is then the prediction budget
+  of a whole row, and `max_sequences_per_row` its instance slots.
+  """
+  max_seq_length: int = 128
+  max_predictions_per_seq: int = 20
+  name: str = "mlm"
+  packed: bool = False
+  max_sequences_per_row: int = 1
+  head_scopes = ("cls",)
+
+  #: What `next_sentence_labels` must mean in the records this objective trains on (the
+  #: `sentence_objective` of data_prep's summary.json: "nsp" or "sop"); None: not read.
+  sentence_objective: ClassVar[str | None] = None
+  #: Whether the loss reads `next_sentence_labels` (else a batch need not carry them).
+  reads_sentence_labels: ClassVar[bool] = False
+  #: The loss terms, each reported as `<part>_loss`; their sum is the reported `loss`.
+  loss_parts = ("mlm",)
+
+  def __post_init__(self):
+    if self.packed and self.max_sequences_per_row < 1:
+      raise ValueError(f"max_sequences_per_row={self.max_sequences_per_row}: a packed row "
+                       "holds at least one instance.")
+
+  def model(self, bert_config: BertConfig) -> nn.Module:
+    logging.info("%s", modeling.attention_kernel_description(bert_config))
+    return MaskedLmModel(bert_config)
+
+  @property
+  def input_names(self) -> tuple[str, ...]:
+    names = features.ENCODER_INPUTS + (features.MASKED_LM_POSITIONS,)
+    if self.packed:
+      names += (features.POSITION_IDS, features.SEQUENCE_IDS)
+    return names
+
+  def batch_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    # Static records carry the masks; dynamic ones get them drawn by the pipeline, so a batch
+    # always has the static layout.
+    spec = batch_spec_from_schema(features.pretraining_features(
+        self.max_seq_length, self.max_predictions_per_seq, features.STATIC), batch_size)
+    if not self.reads_sentence_labels:
+      del spec[features.NEXT_SENTENCE_LABELS]
+    if self.packed:
+      per_token = jax.ShapeDtypeStruct((batch_size, self.max_seq_length), np.int32)
+      spec.update({features.POSITION_IDS: per_token, features.SEQUENCE_IDS: per_token})
+    return spec
+
+  # ------------------------------------------------------------------------ loss and metrics
+  def denominators(self, batch) -> dict[str, jax.Array]:
+    return {"mlm": jnp.sum(batch[features.MASKED_LM_WEIGHTS].astype(jnp.float32)) + 1e-5}
+
+  def masked_lm_terms(self, mlm_logits, batch, denominators
+                      ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The masked-LM term of the loss and its sums (`mlm_loss_sum`, `mlm_correct_sum`,
+    `mlm_weight_sum`)."""
+    mlm = heads.masked_lm_loss(mlm_logits, batch[features.MASKED_LM_IDS],
+                               batch[features.MASKED_LM_WEIGHTS])
+    return mlm["loss_sum"] / denominators["mlm"], {
+        "mlm_loss_sum": mlm["loss_sum"], "mlm_correct_sum": mlm["correct_sum"],
+        "mlm_weight_sum": mlm["weight_sum"]}
+
+  def loss(self, outputs, batch, denominators):
+    return self.masked_lm_terms(outputs, batch, denominators)
+
+  def summarize(self, sums: Mapping[str, Any]) -> dict[str, float]:
+    out = {}
+    if "mlm_weight_sum" in sums:
+      w = max(float(sums["mlm_weight_sum"]), 1e-5)
+      out["mlm_loss"] = float(sums["mlm_loss_sum"]) / w
+      out["mlm_accuracy"] = float(sums["mlm_correct_sum"]) / w
+    out.update(self.summarize_heads(sums))
+    parts = [f"{part}_loss" for part in self.loss_parts]
+    if all(p in out for p in parts):
+      out["loss"] = sum(out[p] for p in parts)
+    return out
+
+  def summarize_heads(self, sums: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics of the heads beside the masked-LM one (none here)."""
+    del sums
+    return {}
+
+  # ------------------------------------------------------------------------------- cost
+  def flops_per_step(self, bert_config: BertConfig, batch_size: int) -> float:
+    """Encoder, the masked-LM head at the masked positions only (transform 2HE, decoder 2EV;
+    E = H but for ALBERT), plus `head_flops`. Packed attention still computes every
+    (query, key) pair of the row."""
+    h, e, v = bert_config.hidden_size, bert_config.embedding_width, bert_config.vocab_size
+    forward = perf.encoder_forward_flops(bert_config, batch_size, self.max_seq_length)
+    forward += batch_size * self.max_predictions_per_seq * (2 * h * e + 2 * e * v)
+    return perf.training_flops(forward + self.head_flops(bert_config, batch_size))
+
+  def head_flops(self, bert_config: BertConfig, batch_size: int) -> float:
+    """Forward FLOPs of the heads beside the masked-LM one."""
+    del bert_config, batch_size
+    return 0.0
