@@ -104,9 +104,9 @@ def fill_mask(config: BertConfig, params: Any, tokenizer, texts: Sequence[str],
   """
   encoded = []
   for text in texts:
-    ids = [tokenizer.cls_id] + tokenizer.encode(text)[:config.max_position_embeddings - 2] + [
-        tokenizer.sep_id]
-    encoded.append(ids)
+    # The family's single-segment layout ([CLS] A [SEP], or RoBERTa's <s> A </s>), cut to what
+    # the position table serves (RoBERTa's offset included).
+    encoded.append(tokenizer.build_inputs(tokenizer.encode(text)[:config.max_sequence_length - 2]))
   length = max(len(ids) for ids in encoded)
   masks = [[i for i, t in enumerate(ids) if t == tokenizer.mask_id] for ids in encoded]
   num_pred = max(1, max(len(m) for m in masks))
