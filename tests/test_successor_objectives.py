@@ -261,9 +261,11 @@ def test_span_boundaries_in_jnp_are_the_numpy_ones(records):
 def run_config(train_files, name, **overrides):
   config = ph.run_config(train_files, objective=name, **{
       "model.vocab_size": None, "data.max_seq_length": SEQ,  # vocab_size: from summary.json
-      "data.max_predictions_per_seq": PRED, "train_until_step": 4, "total_steps": 12,
-      "checkpoint_every_steps": 2, "eval_steps": 1, "log_every_steps": 2,
-      **{f"model.{k}": v for k, v in TINY.items()}, **overrides})
+      "data.max_predictions_per_seq": PRED, "train_until_step": 3, "total_steps": 12,
+      # A checkpoint where each run stops only; one layer: the run, not the model, is tested.
+      "checkpoint_every_steps": 1000, "eval_steps": 1, "log_every_steps": 1,
+      **{f"model.{k}": v for k, v in TINY.items()}, "model.num_hidden_layers": 1,
+      **overrides})
   if name == "mlm_sop":
     config.model.preset = "albert_base"
   return config
@@ -277,13 +279,15 @@ def test_tiny_run_trains_and_resumes(records, tmp_path, name, kind, packed):
   workdir = str(tmp_path / name)
   first = pretraining.train_and_evaluate(run_config(records(kind, packed), name, **overrides),
                                          workdir)
-  assert first["step"] == 4
+  log = os.path.join(workdir, "metrics.jsonl")
+  logged = len(metrics.read_jsonl(log))
+  assert first["step"] == 3
   resumed = pretraining.train_and_evaluate(
-      run_config(records(kind, packed), name, train_until_step=6, **overrides), workdir)
-  assert resumed["step"] == 6
-  rows = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  steps = [r["step"] for r in rows if "train/loss" in r]
-  assert steps == [2, 4, 6]  # the second run went on from step 4
+      run_config(records(kind, packed), name, train_until_step=5, **overrides), workdir)
+  assert resumed["step"] == 5
+  rows = metrics.read_jsonl(log)
+  # The second run went on from the first one's checkpoint at step 3.
+  assert [r["step"] for r in rows[logged:] if "train/loss" in r] == [5]
   head = {"mlm": None, "mlm_sop": "sop", "mlm_sbo": "sbo"}[name]
   names = {"mlm_loss", "mlm_accuracy"} | ({f"{head}_loss", f"{head}_accuracy"} if head else set())
   if name == "mlm_sop":
