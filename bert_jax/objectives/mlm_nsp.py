@@ -4,8 +4,8 @@ and the sentence-pair part it shares with ALBERT's sentence-order prediction (`m
 The loss is the original's: the masked-LM cross-entropy weighted by `masked_lm_weights` and
 divided by `sum(weights) + 1e-5`, plus the mean next-sentence cross-entropy. Both divisors are
 taken over the whole batch (`denominators`), so accumulated micro-batches add up to the loss of
-the whole batch. This is the one pre-training loss: training, evaluation, the tests and the
-benchmarks all call it.
+the whole batch. Training, evaluation, the tests and the benchmarks all call this loss; its
+masked-LM part is `mlm.MaskedLm`'s, which every objective here shares.
 
 With `packed=True` a batch row holds several instances (Krell et al. 2021, "Efficient Sequence
 Packing without Cross-contamination"): the model reads `position_ids`, `sequence_ids` and
