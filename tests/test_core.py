@@ -141,3 +141,40 @@ def test_in_memory_batches_resume_exactly_and_count_every_row():
                                     position=first[3][1])
   for (expected, _), (got, _) in zip(first[4:], [next(resumed) for _ in range(3)]):
     np.testing.assert_array_equal(np.asarray(got["input_ids"]), np.asarray(expected["input_ids"]))
+
+
+def test_the_loop_keeps_at_most_two_steps_in_flight():
+  """JAX dispatches a step before the device has run the previous ones. The loop waits so that
+  no more than `MAX_STEPS_IN_FLIGHT` are queued: XLA:CPU's per-device launch queue, filled by a
+  loop that only fetched at log time, hung runs on meshes of several CPU devices (launches
+  blocked on full queues took every thread the previous step's all-reduce needed)."""
+  objective = CountRegression()
+  bert_config = configuration.get_preset("test", vocab_size=64, max_position_embeddings=SEQ)
+  model = objective.model(bert_config)
+  mesh = sharding.create_mesh((8, 1, 1))
+  rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
+  tx, schedule = optimizer.create_optimizer(ml_collections.ConfigDict({
+      "name": "adamw", "learning_rate": 1e-3, "total_steps": 40, "warmup_steps": 0}))
+  init = checkpoints.initial_state(objective, model, tx, mesh, rules, batch_size=64, seed=0,
+                                   checkpoints=None)
+  batch_sh = sharding.batch_sharding(mesh)
+  jitted = step_lib.build_train_step(objective, model, tx, schedule, init.shardings, batch_sh,
+                                     mesh, rules)
+  dispatched, unfinished = [], []
+
+  def train_step(state, batch):
+    unfinished.append(sum(not m["loss"].is_ready() for m in dispatched))
+    out = jitted(state, batch)
+    dispatched.append(out[1])
+    return out
+
+  result = loop.train(
+      init.state, train_step,
+      arrays.training_batches(_data(640, np.random.default_rng(0)), 64, batch_sh, seed=0,
+                              trim=False),
+      objective=objective, writer=metrics.MetricWriter(None, tensorboard=False),
+      config=loop.LoopConfig(until_step=40, examples_per_step=64, tokens_per_example=SEQ,
+                             log_every_steps=40))
+  assert result.step == 40
+  # Before each dispatch at most MAX_STEPS_IN_FLIGHT earlier steps are unfinished.
+  assert max(unfinished) <= loop.MAX_STEPS_IN_FLIGHT, unfinished

@@ -228,3 +228,31 @@ def test_bad_files_and_arguments_are_named(roberta_files, albert_model, tmp_path
     tokenization.load_tokenizer(spm_model_file=str(tmp_path / "nowhere.model"), flavour="albert")
   with pytest.raises(ValueError, match=r"vocab_size=100: a byte-level BPE needs at least 261"):
     train_tokenizer.train_byte_level_bpe([vocab_file], str(tmp_path / "tiny"), 100)
+
+
+def test_sentence_pairs_take_each_familys_layout(roberta_files, albert_model):
+  """Fine-tuning inputs (`pairs.encode_examples`): RoBERTa's `<s> A </s></s> B </s>` as
+  transformers encodes the pair, ALBERT's `[CLS] A [SEP] B [SEP]`, and truncation that leaves
+  room for every special token."""
+  from transformers import AlbertTokenizer, RobertaTokenizer  # pylint: disable=g-import-not-at-top
+  from bert_jax.text import pairs  # pylint: disable=g-import-not-at-top
+  vocab_file, merges_file = roberta_files
+  roberta = RobertaTokenizer(vocab=vocab_file, merges=merges_file)
+  albert = AlbertTokenizer.from_pretrained(os.path.dirname(albert_model))
+  assert len(roberta) == VOCAB_SIZE and len(albert) == VOCAB_SIZE
+  texts_a = ["Good morrow, my lord.", "Is this a dagger which I see before me?"]
+  texts_b = ["How does your honour?", None]
+  for ours, reference in ((tokenization.load_tokenizer(vocab_file=vocab_file), roberta),
+                          (tokenization.load_tokenizer(spm_model_file=albert_model,
+                                                       flavour="albert"), albert)):
+    feats = pairs.encode_examples(ours, texts_a, texts_b, max_seq_length=48)
+    for i, (a, b) in enumerate(zip(texts_a, texts_b)):
+      expected = reference(a, b)["input_ids"] if b else reference(a)["input_ids"]
+      n = int(feats["input_mask"][i].sum())
+      assert feats["input_ids"][i, :n].tolist() == expected, (type(ours).__name__, a, b)
+      if b:  # segment 1 starts after A's separators
+        assert feats["segment_ids"][i, :n].tolist().index(1) == n - len(ours.encode(b)) - 1
+    long = pairs.encode_examples(ours, ["word " * 40], ["other " * 40], max_seq_length=24)
+    row = long["input_ids"][0]
+    assert long["input_mask"][0].sum() == 24 and row[0] == ours.cls_id and row[23] == ours.sep_id
+    assert (row == ours.sep_id).sum() == 1 + ours.pair_separators

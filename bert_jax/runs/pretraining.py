@@ -302,6 +302,7 @@ def evaluator(objective: Objective, eval_step, data: input_pipeline.PretrainingD
       if i >= num_steps:
         break
       sums.append(eval_step(state.params, batch))
+      loop.limit_in_flight(sums)
     if not sums:
       return {}
     total = jax.tree.map(lambda *x: float(np.sum(x)), *jax.device_get(sums))

@@ -438,7 +438,8 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer,
     query = list(questions[i][:max_query_length])
     if len(questions[i]) > max_query_length:
       report["questions_truncated"] += 1
-    window = max_seq_length - len(query) - 3  # the original: room left by this question
+    # The original: room left by this question (3 special tokens; RoBERTa's layout has 4).
+    window = max_seq_length - len(query) - 2 - tokenizer.pair_separators
     if window <= 0:
       raise ValueError(f"{example.where}: the question's {len(query)} tokens leave no room for "
                        f"the context in --max_seq_length={max_seq_length}; lower "
@@ -462,7 +463,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer,
     n = len(tokens.ids)
     starts = window_starts(n, window, doc_stride) if n else [0]
     scored = max_context_mask(starts, n, window) if n else np.zeros((1, 0), bool)
-    prefix = [tokenizer.cls_id] + query + [tokenizer.sep_id]
+    prefix = tokenizer.build_inputs(query, [])[:-1]  # [CLS] q [SEP], or <s> q </s></s>
     for w, start in enumerate(starts):
       length = min(window, n - start)
       row = prefix + tokens.ids[start:start + length].tolist() + [tokenizer.sep_id]

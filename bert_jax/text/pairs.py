@@ -1,7 +1,8 @@
 """Sentence and sentence-pair examples → fixed-length model inputs, as `run_classifier.py` did.
 
-`[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]`, segment ids 0 for the first part and 1 for the
-second, padded with 0 to `max_seq_length`. Pairs that are too long lose tokens from the end of
+`[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]` (each family's layout: the tokenizer's
+`build_inputs`, RoBERTa's `<s> a </s></s> b </s>`), segment ids 0 for the first part and 1 for
+the second, padded with 0 to `max_seq_length`. Pairs that are too long lose tokens from the end of
 the longer side, one at a time (the original's `_truncate_seq_pair`), so a short question keeps
 all of its words when paired with a long passage.
 """
@@ -36,12 +37,13 @@ def encode_examples(tokenizer, texts_a: Sequence[str], texts_b: Sequence[str | N
     a = list(ids_a[i])
     b = list(ids_b[i]) if (has_b and texts_b[i] is not None) else None
     if b is not None:
-      truncate_pair(a, b, max_seq_length - 3)
-      row = [tokenizer.cls_id] + a + [tokenizer.sep_id] + b + [tokenizer.sep_id]
-      segments = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+      # 3 special tokens for BERT's layout, 4 for RoBERTa's <s> A </s></s> B </s>.
+      truncate_pair(a, b, max_seq_length - 2 - tokenizer.pair_separators)
+      row = tokenizer.build_inputs(a, b)
+      segments = [0] * (len(a) + 1 + tokenizer.pair_separators) + [1] * (len(b) + 1)
     else:
       a = a[:max_seq_length - 2]
-      row = [tokenizer.cls_id] + a + [tokenizer.sep_id]
+      row = tokenizer.build_inputs(a)
       segments = [0] * len(row)
     input_ids[i, :len(row)] = row
     input_mask[i, :len(row)] = 1

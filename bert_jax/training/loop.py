@@ -27,6 +27,22 @@ from bert_jax.training.objective import Objective
 from bert_jax.training.step import STEP_SCALARS
 
 
+# How many dispatched steps may be ahead of the device. JAX returns from a jitted call before the
+# device has run it; a loop that only fetches at log time queues up to `log_every_steps` steps.
+# XLA:CPU holds each queued launch in a per-device slot (a semaphore) on its client thread pool,
+# whose size is the number of devices: on a mesh of several CPU devices, launches blocked on full
+# slots occupied every pool thread while the previous step's all-reduce waited for participants
+# that had no thread left to run on, and the process hung. Two steps keep any device fed (the
+# next step is dispatched while the current one runs) and bound host memory for queued batches.
+MAX_STEPS_IN_FLIGHT = 2
+
+
+def limit_in_flight(dispatched: list, limit: int = MAX_STEPS_IN_FLIGHT) -> None:
+  """Waits until at most `limit` of the `dispatched` outputs (oldest first) are unfinished."""
+  if len(dispatched) > limit:
+    jax.block_until_ready(dispatched[-1 - limit])
+
+
 @dataclasses.dataclass
 class LoopConfig:
   """When the loop stops, reports, evaluates and saves; what a step holds (for throughput)."""
@@ -169,6 +185,7 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
       state, step_metrics = train_step(state, batch)
       step += 1
       window.append(step_metrics)
+      limit_in_flight(window)
       if step == start_step + 1:
         check_finite([jax.device_get(step_metrics)], start_step, step)
         metrics.log(f"first step (compilation included) took {time.time() - compile_start:.1f}s")
