@@ -159,10 +159,12 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
     # early in training the number of updates matters most, and on the CPU a step's cost is
     # proportional to its tokens, so small batches give the most updates (batch 16: 6,000
     # steps). No dropout (a few epochs of a 0.8M-parameter model do not overfit) and a larger
-    # initialisation range and learning rate than BERT-base's reach context sooner. The model
-    # first sits on a word-frequency plateau (~15%); with a peak rate of 1e-3 it leaves it near
-    # step 3,400, with 2e-3 only near 4,400 or not at all. See the demo section of
-    # benchmarks/RESULTS.md for what each change measured.
+    # initialisation range and learning rate than BERT-base's reach context sooner. Masked-LM
+    # alone, without next-sentence prediction (RoBERTa's finding, and here a large one): the
+    # model first sits on a word-frequency plateau (~15%), and with NSP's loss beside it left
+    # it only near step 3,400-5,000 depending on the seed (or not at all); without, near step
+    # 2,800 for both seeds tried. See the demo section of benchmarks/RESULTS.md.
+    config.objective = "mlm"
     config.model.preset = "tiny"
     config.model.dtype = "float32"
     config.model.max_position_embeddings = 128
