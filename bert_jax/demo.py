@@ -96,9 +96,9 @@ def _verdict(result: dict, base: dict[str, float]) -> list[str]:
   else:
     lines.append("masked-LM: close to the frequency baseline: the model has learned which words "
                  "are common, little about context yet (train longer: --steps).")
-  if nsp is None:  # masked-LM alone
-    pass
-  elif nsp > base["nsp"] + 0.02:
+  if nsp is None:  # masked-LM alone: no second-sentence line
+    return lines
+  if nsp > base["nsp"] + 0.02:
     lines.append(f"next-sentence: {100 * (nsp - base['nsp']):.1f} points above always guessing "
                  "the majority label.")
   else:
