@@ -249,7 +249,9 @@ def report(results: list[dict], failures: list[str]) -> str:
       f"- Peak used for MFU: {peak / 1e12:.0f} TFLOP/s dense bf16 per device" if peak else
       "- Peak: unknown device, no MFU",
       "- Step: `training.step.build_train_step` (the paper's AdamW, clipping, schedule, donated "
-      "sharded state), MLM at the masked positions + NSP; full-length random rows.", "",
+      "sharded state), MLM at the masked positions + NSP; "
+      + (f"the rows of `{_BATCH_FILE.value}`." if _BATCH_FILE.value
+         else "full-length random rows."), "",
       "| config | batch × seq (masked) | attention | layers | compile (s) | step ms (min–max) "
       "| real tokens/s | analytic TFLOP/step | XLA TFLOP/step | achieved TFLOP/s | MFU | peak GiB "
       "| loss first → last |",
