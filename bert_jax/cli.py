@@ -18,10 +18,16 @@ FLAGS = flags.FLAGS
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FloatingPointError)
 
 
-def define_vocab_flags(vocab_help: str = "WordPiece vocab.txt of the model.") -> None:
+def define_vocab_flags(vocab_help: str = "The model's vocabulary: WordPiece vocab.txt, or "
+                       "RoBERTa's byte-level BPE vocab.json (default: the one beside the "
+                       "checkpoint).") -> None:
   flags.DEFINE_string("vocab_file", None, vocab_help)
-  flags.DEFINE_string("spm_model_file", None, "SentencePiece model (instead of --vocab_file).")
-  flags.DEFINE_bool("do_lower_case", True, "Lower-case the input (uncased models).")
+  flags.DEFINE_string("merges_file", None, "merges.txt of a byte-level BPE vocab.json (default: "
+                      "the one beside it).")
+  flags.DEFINE_string("spm_model_file", None, "SentencePiece model (instead of --vocab_file); "
+                      "an ALBERT model reads it with ALBERT's preprocessing.")
+  flags.DEFINE_bool("do_lower_case", True, "Lower-case the input (uncased models); default: "
+                    "what is recorded beside the model, else true.")
 
 
 def define_distributed_flags() -> None:
@@ -45,12 +51,49 @@ def quiet_unless_verbose() -> None:
     logging.set_verbosity(logging.WARNING)
 
 
-def tokenizer_from_flags():
-  """The tokenizer of --vocab_file / --spm_model_file and --do_lower_case."""
-  from bert_jax.text import tokenization  # pylint: disable=g-import-not-at-top
-  return tokenization.load_tokenizer(vocab_file=FLAGS.vocab_file,
+def vocabulary_from_flags():
+  """The vocabulary files the flags name (`vocab_files.VocabularyFiles`), or None."""
+  from bert_jax.text import vocab_files  # pylint: disable=g-import-not-at-top
+  if FLAGS.vocab_file and FLAGS.spm_model_file:
+    raise ValueError("Give one of --vocab_file and --spm_model_file, not both.")
+  if FLAGS.merges_file and not FLAGS.vocab_file:
+    raise ValueError(f"--merges_file={FLAGS.merges_file} goes with --vocab_file=vocab.json "
+                     "(byte-level BPE).")
+  from bert_jax import file_io  # pylint: disable=g-import-not-at-top
+  for flag in ("vocab_file", "spm_model_file", "merges_file"):
+    if FLAGS[flag].value and not file_io.exists(FLAGS[flag].value):
+      raise FileNotFoundError(f"--{flag}={FLAGS[flag].value}: no such file.")
+  if not (FLAGS.vocab_file or FLAGS.spm_model_file):
+    return None
+  return vocab_files.VocabularyFiles(vocab_file=FLAGS.vocab_file,
                                      spm_model_file=FLAGS.spm_model_file,
-                                     do_lower_case=FLAGS.do_lower_case)
+                                     merges_file=FLAGS.merges_file)
+
+
+def lower_case_from_flags() -> bool | None:
+  """--do_lower_case when given, else None (the model's record decides)."""
+  return FLAGS.do_lower_case if FLAGS["do_lower_case"].present else None
+
+
+def tokenizer_from_flags(model: str | None = None, bert_config_file: str | None = None):
+  """The tokenizer of the model at `model` (a checkpoint of any kind; None: a model trained from
+  scratch with `bert_config_file`): the vocabulary flags' files, checked against the vocabulary
+  beside the model, else that vocabulary; read as the model's family reads it (`model_type`)."""
+  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import checkpoints
+  from bert_jax.text import vocab_files
+  given = vocabulary_from_flags()
+  model_type = (checkpoints.read_config(model, bert_config_file).model_type
+                if model or bert_config_file else None)
+  flag = "--spm_model_file" if FLAGS.spm_model_file else "--vocab_file"
+  if model:
+    files = vocab_files.resolve(given, checkpoints.vocabulary_directories(model), model, flag)
+  elif given is None:
+    raise ValueError("Give the vocabulary: --vocab_file=vocab.txt (or vocab.json), or "
+                     "--spm_model_file=spiece.model.")
+  else:
+    files = given
+  return files.load(model_type, lower_case_from_flags())
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

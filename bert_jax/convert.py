@@ -66,7 +66,8 @@ def convert(source: str, target: str, output_format: str,
   if kept:
     print(f"copied the vocabulary: {kept}")
   else:
-    print(f"no vocabulary (vocab.txt / spm.model) beside {source}: give the model's own to "
+    print(f"no vocabulary (vocab.txt, spm.model / spiece.model, vocab.json + merges.txt) "
+          f"beside {source}: give the model's own to "
           "whatever reads the export (predict --vocab_file=...).")
   print(f"wrote {output_format}: {written}")
   return written

@@ -70,7 +70,7 @@ def main(argv):
   config, encoder, origin = checkpoints.load_encoder(FLAGS.init_checkpoint,
                                                     FLAGS.bert_config_file)
   config = config.replace(scan_layers=False)
-  tokenizer = cli.tokenizer_from_flags()
+  tokenizer = cli.tokenizer_from_flags(FLAGS.init_checkpoint, FLAGS.bert_config_file)
   texts_a, texts_b = read_lines(FLAGS.input_file)
   layers = [int(x) for x in FLAGS.layers]
   arrays = extract(config, encoder, tokenizer, texts_a, texts_b, layers, FLAGS.max_seq_length,

@@ -113,7 +113,8 @@ def main(argv):
     raise app.UsageError("At least one of --do_train, --do_eval, --do_predict.")
   cli.quiet_unless_verbose()
   cli.initialize_distributed_from_flags()
-  finetuning.run_from_config(config, cli.tokenizer_from_flags())
+  finetuning.run_from_config(
+      config, cli.tokenizer_from_flags(config.init_checkpoint, config.bert_config_file))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ same outputs whatever batch they land in.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -95,6 +96,17 @@ class Predictor:
 
 
 # -------------------------------------------------------------------------------- fill-mask
+def mask_text(text: str, mask_token: str, strip_left: bool = False) -> str:
+  """`text` with "[MASK]" written as the family's mask token (RoBERTa's "<mask>"). With
+  `strip_left` (byte-level BPE) the spaces before a mask go: RoBERTa's released tokenizer strips
+  them, so "the <mask>" is "Ġthe <mask>" and the mask stands for the word with its space."""
+  if mask_token != "[MASK]":
+    text = text.replace("[MASK]", mask_token)
+  if strip_left:
+    text = re.sub(r"\s+" + re.escape(mask_token), mask_token, text)
+  return text
+
+
 def fill_mask(config: BertConfig, params: Any, tokenizer, texts: Sequence[str],
               top_k: int = 5, batch_size: int = 32) -> list[list[list[tuple[str, float]]]]:
   """For each text, for each [MASK] in it: the `top_k` (token, probability) predictions.
@@ -103,7 +115,9 @@ def fill_mask(config: BertConfig, params: Any, tokenizer, texts: Sequence[str],
   next-sentence head, if present, is not needed.
   """
   encoded = []
+  mask_token = tokenizer.convert_ids_to_tokens([tokenizer.mask_id])[0]
   for text in texts:
+    text = mask_text(text, mask_token, strip_left=bool(tokenizer.word_prefix))
     # The family's single-segment layout ([CLS] A [SEP], or RoBERTa's <s> A </s>), cut to what
     # the position table serves (RoBERTa's offset included).
     encoded.append(tokenizer.build_inputs(tokenizer.encode(text)[:config.max_sequence_length - 2]))
@@ -129,6 +143,8 @@ def fill_mask(config: BertConfig, params: Any, tokenizer, texts: Sequence[str],
     for j in range(len(masks[b])):
       best = np.argsort(-probs[b, j])[:top_k]
       tokens = tokenizer.convert_ids_to_tokens(best.tolist())
+      if tokenizer.word_prefix:  # byte-level pieces ("Ġcity", "Ã©"): show their text
+        tokens = [tokenizer.piece_text(t) or t for t in tokens]
       per_text.append([(t, float(probs[b, j, k])) for t, k in zip(tokens, best)])
     out.append(per_text)
   return out

@@ -31,8 +31,12 @@ so `fill_mask`.
   the answers of fine-tuning's `predictions.json` (given the window flags it was trained with:
   `--max_seq_length`, `--doc_stride`, `--max_query_length`).
 
-The vocabulary is `--vocab_file`, else the `vocab.txt` beside the checkpoint (in the directory
-of a TF1 prefix). `--output_file` writes one JSON object per input; `--json` prints them.
+Every family works the same way: BERT, RoBERTa and ALBERT (`model_type` in the config). The
+vocabulary is `--vocab_file` / `--spm_model_file`, else the one beside the checkpoint (in the
+directory of a TF1 prefix, a Hugging Face directory or a run directory): `vocab.txt`,
+`spiece.model` / `spm.model`, or `vocab.json` + `merges.txt` (`text/vocab_files.py`). In
+fill_mask texts, `[MASK]` also stands for the family's own mask token (RoBERTa's `<mask>`).
+`--output_file` writes one JSON object per input; `--json` prints them.
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -169,64 +172,27 @@ def load_finetuned(info: CheckpointInfo, mode: str) -> FinetunedModel:
   return FinetunedModel(info, config, params, module)
 
 
-def vocab_candidates(info: CheckpointInfo) -> list[str]:
-  """Where a checkpoint's `vocab.txt` is looked for: the directory of a TF1 prefix (Google's
-  release keeps it beside `bert_model.ckpt`), else the checkpoint directory (and the workdir
-  above an Orbax `checkpoints/`)."""
-  directory = (os.path.dirname(info.where) or ".") if info.kind == "tf1" else info.where
-  candidates = [file_io.join(directory, "vocab.txt")]
-  if info.kind == "orbax" and os.path.basename(directory.rstrip("/")) == checkpoints.CHECKPOINTS:
-    candidates.append(file_io.join(os.path.dirname(directory.rstrip("/")) or ".", "vocab.txt"))
-  return candidates
-
-
-def find_vocab(info: CheckpointInfo, vocab_file: str | None = None,
-               spm_model_file: str | None = None) -> tuple[str | None, str | None]:
-  """`(vocab_file, spm_model_file)`: the one given, else the `vocab.txt` found beside the
-  checkpoint. Called before any weights are read, so that a missing file fails at once."""
-  if vocab_file and spm_model_file:
-    raise PredictError("Give one of --vocab_file and --spm_model_file, not both.")
-  given = vocab_file or spm_model_file
-  candidates = vocab_candidates(info)
-  if given:
-    flag = f"--{'vocab' if vocab_file else 'spm_model'}_file"
-    if not file_io.exists(given):
-      raise PredictError(f"{given} does not exist ({flag}).")
-    # The model keeps the vocabulary it was trained with: a different one is refused.
-    for directory in dict.fromkeys(os.path.dirname(c) or "." for c in candidates):
-      kept = vocab_files.find_kept(directory)
-      if kept:
-        try:
-          vocab_files.check_same(given, kept, flag)
-        except ValueError as e:
-          raise PredictError(str(e)) from None
-        break
-    return vocab_file, spm_model_file
-  found = next((c for c in candidates if file_io.exists(c)), None)
-  if found is None:  # a SentencePiece model that fine-tuning copied beside its checkpoint
-    spm = [os.path.join(os.path.dirname(c), "spm.model") for c in candidates]
-    found_spm = next((c for c in spm if file_io.exists(c)), None)
-    if found_spm:
-      return None, found_spm
-    candidates += spm
-  if found is None:
-    raise PredictError(f"No vocabulary for {info.path}: looked for {' and '.join(candidates)}. "
-                       "Pass the one the model was trained with: --vocab_file=vocab.txt (or "
-                       "--spm_model_file).")
-  return found, None
+def find_vocab(info: CheckpointInfo, given: vocab_files.VocabularyFiles | None = None,
+               flag: str = "--vocab_file") -> vocab_files.VocabularyFiles:
+  """The given vocabulary (refused when the model keeps another), else the one beside the
+  checkpoint (`vocab_files.resolve`). Called before any weights are read, so that a missing or
+  wrong file fails at once."""
+  try:
+    return vocab_files.resolve(given, checkpoints.vocabulary_directories(info.where), info.path,
+                               flag)
+  except ValueError as e:
+    raise PredictError(str(e)) from None
 
 
 def load_tokenizer(info: CheckpointInfo, config: configuration.BertConfig,
-                   vocab_file: str | None = None, spm_model_file: str | None = None,
-                   do_lower_case: bool = True) -> tokenization.Tokenizer:
-  """The given vocabulary, or the one found beside the checkpoint; it must fit the model."""
-  vocab_file, spm_model_file = find_vocab(info, vocab_file, spm_model_file)
-  tokenizer = tokenization.load_tokenizer(vocab_file=vocab_file, spm_model_file=spm_model_file,
-                                          do_lower_case=do_lower_case)
+                   files: vocab_files.VocabularyFiles,
+                   do_lower_case: bool | None = None) -> tokenization.Tokenizer:
+  """The tokenizer of `files` as the model's family reads them; it must fit the model."""
+  tokenizer = files.load(config.model_type, do_lower_case)
   if tokenizer.vocab_size != config.vocab_size:
-    raise PredictError(f"The vocabulary {vocab_file or spm_model_file} has "
-                       f"{tokenizer.vocab_size} entries but the model {info.path} "
-                       f"{config.vocab_size}: pass the vocabulary the model was trained with.")
+    raise PredictError(f"The vocabulary {files.describe()} has {tokenizer.vocab_size} entries "
+                       f"but the model {info.path} {config.vocab_size}: pass the vocabulary the "
+                       "model was trained with.")
   return tokenizer
 
 
@@ -433,7 +399,7 @@ def define_flags() -> None:
                       "checkpoint (fill_mask), or a fine-tuning --output_dir (classify, qa).")
   flags.DEFINE_enum("mode", "auto", ["auto", *MODES], "auto: qa for a fine-tuned SQuAD model, "
                     "classify for another fine-tuned task, else fill_mask.")
-  cli.define_vocab_flags("WordPiece vocab.txt (default: vocab.txt beside the checkpoint).")
+  cli.define_vocab_flags()
   flags.DEFINE_multi_string("text", [], "fill_mask: text with [MASK] tokens; classify: a text, "
                             f"or a pair as 'a {PAIR_SEPARATOR} b'. May be repeated.")
   flags.DEFINE_multi_string("text_b", [], "classify: second text of each --text, in order.")
@@ -527,20 +493,22 @@ def run_from_flags() -> None:
   setting = {name: (info.metadata[name] if info.metadata.get(name) is not None
                     and not FLAGS[name].present else FLAGS[name].value)
              for name in ("do_lower_case", "max_seq_length", "doc_stride", "max_query_length")}
+  if info.metadata.get("do_lower_case") is None:  # the vocabulary's record decides
+    setting["do_lower_case"] = cli.lower_case_from_flags()
   for name, modes in _MODE_FLAGS.items():
     if FLAGS[name].present and mode not in modes:
       why = f" ({FLAGS.checkpoint} is {info.describe()})" if FLAGS.mode == "auto" else ""
       raise app.UsageError(f"--{name} is for --mode={' or '.join(modes)}, not --mode={mode}"
                            f"{why}.")
   # The vocabulary is checked before any weights are read.
-  find_vocab(info, FLAGS.vocab_file, FLAGS.spm_model_file)
+  files = find_vocab(info, cli.vocabulary_from_flags(),
+                     "--spm_model_file" if FLAGS.spm_model_file else "--vocab_file")
   if mode == "fill_mask":
     texts = _texts_from_flags()
     if not texts:
       raise app.UsageError("--mode=fill_mask needs --text (or --input_file).")
     config, params = load_fill_mask_model(info)
-    tokenizer = load_tokenizer(info, config, FLAGS.vocab_file, FLAGS.spm_model_file,
-                               setting["do_lower_case"])
+    tokenizer = load_tokenizer(info, config, files, setting["do_lower_case"])
     predictions = inference.fill_mask(config, params, tokenizer, texts, FLAGS.top_k)
     # One object per input, like the other modes: `--output_file` and `--json` alike.
     _emit([{"text": t, "predictions": p} for t, p in zip(texts, predictions)],
@@ -548,8 +516,7 @@ def run_from_flags() -> None:
     return
   inputs = _classify_inputs() if mode == "classify" else _qa_examples()
   model = load_finetuned(info, mode)
-  tokenizer = load_tokenizer(info, model.config, FLAGS.vocab_file, FLAGS.spm_model_file,
-                             setting["do_lower_case"])
+  tokenizer = load_tokenizer(info, model.config, files, setting["do_lower_case"])
   if mode == "classify":
     labels = resolve_labels(model, FLAGS.task_name, FLAGS.label_list)
     results = classify(model, tokenizer, inputs, labels, setting["max_seq_length"] or 128,

@@ -79,6 +79,7 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
       # Only for dynamic-masking records (data_prep --masking=dynamic): masks are drawn here.
       "vocab_file": "",
       "spm_model_file": "",
+      "merges_file": "",  # byte-level BPE: default, the merges.txt beside vocab_file=vocab.json
       "do_lower_case": True,
       "masked_lm_prob": 0.15,
       "whole_word_mask": False,

@@ -108,6 +108,12 @@ def define_flags() -> None:
   flags.DEFINE_string("spm_model_file", None,
                       "A SentencePiece model (from data_prep/train_tokenizer.py) instead of "
                       "--vocab_file.")
+  flags.DEFINE_string("merges_file", None, "The merges.txt of a byte-level BPE --vocab_file="
+                      "vocab.json (RoBERTa); default: the one beside it.")
+  flags.DEFINE_enum("flavour", None, list(tokenization.FLAVOURS),
+                    "How the vocabulary is read: albert reads --spm_model_file with ALBERT's "
+                    "preprocessing (its released spiece.model / 30k-clean.model); default: "
+                    "from the files (a SentencePiece model in BERT's layout).")
   flags.DEFINE_string("output_dir", None,
                       "Directory (local or gs://) for pretrain-XXXXX-of-NNNNN.tfrecord shards.")
   flags.DEFINE_integer("num_output_shards", 8, "Shards to write under --output_dir.")
@@ -174,7 +180,8 @@ def make_settings(input_file: str, vocab_file: str | None = None,
                   max_sequences_per_row: int = packing_lib.DEFAULT_MAX_SEQUENCES_PER_ROW,
                   objective: str = "nsp", sequence_mode: str = PAIRS,
                   masking_strategy: str | None = None, max_ngram: int = 3, span_p: float = 0.2,
-                  max_span_length: int = 10) -> dict[str, Any]:
+                  max_span_length: int = 10, merges_file: str | None = None,
+                  flavour: str | None = None) -> dict[str, Any]:
   """Everything that decides the output, with the original's defaults (for use from Python)."""
   if dupe_factor is None:
     dupe_factor = 10 if masking == features_lib.STATIC else 1
@@ -185,6 +192,10 @@ def make_settings(input_file: str, vocab_file: str | None = None,
     packed["objective"] = objective
   if sequence_mode != PAIRS:
     packed["sequence_mode"] = sequence_mode
+  if merges_file:
+    packed["merges_file"] = merges_file
+  if flavour:
+    packed["flavour"] = flavour
   if masking_strategy == "whole_word":
     do_whole_word_mask, masking_strategy = True, None
   if masking_strategy not in (None, "token"):
@@ -221,7 +232,8 @@ def settings_from_flags() -> dict[str, Any]:
       decode_errors=FLAGS.decode_errors, packing=FLAGS.packing,
       max_sequences_per_row=FLAGS.max_sequences_per_row, objective=FLAGS.objective,
       sequence_mode=FLAGS.sequence_mode, masking_strategy=FLAGS.masking_strategy,
-      max_ngram=FLAGS.max_ngram, span_p=FLAGS.span_p, max_span_length=FLAGS.max_span_length)
+      max_ngram=FLAGS.max_ngram, span_p=FLAGS.span_p, max_span_length=FLAGS.max_span_length,
+      merges_file=FLAGS.merges_file, flavour=FLAGS.flavour)
 
 
 def check_settings(s: dict[str, Any]) -> None:
@@ -443,11 +455,13 @@ def _report(kind: str, amount: float) -> None:
 
 
 def get_tokenizer(settings: dict[str, Any]) -> tokenization.Tokenizer:
-  key = (settings["vocab_file"], settings["spm_model_file"], settings["do_lower_case"])
+  key = (settings["vocab_file"], settings["spm_model_file"], settings["do_lower_case"],
+         settings.get("merges_file"), settings.get("flavour"))
   if key not in _TOKENIZERS:
     # Corpus text never makes a special token: a literal "[SEP]" in a line is just text.
     _TOKENIZERS[key] = tokenization.load_tokenizer(
         vocab_file=settings["vocab_file"], spm_model_file=settings["spm_model_file"],
+        merges_file=settings.get("merges_file"), flavour=settings.get("flavour"),
         do_lower_case=settings["do_lower_case"], split_special_tokens=True)
   return _TOKENIZERS[key]
 

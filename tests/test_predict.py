@@ -23,6 +23,7 @@ from bert_jax.model import configuration, heads
 from bert_jax.parallel import sharding
 from bert_jax.training import checkpointing
 from bert_jax.tasks import glue
+from bert_jax.text import vocab_files
 from tests import helpers
 from tests.test_finetune import NEGATIVE, POSITIVE, _sst2_dir
 from tests.test_squad import CONTEXT_1, CONTEXT_2, _overfit_set
@@ -240,10 +241,10 @@ def test_fill_mask_finds_the_vocab_beside_a_tf1_prefix(tmp_path, tokenizer):
   # Without a vocabulary anywhere: the error names where it looked.
   info = predict.inspect_checkpoint(prefix)
   assert info.kind == "tf1" and info.mode == "fill_mask"
-  looked = os.path.join(str(tmp_path / "release"), "vocab.txt")
-  with pytest.raises(predict.PredictError, match=f"looked for {looked}"):
-    predict.load_tokenizer(info, config)
-  shutil.copy(VOCAB, looked)
+  release = str(tmp_path / "release")
+  with pytest.raises(predict.PredictError, match=f"looked in {release} for vocab.txt"):
+    predict.find_vocab(info)
+  shutil.copy(VOCAB, os.path.join(release, "vocab.txt"))
   proc = _ok(_cli(f"--checkpoint={prefix}", *[f"--text={t}" for t in texts], "--top_k=3",
                   "--json"))
   got = [json.loads(line) for line in proc.stdout.splitlines()]  # one object per input
@@ -286,30 +287,33 @@ def test_a_checkpoint_of_another_kind_is_refused_with_what_it_is(squad_out, sst2
   # Fine-tuning copied its vocabulary beside the checkpoint; without it, the error says where
   # it looked.
   info = predict.inspect_checkpoint(sst2_out)
-  model = predict.load_finetuned(info, "classify")
-  assert predict.find_vocab(info) == (os.path.join(sst2_out, "vocab.txt"), None)
+  predict.load_finetuned(info, "classify")
+  assert predict.find_vocab(info).vocab_file == os.path.join(sst2_out, "vocab.txt")
   bare = str(tmp_path / "bare")
   shutil.copytree(sst2_out, bare)
   os.remove(os.path.join(bare, "vocab.txt"))
   info = predict.inspect_checkpoint(bare)
   with pytest.raises(predict.PredictError,
-                     match=f"No vocabulary for {bare}: looked for "
-                           f"{os.path.join(bare, 'vocab.txt')} and .*spm.model. Pass "
-                           ".*--vocab_file"):
-    predict.load_tokenizer(info, model.config)
+                     match=f"No vocabulary for {bare}: looked in {bare} for vocab.txt "
+                           r"\(WordPiece\), spm.model / spiece.model \(SentencePiece\) or "
+                           r"vocab.json \+ merges.txt \(byte-level BPE\). Pass .*--vocab_file"):
+    predict.find_vocab(info)
   with pytest.raises(predict.PredictError, match="nowhere.txt does not exist"):
-    predict.load_tokenizer(info, model.config, vocab_file=str(tmp_path / "nowhere.txt"))
+    predict.find_vocab(info, vocab_files.VocabularyFiles(vocab_file=str(tmp_path / "nowhere.txt")))
   # A vocabulary of the same size in another order (another corpus's) is refused: the model
   # keeps its own, with its hash.
   lines = open(VOCAB, encoding="utf-8").read().splitlines()
   lines[1000], lines[1001] = lines[1001], lines[1000]
   other = tmp_path / "other_vocab.txt"
   other.write_text("\n".join(lines) + "\n", encoding="utf-8")
-  assert json.load(open(os.path.join(sst2_out, "vocab.json")))["file"] == "vocab.txt"
+  assert list(json.load(open(os.path.join(sst2_out, "vocab_record.json")))["files"]) == [
+      "vocab.txt"]
   with pytest.raises(predict.PredictError, match=(
       r"--vocab_file=.*other_vocab.txt \(sha256 \w+\) is not the vocabulary this model was "
       r"trained with \(.*vocab.txt, sha256 \w+\): leave --vocab_file out")):
-    predict.find_vocab(predict.inspect_checkpoint(sst2_out), str(other))
-  assert predict.find_vocab(predict.inspect_checkpoint(sst2_out), VOCAB)[0] == VOCAB
+    predict.find_vocab(predict.inspect_checkpoint(sst2_out),
+                       vocab_files.VocabularyFiles(vocab_file=str(other)))
+  assert predict.find_vocab(predict.inspect_checkpoint(sst2_out), vocab_files.VocabularyFiles(
+      vocab_file=VOCAB)).vocab_file == VOCAB
   with pytest.raises(predict.PredictError, match="does not exist"):
     predict.inspect_checkpoint(str(tmp_path / "missing"))

@@ -426,7 +426,7 @@ def test_real_text_dynamic_masking_end_to_end(tmp_path, capsys):
   assert len(preds[0]) == 1 and len(preds[0][0]) == 3
   assert all(0.0 <= p <= 1.0 for _, p in preds[0][0])
   assert bert_config.vocab_size == tokenizer.vocab_size
-  kept = json.load(open(os.path.join(workdir, "vocab.json")))
+  kept = json.load(open(os.path.join(workdir, "vocab_record.json")))["files"]["vocab.txt"]
   assert open(os.path.join(workdir, "vocab.txt"), "rb").read() == open(vocab, "rb").read()
   assert kept["sha256"] == hashlib.sha256(open(vocab, "rb").read()).hexdigest()
   capsys.readouterr()
@@ -434,4 +434,5 @@ def test_real_text_dynamic_masking_end_to_end(tmp_path, capsys):
   said = capsys.readouterr().out
   assert f"{os.path.join(workdir, 'checkpoints')} step 60" in said, said
   assert f"copied the vocabulary: {os.path.join(exported, 'vocab.txt')}" in said, said
-  assert json.load(open(os.path.join(exported, "vocab.json")))["sha256"] == kept["sha256"]
+  assert json.load(open(os.path.join(exported, "vocab_record.json")))["files"]["vocab.txt"][
+      "sha256"] == kept["sha256"]

@@ -20,6 +20,7 @@ The initialisation order of every run (pre-training and fine-tuning alike) is `i
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -172,6 +173,25 @@ def read_config(path: str | None, bert_config_file: str | None = None) -> BertCo
   if kind == "hf":
     return BertConfig.from_json_file(file_io.join(where, "config.json"))
   return _orbax_config(where)
+
+
+def vocabulary_directories(path: str) -> list[str]:
+  """Where the vocabulary of the checkpoint at `path` lies: beside a TF1 prefix (Google's
+  release), in a Hugging Face directory, or in the run directory of an Orbax checkpoint (the
+  directory itself, and the run directory above its `checkpoints/` or one of its steps)."""
+  kind, where = checkpoint_kind(path)
+  if kind == "tf1":
+    return [tf1.dirname(where) or "."]
+  if kind == "hf":
+    return [where]
+  out = [where.rstrip("/") or where]
+  parent = os.path.dirname(out[0])
+  if os.path.basename(out[0]).isdigit():  # a step directory: .../checkpoints/1000
+    out.append(parent)
+    parent = os.path.dirname(parent)
+  if os.path.basename(out[-1]) == CHECKPOINTS:
+    out.append(parent or ".")
+  return out
 
 
 def _unused_note(report: LoadReport | None) -> str:

@@ -157,11 +157,9 @@ def _train(job: _Job, objective, model, tx, schedule, init, feats, num_steps: in
       writer=job.writer, checkpoints=job.checkpoints, metadata=meta)
   if jax.process_index() == 0:
     job.bert_config.to_json_file(file_io.join(job.output_dir, "bert_config.json"))
-    source = getattr(tokenizer, "vocab_file", None) or getattr(tokenizer, "model_file", None)
-    if source:
-      vocab_files.keep(source, job.output_dir,
-                       sentencepiece=not getattr(tokenizer, "vocab_file", None),
-                       do_lower_case=bool(tokenizer.do_lower_case))
+    files = vocab_files.of_tokenizer(tokenizer)
+    if files.main:
+      vocab_files.keep(files, job.output_dir)
   return result
 
 

@@ -24,7 +24,7 @@ from bert_jax.data import input_pipeline, tfrecords
 from bert_jax.interop import checkpoints
 from bert_jax.model import configuration, modeling
 from bert_jax.parallel import sharding
-from bert_jax.text import features, masking, vocab_files
+from bert_jax.text import features, masking, tokenization, vocab_files
 from bert_jax.training import loop, metrics, optimizer, step as step_lib, workdir_lock
 from bert_jax.training import state as state_lib
 from bert_jax.training.objective import Objective
@@ -187,25 +187,42 @@ def resolve_vocabulary(config: ml_collections.ConfigDict, files: list[str]
   return config
 
 
-def keep_vocabulary(config: ml_collections.ConfigDict, files: list[str], workdir: str) -> None:
-  """Copies the run's vocabulary (`config.data.vocab_file`/`spm_model_file`, else the one named
-  in the data's `summary.json`) into the workdir with its hash, so that exports and `predict`
-  use the vocabulary the model was trained with."""
+def records_vocabulary(config: ml_collections.ConfigDict, files: list[str]
+                       ) -> tuple[vocab_files.VocabularyFiles | None, dict[str, Any]]:
+  """The run's vocabulary and the data settings that go with it: `config.data.vocab_file` /
+  `spm_model_file` (and `merges_file`), else the files named in the `summary.json` data_prep
+  wrote beside the records, with that summary's settings (lower-casing, flavour, masking);
+  `(None, settings)` when neither names one."""
   settings = data_summary(files).get("settings", {})
-  source = (config.data.vocab_file or config.data.spm_model_file or settings.get("vocab_file")
-            or settings.get("spm_model_file"))
-  if not source:
+  data = config.data
+  if data.vocab_file or data.spm_model_file:
+    return vocab_files.VocabularyFiles(
+        vocab_file=data.vocab_file or None, spm_model_file=data.spm_model_file or None,
+        merges_file=data.get("merges_file") or None, do_lower_case=bool(data.do_lower_case)), {}
+  if settings.get("vocab_file") or settings.get("spm_model_file"):
+    return vocab_files.VocabularyFiles(
+        vocab_file=settings.get("vocab_file"), spm_model_file=settings.get("spm_model_file"),
+        merges_file=settings.get("merges_file"), flavour=settings.get("flavour"),
+        do_lower_case=bool(settings.get("do_lower_case", data.do_lower_case))), settings
+  return None, settings
+
+
+def keep_vocabulary(config: ml_collections.ConfigDict, files: list[str], workdir: str) -> None:
+  """Copies the run's vocabulary (`records_vocabulary`) into the workdir with its hash, so that
+  exports, fine-tuning and `predict` use the vocabulary the model was trained with."""
+  found, _ = records_vocabulary(config, files)
+  if found is None:
     return
-  if not file_io.exists(source):
+  missing = [p for p in found.with_merges().paths if not file_io.exists(p)]
+  if missing:
     logging.warning("The vocabulary %s named for these records does not exist: the workdir "
-                    "keeps none (pass --vocab_file to predict).", source)
+                    "keeps none (pass --vocab_file to predict).", ", ".join(missing))
     return
-  kept = vocab_files.find_kept(workdir)
+  kept = vocab_files.find_beside(workdir)
   if kept is not None:
-    vocab_files.check_same(source, kept, "the records' vocabulary")
-  vocab_files.keep(source, workdir, sentencepiece=source == (
-      config.data.spm_model_file or settings.get("spm_model_file")), do_lower_case=bool(
-          settings.get("do_lower_case", config.data.do_lower_case)))
+    vocab_files.check_same(found, kept, "the records' vocabulary")
+  flavour = tokenization.flavour_for(bert_config_from(config).model_type, found.spm_model_file)
+  vocab_files.keep(dataclasses.replace(found, flavour=flavour or found.flavour), workdir)
 
 
 def build(config: ml_collections.ConfigDict, devices=None,
@@ -269,28 +286,27 @@ def masking_config(config, files) -> masking.MaskingConfig | None:
   """
   if input_pipeline.detect_masking(files[0]) != features.DYNAMIC:
     return None
-  from bert_jax.text import tokenization  # pylint: disable=g-import-not-at-top
-  vocab_file, spm_file = config.data.vocab_file, config.data.spm_model_file
-  lower, whole_word = config.data.do_lower_case, config.data.whole_word_mask
-  summary_path = file_io.join(os.path.dirname(files[0]), "summary.json")
-  if not (vocab_file or spm_file) and file_io.exists(summary_path):
-    settings = json.loads(file_io.read_text(summary_path)).get("settings", {})
-    vocab_file, spm_file = settings.get("vocab_file"), settings.get("spm_model_file")
-    lower = settings.get("do_lower_case", lower)
-    whole_word = settings.get("do_whole_word_mask", whole_word)
-    logging.info("Dynamic masking with the vocabulary named in %s.", summary_path)
-  if not (vocab_file or spm_file):
+  found, settings = records_vocabulary(config, files)
+  if found is None:
     raise ValueError(f"{files[0]} holds dynamic-masking records: set config.data.vocab_file "
                      "or config.data.spm_model_file so masks can be drawn.")
-  tokenizer = tokenization.load_tokenizer(vocab_file=vocab_file or None,
-                                          spm_model_file=spm_file or None, do_lower_case=lower)
+  # Masks as data_prep was asked to draw them when the vocabulary comes from its summary (the
+  # config's settings otherwise).
+  data = {**config.data.to_dict(), **{
+      k: settings[k] for k in ("masking_strategy", "max_ngram", "span_p", "max_span_length")
+      if k in settings}}
+  whole_word = settings.get("do_whole_word_mask", config.data.whole_word_mask)
+  if settings:
+    logging.info("Dynamic masking with the vocabulary and masking named in %s.",
+                 data_summary(files).get("path"))
+  tokenizer = found.load(bert_config_from(config).model_type)
   return masking.MaskingConfig.from_tokenizer(
       tokenizer, masked_lm_prob=config.data.masked_lm_prob,
       max_predictions_per_seq=config.data.max_predictions_per_seq,
       whole_word_mask=whole_word, per_word_draw=config.data.per_word_draw,
-      strategy=config.data.get("masking_strategy", "token"),
-      **{k: config.data.get(k, v) for k, v in (("max_ngram", 3), ("span_p", 0.2),
-                                               ("max_span_length", 10))})
+      strategy=data.get("masking_strategy", "token"),
+      **{k: data.get(k, v) for k, v in (("max_ngram", 3), ("span_p", 0.2),
+                                        ("max_span_length", 10))})
 
 
 def evaluator(objective: Objective, eval_step, data: input_pipeline.PretrainingData,

@@ -240,12 +240,6 @@ def _canonical(text: str) -> str:
   return "".join(out)
 
 
-def _piece_text(piece: str) -> str:
-  if piece.startswith("##"):
-    return piece[2:]
-  return piece.replace(SPM_WORD_START, "")
-
-
 def align_pieces(word: str, pieces: Sequence[str], unknown: Iterable[str] = (UNK,)
                  ) -> list[tuple[int, int]] | None:
   """Each piece's (start, end) characters in `word`, or None where they cannot be matched.
@@ -282,7 +276,7 @@ def align_pieces(word: str, pieces: Sequence[str], unknown: Iterable[str] = (UNK
       pending_unknown = len(spans)
       spans.append((0, 0))
       continue
-    target = _canonical(_piece_text(piece))
+    target = _canonical(tokenization.plain_piece_text(piece))
     if pending_unknown is not None:
       found = text.find(target, pos + 1) if target else -1
       if found < 0:
@@ -305,14 +299,24 @@ def tokenize_context(tokenizer, context: str) -> TokenizedContext:
   """Whitespace words → word pieces with character spans (see the module docstring)."""
   matches = list(_WORD_RE.finditer(context))
   words = [m.group() for m in matches]
-  id_lists = tokenizer.encode_batch(words) if words else []
+  # A word after a space is encoded as the whole context would encode it (byte-level BPE's
+  # "Ġword"); the context's first word has no space before it.
+  prefix = tokenizer.word_prefix
+  id_lists = tokenizer.encode_batch(
+      [(prefix if m.start() else "") + w for m, w in zip(matches, words)]) if words else []
   unknown = {tokenizer.convert_ids_to_tokens([tokenizer.unk_id])[0], UNK}
   ids, starts, ends, word_index = [], [], [], []
   aligned = 0
   for w, (match, piece_ids) in enumerate(zip(matches, id_lists)):
     if not piece_ids:
       continue  # only characters the tokenizer drops (control characters, ...)
-    spans = align_pieces(match.group(), tokenizer.convert_ids_to_tokens(piece_ids), unknown)
+    if tokenizer.lossless:  # byte-level BPE: the pieces' bytes are the text's, exactly
+      offset = len(prefix) if match.start() else 0
+      spans = tokenizer.char_spans((prefix if match.start() else "") + match.group(), piece_ids)
+      if spans is not None:  # the space before the word belongs to no character of it
+        spans = [(max(a - offset, 0), max(b - offset, 0)) for a, b in spans]
+    else:
+      spans = align_pieces(match.group(), tokenizer.convert_ids_to_tokens(piece_ids), unknown)
     if spans is None:
       spans = [(0, len(match.group()))] * len(piece_ids)
     else:

@@ -64,6 +64,14 @@ SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 SPM_WORD_START = "\u2581"
 
 
+def plain_piece_text(piece: str) -> str:
+  """A WordPiece or SentencePiece piece without its word mark ("##" before a continuation, "▁"
+  before a word start)."""
+  if piece.startswith("##"):
+    return piece[2:]
+  return piece.replace(SPM_WORD_START, "")
+
+
 class Tokenizer(abc.ABC):
   """Text → ids, the special ids, and the word-start table used by whole-word masking."""
 
@@ -77,6 +85,26 @@ class Tokenizer(abc.ABC):
   word_start_table: np.ndarray
   # Separators between the two segments of a pair: one in BERT's [CLS] A [SEP] B [SEP].
   pair_separators = 1
+  # Which family's tokenizer this is (`FLAVOURS`): what is kept beside a model says it.
+  flavour = "bert"
+  # What a word that follows a space inside a text is encoded with, when words are encoded one
+  # at a time (SQuAD's context words): nothing for WordPiece and SentencePiece, whose pieces do
+  # not depend on the space before a word; a space for byte-level BPE, whose "Ġword" differs
+  # from "word".
+  word_prefix = ""
+  # Whether the pieces' text is exactly the input's (no normalisation, nothing dropped), so that
+  # `char_spans` gives each piece's characters.
+  lossless = False
+
+  def char_spans(self, text: str, ids: Sequence[int]) -> list[tuple[int, int]] | None:
+    """Each piece's (start, end) characters in `text` (the text `ids` encode), or None where
+    the pieces are not the text's; only for `lossless` tokenizers."""
+    raise TypeError(f"{type(self).__name__} is not lossless: align its pieces by their text.")
+
+  def piece_text(self, piece: str) -> str:
+    """The characters of the text a piece stands for, without its word-start mark: what SQuAD
+    aligns with the context to find each piece's characters."""
+    return plain_piece_text(piece)
 
   def tokenize(self, text: str) -> list[str]:
     return self.convert_ids_to_tokens(self.encode(text))
@@ -892,6 +920,8 @@ class AlbertSentencePieceTokenizer(SentencePieceTokenizer):
   comma (SentencePiece's default `split_by_number` training makes none) is not affected.
   """
 
+  flavour = "albert"
+
   def __init__(self, model_file: str, do_lower_case: bool = True, keep_accents: bool = False,
                split_special_tokens: bool = False, split_digit_comma: bool = True):
     super().__init__(model_file, do_lower_case=do_lower_case,
@@ -946,6 +976,10 @@ class ByteLevelBPETokenizer(Tokenizer):
 
   # RoBERTa separates a pair with two separators: <s> A </s></s> B </s>.
   pair_separators = 2
+  flavour = "roberta"
+  word_prefix = " "
+  do_lower_case = False  # byte-level BPE keeps case
+  lossless = True
 
   def __init__(self, vocab_file: str, merges_file: str | None = None,
                split_special_tokens: bool = False):
@@ -965,6 +999,7 @@ class ByteLevelBPETokenizer(Tokenizer):
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
         self.vocab[t] for t in bpe.SPECIAL_TOKENS)
     merges = bpe.load_merges(self.merges_file, self.vocab)
+    self._special_set = set(self.special_ids.values())
     self._is_special = np.zeros(self.vocab_size, bool)
     self._is_special[list(self.special_ids.values())] = True
     self.word_start_table = self._is_special | np.array(
@@ -994,6 +1029,30 @@ class ByteLevelBPETokenizer(Tokenizer):
   def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
     return [self.id_to_token[int(i)] for i in ids]
 
+  def char_spans(self, text: str, ids: Sequence[int]) -> list[tuple[int, int]] | None:
+    """Each piece's characters in `text`, from its bytes (one symbol per byte): a piece that
+    holds part of a character's UTF-8 bytes gets that whole character. None when a special
+    token stands for text ("<mask>" written in the text)."""
+    owner = [i for i, char in enumerate(text) for _ in range(len(char.encode("utf-8")))]
+    spans, pos = [], 0
+    for piece_id, piece in zip(ids, self.convert_ids_to_tokens(ids)):
+      width = len(piece)
+      if int(piece_id) in self._special_set or not width or pos + width > len(owner):
+        return None
+      spans.append((owner[pos], owner[pos + width - 1] + 1))
+      pos += width
+    return spans if pos == len(owner) else None
+
+  def piece_text(self, piece: str) -> str:
+    """The bytes a piece stands for, as text, without the space that starts a word; a piece that
+    holds only part of a character's UTF-8 bytes stands for no whole character: ""."""
+    if "_byte_of" not in self.__dict__:
+      self._byte_of = {symbol: b for b, symbol in enumerate(bpe.byte_symbols())}
+    if piece in self.special_tokens:
+      return piece
+    data = bytes(self._byte_of[c] for c in piece if c in self._byte_of)
+    return data.decode("utf-8", errors="ignore").lstrip(" ")
+
 
 def default_merges_file(vocab_file: str) -> str:
   """The merges.txt beside a vocab.json: "vocab.json" at the end of the name becomes
@@ -1005,6 +1064,15 @@ def default_merges_file(vocab_file: str) -> str:
 
 
 FLAVOURS = ("bert", "albert", "roberta")
+
+
+def flavour_for(model_type: str | None, spm_model_file: str | None = None) -> str | None:
+  """The tokenizer flavour a model of `model_type` reads its files with: an ALBERT model's
+  SentencePiece model gets ALBERT's preprocessing, any other SentencePiece model BERT's. For a
+  vocab.txt or vocab.json the files decide (None)."""
+  if not spm_model_file:
+    return None
+  return "albert" if model_type == "albert" else "bert"
 
 
 def load_tokenizer(vocab_file: str | None = None, spm_model_file: str | None = None,
