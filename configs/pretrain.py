@@ -208,8 +208,8 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
     # released v2 configs train without dropout; warmup 3,125 steps (run_pretraining.py).
     # Records (ALBERT's 30k SentencePiece vocabulary):
     #   python -m data_prep.create_pretraining_data --input_file='corpus/*.txt' \
-    #     --spm_model_file=albert/30k-clean.model --output_dir=gs://BUCKET/albert512 \
-    #     --objective=sop --masking_strategy=ngram --max_ngram=3 \
+    #     --spm_model_file=albert/30k-clean.model --flavour=albert \
+    #     --output_dir=gs://BUCKET/albert512 --objective=sop --masking_strategy=ngram --max_ngram=3 \
     #     --max_seq_length=512 --max_predictions_per_seq=20
     config.model.preset = variant
     config.model.hidden_dropout_prob = 0.0

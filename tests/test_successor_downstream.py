@@ -26,10 +26,11 @@ from bert_jax.runs import pretraining
 from bert_jax.tasks import squad
 from bert_jax.text import tokenization, vocab_files
 from data_prep import create_pretraining_data as cpd
-from data_prep import demo_corpus, train_tokenizer
+from data_prep import train_tokenizer
 from tests import pretrain_helpers as ph
 from tests.test_finetune import _sst2_dir
 from tests.test_squad import OFFICIAL
+from tests.test_tokenization_successors import corpus  # noqa: F401  (the corpus fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB_SIZE = 1000
@@ -47,13 +48,6 @@ def _cli(module, *args, timeout=600):
                         text=True, timeout=timeout)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-  path = tmp_path_factory.mktemp("downstream") / "plays.txt"
-  path.write_text(demo_corpus.corpus_text(max_bytes=300_000), encoding="utf-8")
-  return str(path)
 
 
 @pytest.fixture(scope="module")
