@@ -36,6 +36,24 @@ def define_flags() -> None:
                       "bert_config.json beside it.")
 
 
+# Heads that only pre-training uses and that the released formats have no names for: written
+# to Orbax, left out of Hugging Face and TF1 exports (SpanBERT's released checkpoints are the
+# encoder and masked-LM head as well).
+PRETRAINING_ONLY_HEADS = {"pair_target_predictions": "SpanBERT's span-boundary head"}
+
+
+def without_pretraining_only_heads(params: dict) -> dict:
+  """`params` without `cls/<head>` for each of `PRETRAINING_ONLY_HEADS`, saying what went."""
+  heads_ = params.get("cls", {})
+  dropped = [name for name in PRETRAINING_ONLY_HEADS if name in heads_]
+  if not dropped:
+    return params
+  for name in dropped:
+    print(f"left out cls/{name} ({PRETRAINING_ONLY_HEADS[name]}: pre-training only, no name "
+          "in this format; --format=orbax keeps it)")
+  return {**params, "cls": {k: v for k, v in heads_.items() if k not in dropped}}
+
+
 def convert(source: str, target: str, output_format: str,
             bert_config_file: str | None = None) -> str:
   """Reads `source` (any kind), writes `target` in `output_format`; returns what was written.
@@ -48,6 +66,8 @@ def convert(source: str, target: str, output_format: str,
   print(f"read {checkpoints.KIND_NAMES[loaded.kind]}: {detail}")
   params = checkpoints.in_layout(loaded.params, loaded.config, False)
   config = loaded.config.replace(scan_layers=False)
+  if output_format in ("hf", "tf1"):
+    params = without_pretraining_only_heads(params)
   if output_format == "hf":
     written = hf.save_hf_checkpoint(params, config, target)
   elif output_format == "tf1":

@@ -20,9 +20,11 @@ import numpy as np
 import pytest
 import scipy.special
 
-from bert_jax import objectives
+from bert_jax import convert, objectives
 from bert_jax.data import packing
 from bert_jax.model import configuration, modeling
+from bert_jax.interop import checkpoints
+from bert_jax.interop import hf as hf_io
 from bert_jax.objectives import mlm_sbo
 from bert_jax.runs import pretraining
 from bert_jax.text import features, masking
@@ -298,6 +300,15 @@ def test_tiny_run_trains_and_resumes(records, tmp_path, name, kind, packed):
   evaluated = [r for r in rows if "eval/mlm_loss" in r][-1]
   assert {f"eval/{n}" for n in names} <= set(evaluated)
   assert all(np.isfinite(r["train/loss"]) for r in rows if "train/loss" in r)
+  if name == "mlm_sbo":  # exported as SpanBERT released its models: encoder and masked-LM head
+    assert "pair_target_predictions" in checkpoints.load_any(workdir).params["cls"]
+    exported = convert.convert(workdir, str(tmp_path / "hf"), "hf")
+    stored = hf_io.read_hf_state(exported)
+    assert stored and not any("pair_target" in k for k in stored)
+    _, params = checkpoints.load_masked_lm(exported)
+    _, trained = checkpoints.load_masked_lm(workdir)
+    np.testing.assert_array_equal(
+        params["cls"]["predictions"]["output_bias"], trained["cls"]["predictions"]["output_bias"])
 
 
 def test_records_of_another_sentence_objective_are_refused(records, tmp_path):
