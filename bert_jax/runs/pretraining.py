@@ -299,7 +299,9 @@ def masking_config(config, files) -> masking.MaskingConfig | None:
   if settings:
     logging.info("Dynamic masking with the vocabulary and masking named in %s.",
                  data_summary(files).get("path"))
-  tokenizer = found.load(bert_config_from(config).model_type)
+  # The family only decides how a SentencePiece model reads text; masks need the special ids
+  # and word starts, which every family's tokenizer gives.
+  tokenizer = found.load(bert_config_from(config).model_type if "model" in config else None)
   return masking.MaskingConfig.from_tokenizer(
       tokenizer, masked_lm_prob=config.data.masked_lm_prob,
       max_predictions_per_seq=config.data.max_predictions_per_seq,
