@@ -20,6 +20,11 @@ Variants (after the colon):
   spanbert_base SpanBERT-base (Joshi et al. 2020): span masking + span boundary objective
                 (`mlm_sbo`) on single segments of 512; batch 256, lr 1e-4, ε 1e-8, 10k warmup,
                 2.4M steps.
+  electra_small, electra_base, electra_large   ELECTRA (Clark et al. 2020): a generator 1/4 as
+                wide (1/3 for base) trained as a masked LM, and the discriminator learning which
+                tokens it replaced (`electra`: MLM + 50 x replaced-token detection). Small:
+                12L/256H/E128, batch 128, lr 5e-4, length 128, 1M steps; Base: batch 256, lr
+                2e-4, length 512, 766k steps; Large: batch 2048, lr 2e-4, 400k steps, 25% masked.
                 Each recipe's data_prep command is beside it in get_config; records of the
                 wrong sentence objective (NSP pairs for mlm_sop, ...) are refused.
   <any>+fast    the fast recipe on top of a variant (`base+fast`, `large_phase2+fast`): no
@@ -59,6 +64,10 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
       "type_vocab_size": placeholder(int),
       "hidden_act": placeholder(str),
       "initializer_range": placeholder(float),
+      "embedding_size": placeholder(int),
+      # ELECTRA's generator (electra_* presets): its width and depth.
+      "generator_hidden_size": placeholder(int),
+      "generator_num_hidden_layers": placeholder(int),
       "dtype": "bfloat16",           # compute dtype; parameters stay float32
       # None: scanned on TPUs (compiles ~2x faster), unrolled on CPUs and GPUs, where the
       # scanned step measured 1.05-1.10x (CPU) and 1.45x (H100) slower: see
@@ -121,6 +130,8 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
   config.train_until_step = 900_000  # where this phase stops (phase 1: 90% at length 128)
   config.seed = 12345
   config.objective = "mlm_nsp"       # bert_jax/objectives: what the model learns
+  # The objective's own settings beyond the lengths (electra: disc_weight, temperature).
+  config.objective_settings = ml_collections.ConfigDict()
 
   # Initialisation when the workdir holds no checkpoint of its own (resuming always wins):
   # a workdir or checkpoint directory of an earlier phase. init_mode "continue" takes the whole
@@ -248,9 +259,42 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
                             b1=0.9, b2=0.999, eps=1e-8, bias_correction=True,
                             grad_clip_norm=1.0)
     config.mesh_shape = (-1, 1, 1)
+  elif variant in ("electra_small", "electra_base", "electra_large"):
+    # Clark et al. 2020, Table 6 (and google-research/electra configure_pretraining.py): the
+    # generator masked-LM + replaced-token detection (objective "electra", loss = MLM + 50 x
+    # discriminator), generator 1/4 of the discriminator's width (1/3 for Base), embeddings
+    # shared; Adam without bias correction (BERT's optimizer), weight decay 0.01, ε 1e-6,
+    # 10k warmup then linear decay, dropout 0.1, 15% of tokens masked (25% for Large) with
+    # max_predictions_per_seq = int((mask_prob + 0.005) x length) as ELECTRA computes it.
+    #   Small: 12L/256H, E = 128, batch 128, lr 5e-4, length 128, 1M steps.
+    #   Base:  12L/768H, batch 256, lr 2e-4, length 512, 766k steps.
+    #   Large: 24L/1024H, batch 2048, lr 2e-4, length 512, 400k steps, 25% masked.
+    # Records (BERT's uncased WordPiece vocabulary; any sentence objective, it is not read):
+    #   python -m data_prep.create_pretraining_data --input_file='corpus/*.txt' \
+    #     --vocab_file=uncased_L-12_H-768_A-12/vocab.txt --output_dir=gs://BUCKET/electra128 \
+    #     --masking=dynamic --objective=none --max_seq_length=128 --max_predictions_per_seq=19
+    # Fine-tuning starts from the discriminator (the workdir's `bert` scope), with ELECTRA's
+    # layer-wise learning-rate decay: finetune --layerwise_lr_decay=0.8 (Base; 0.9 Large).
+    size = variant.split("_")[1]
+    length, mask_prob = (128, 0.15) if size == "small" else (512, 0.25 if size == "large"
+                                                             else 0.15)
+    config.model.preset = variant
+    config.objective = "electra"
+    config.objective_settings.update(disc_weight=50.0, temperature=1.0)
+    config.data.max_seq_length = length
+    config.data.masked_lm_prob = mask_prob
+    config.data.max_predictions_per_seq = int((mask_prob + 0.005) * length)
+    config.global_batch_size = {"small": 128, "base": 256, "large": 2048}[size]
+    config.total_steps = config.train_until_step = {"small": 1_000_000, "base": 766_000,
+                                                    "large": 400_000}[size]
+    config.optimizer.update(learning_rate=5e-4 if size == "small" else 2e-4,
+                            warmup_steps=10_000, weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6,
+                            bias_correction=False, grad_clip_norm=1.0)
+    config.mesh_shape = (-1, 1, 1)
   else:
     raise ValueError(f"Unknown variant {variant!r}: base, base_phase2, large, large_phase2, "
-                     "tiny, demo, roberta_base, albert_base, albert_large, spanbert_base.")
+                     "tiny, demo, roberta_base, albert_base, albert_large, spanbert_base, "
+                     "electra_small, electra_base, electra_large.")
 
   if modifier == "fast":
     config.model.attention_probs_dropout_prob = 0.0

@@ -25,8 +25,10 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn", "pallas")
 
 # Model families: one encoder, configured. "albert" adds factorized embeddings, shared layers and
-# a sentence-order head; "roberta" one token type and positions counted after the padding index.
-MODEL_TYPES = ("bert", "albert", "roberta")
+# a sentence-order head; "roberta" one token type and positions counted after the padding index;
+# "electra" a discriminator (no pooler: its sentence vector is the [CLS] output itself) trained
+# beside a small generator, whose shape the `generator_*` fields give.
+MODEL_TYPES = ("bert", "albert", "roberta", "electra")
 
 # Which parts of a layer are shared across layers (Lan et al. 2020, Table 4): none, all (ALBERT),
 # only the attention block, or only the feed-forward block.
@@ -66,6 +68,14 @@ class BertConfig:
   # index (padding_idx + 1 = 2), so its tables have 514 rows for 512 tokens; a per-instance
   # position id of packed rows gets the same offset, so packing needs nothing else.
   position_offset: int = 0
+  # ELECTRA's generator (Clark et al. 2020): a narrower masked LM trained beside this model (the
+  # discriminator), sharing its embedding tables. None where there is no generator (every other
+  # family; an ELECTRA discriminator read alone). Its heads are max(1, hidden/64) and its
+  # feed-forward 4x its width unless given, as in ELECTRA's `get_generator_config`.
+  generator_hidden_size: int | None = None
+  generator_num_hidden_layers: int | None = None
+  generator_num_attention_heads: int | None = None
+  generator_intermediate_size: int | None = None
 
   # How to compute. bfloat16 on TPU; parameters stay float32 (`param_dtype`), and LayerNorm,
   # softmax and losses are always computed in float32.
@@ -84,9 +94,12 @@ class BertConfig:
                   "initializer_range", "layer_norm_eps")
   # Fields of the successors, written only where they differ from BERT, so that a BERT config
   # is written exactly as the original wrote it.
-  FAMILY_FIELDS = ("model_type", "embedding_size", "share_parameters", "position_offset")
+  GENERATOR_FIELDS = ("generator_hidden_size", "generator_num_hidden_layers",
+                      "generator_num_attention_heads", "generator_intermediate_size")
+  FAMILY_FIELDS = ("model_type", "embedding_size", "share_parameters",
+                   "position_offset") + GENERATOR_FIELDS
   FAMILY_DEFAULTS = {"model_type": "bert", "embedding_size": None, "share_parameters": "none",
-                     "position_offset": 0}
+                     "position_offset": 0, **{name: None for name in GENERATOR_FIELDS}}
 
   def __post_init__(self):
     if self.hidden_size % self.num_attention_heads:
@@ -117,6 +130,18 @@ class BertConfig:
     if not 0 <= self.position_offset < self.max_position_embeddings:
       raise ValueError(f"BertConfig: position_offset={self.position_offset} must be in "
                        f"[0, max_position_embeddings={self.max_position_embeddings}).")
+    generator = [getattr(self, name) for name in self.GENERATOR_FIELDS]
+    if any(v is not None for v in generator):
+      if self.model_type != "electra":
+        raise ValueError(f"BertConfig: generator fields are for model_type='electra', not "
+                         f"{self.model_type!r}.")
+      if self.generator_hidden_size is None:
+        raise ValueError("BertConfig: generator_hidden_size is required with the other "
+                         "generator fields.")
+      for name, value in zip(self.GENERATOR_FIELDS, generator):
+        if value is not None and int(value) <= 0:
+          raise ValueError(f"BertConfig: {name}={value} must be positive.")
+      self.generator_config()  # its own checks (head count divides the width)
     if self.scan_layers and self.share_parameters in ("attention", "ffn"):
       # A scan stacks each layer's parameters; a part shared by every step would have to be
       # broadcast into the loop while the rest is stacked, which the layer does not support.
@@ -137,6 +162,31 @@ class BertConfig:
   @property
   def factorized_embeddings(self) -> bool:
     return self.embedding_width != self.hidden_size
+
+  @property
+  def has_pooler(self) -> bool:
+    """Whether the sentence vector is BERT's tanh(dense([CLS])) (`pooler`), or, for ELECTRA,
+    the [CLS] output itself (its `get_pooled_output`; no parameters)."""
+    return self.model_type != "electra"
+
+  @property
+  def has_generator(self) -> bool:
+    return self.generator_hidden_size is not None
+
+  def generator_config(self) -> "BertConfig":
+    """ELECTRA's generator as a config of its own: this model's vocabulary, positions, token
+    types, embedding width (the tables are shared) and compute fields, its own width and depth."""
+    if not self.has_generator:
+      raise ValueError(f"BertConfig (model_type={self.model_type!r}) has no generator "
+                       "(generator_hidden_size is not set).")
+    hidden = int(self.generator_hidden_size)
+    return self.replace(
+        hidden_size=hidden,
+        num_hidden_layers=int(self.generator_num_hidden_layers or self.num_hidden_layers),
+        num_attention_heads=int(self.generator_num_attention_heads or max(1, hidden // 64)),
+        intermediate_size=int(self.generator_intermediate_size or 4 * hidden),
+        embedding_size=self.embedding_width,
+        **{name: None for name in self.GENERATOR_FIELDS})
 
   @property
   def max_sequence_length(self) -> int:
@@ -234,9 +284,11 @@ class BertConfig:
                  eos_token_id=3)
       if self.share_parameters == "all":
         out.update(num_hidden_groups=1, inner_group_num=1)
+    elif self.model_type == "electra":
+      out.update(embedding_size=self.embedding_width, pad_token_id=0)
     else:
       out.update(pad_token_id=max(self.position_offset - 1, 0), bos_token_id=0, eos_token_id=2)
-    if self.model_type != "albert" and self.embedding_size is not None:
+    if self.model_type not in ("albert", "electra") and self.embedding_size is not None:
       out["embedding_size"] = self.embedding_width
     if self.share_parameters != ("all" if self.model_type == "albert" else "none"):
       out["share_parameters"] = self.share_parameters
@@ -252,7 +304,7 @@ class BertConfig:
 
 # The Hugging Face class a full pre-training tree of each family is written as.
 DEFAULT_ARCHITECTURES = {"bert": "BertForPreTraining", "albert": "AlbertForPreTraining",
-                         "roberta": "RobertaForMaskedLM"}
+                         "roberta": "RobertaForMaskedLM", "electra": "ElectraForPreTraining"}
 
 
 def _family_fields(model_type: str, values: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -272,6 +324,11 @@ def _family_fields(model_type: str, values: Mapping[str, Any], source: str) -> d
                        "shares one set of weights, as in every released ALBERT) are supported.")
     out["share_parameters"] = values.get("share_parameters", "all")
     out["embedding_size"] = values.get("embedding_size", 128)
+  elif model_type == "electra":
+    # Hugging Face writes embedding_size always (= hidden_size when not factorized).
+    embedding = values.get("embedding_size")
+    if embedding is not None and embedding != values.get("hidden_size"):
+      out["embedding_size"] = embedding
   elif model_type == "roberta":
     pad = values.get("pad_token_id", 1)
     out["position_offset"] = values.get("position_offset", (1 if pad is None else pad) + 1)
@@ -295,6 +352,17 @@ def _roberta(layers: int, hidden: int, heads: int) -> BertConfig:
                     num_hidden_layers=layers, num_attention_heads=heads,
                     intermediate_size=4 * hidden, max_position_embeddings=514,
                     type_vocab_size=1, position_offset=2, layer_norm_eps=1e-5)
+def _electra(layers: int, hidden: int, heads: int, embedding: int, generator_hidden: int
+             ) -> BertConfig:
+  """ELECTRA (Clark et al. 2020, Table 6): BERT's WordPiece vocabulary and encoder; the
+  generator as wide as `generator_hidden` (1/4 of the discriminator for Small and Large, 1/3
+  for Base), as deep as the discriminator, heads of width 64."""
+  return BertConfig(model_type="electra", hidden_size=hidden, num_hidden_layers=layers,
+                    num_attention_heads=heads, intermediate_size=4 * hidden,
+                    embedding_size=None if embedding == hidden else embedding,
+                    generator_hidden_size=generator_hidden)
+
+
 def _compact(layers: int, hidden: int) -> BertConfig:
   return BertConfig(hidden_size=hidden, num_hidden_layers=layers,
                     num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
@@ -316,6 +384,12 @@ def _presets() -> dict[str, BertConfig]:
       "albert_xxlarge": _albert(12, 4096, 64, 16384),
       "roberta_base": _roberta(12, 768, 12),
       "roberta_large": _roberta(24, 1024, 16),
+      "electra_small": _electra(12, 256, 4, 128, 64),
+      "electra_base": _electra(12, 768, 12, 768, 256),
+      "electra_large": _electra(24, 1024, 16, 1024, 256),
+      # ELECTRA for unit tests: factorized embeddings, a generator of half the width.
+      "electra_test": _electra(2, 64, 4, 32, 32).replace(vocab_size=512,
+                                                         max_position_embeddings=128),
   }
   # The 24 compact models of Turc et al. 2019 ("Well-Read Students Learn Better"), named as in
   # their release: uncased_L-{L}_H-{H}_A-{H/64}.

@@ -440,7 +440,8 @@ class BertEncoder(nn.Module):
 
 
 class BertPooler(nn.Module):
-  """tanh(dense(first token)): the sentence vector NSP and classifiers read.
+  """tanh(dense(first token)): the sentence vector NSP and classifiers read. ELECTRA has no
+  pooler (`config.has_pooler`): its sentence vector is the first token's output itself.
 
   With `cls_positions` (batch, k) — packed rows — it pools the [CLS] of each packed instance
   instead, giving (batch, k, hidden).
@@ -454,6 +455,8 @@ class BertPooler(nn.Module):
     else:
       first = jnp.take_along_axis(sequence_output, cls_positions[..., None].astype(jnp.int32),
                                   axis=1)
+    if not self.config.has_pooler:
+      return first
     return jnp.tanh(dense(self.config, self.config.hidden_size, ("embed", "embed_out"),
                           "dense")(first))
 
@@ -487,17 +490,9 @@ class BertModel(nn.Module):
   def __call__(self, input_ids, input_mask=None, segment_ids=None, position_ids=None,
                deterministic: bool = True, sequence_ids=None,
                cls_positions=None) -> dict[str, Any]:
-    batch, length = input_ids.shape
-    self.config.check_sequence_length(length, "Sequence length")
     if input_mask is None:
-      input_mask = jnp.ones((batch, length), jnp.int32)
-    if segment_ids is None:
-      segment_ids = jnp.zeros((batch, length), jnp.int32)
-    if position_ids is None:
-      position_ids = jnp.broadcast_to(jnp.arange(length), (batch, length))
-    if self.config.position_offset:
-      position_ids = position_ids + self.config.position_offset
-    x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
+      input_mask = jnp.ones(input_ids.shape, jnp.int32)
+    x = self.embed(input_ids, segment_ids, position_ids, deterministic)
     sequence_output, layer_outputs = self.encoder(x, input_mask, deterministic, sequence_ids)
     out = {"sequence_output": sequence_output.astype(jnp.float32)}
     if self.add_pooling_layer:
@@ -505,6 +500,20 @@ class BertModel(nn.Module):
     if self.collect_hidden_states:
       out["hidden_states"] = tuple(h.astype(jnp.float32) for h in (x,) + layer_outputs)
     return out
+
+  def embed(self, input_ids, segment_ids=None, position_ids=None, deterministic: bool = True
+            ) -> jax.Array:
+    """The embedding layer's output (before any projection to hidden_size). ELECTRA's
+    generator reads the discriminator's tables through it."""
+    batch, length = input_ids.shape
+    self.config.check_sequence_length(length, "Sequence length")
+    if segment_ids is None:
+      segment_ids = jnp.zeros((batch, length), jnp.int32)
+    if position_ids is None:
+      position_ids = jnp.broadcast_to(jnp.arange(length), (batch, length))
+    if self.config.position_offset:
+      position_ids = position_ids + self.config.position_offset
+    return self.embeddings(input_ids, segment_ids, position_ids, deterministic)
 
   def attend(self, x: jax.Array) -> jax.Array:
     return self.embeddings.attend(x)
@@ -514,8 +523,10 @@ class BertModel(nn.Module):
 def unstack_layers(params: dict, num_layers: int) -> dict:
   """Scanned layout (`encoder/layer/...` with a leading layer axis) → `encoder/layer_{i}/...`.
 
-  Works on any tree that contains an `encoder` dict (plain arrays, not boxed); other entries are
-  returned as they are. Lossless: `stack_layers(unstack_layers(p)) == p`.
+  Works on any tree that contains `encoder` dicts (plain arrays, not boxed); other entries are
+  returned as they are. Lossless: `stack_layers(unstack_layers(p)) == p`. Each encoder's depth
+  is read from its own arrays (ELECTRA's generator need not be as deep as the discriminator);
+  `num_layers` is the main encoder's, kept for the callers.
   """
   def visit(tree):
     if not isinstance(tree, dict):
@@ -524,7 +535,7 @@ def unstack_layers(params: dict, num_layers: int) -> dict:
     for k, v in tree.items():
       if k == "encoder" and isinstance(v, dict) and "layer" in v:
         enc = {kk: vv for kk, vv in v.items() if kk != "layer"}
-        for i in range(num_layers):
+        for i in range(len(jax.tree.leaves(v["layer"])[0])):
           enc[f"layer_{i}"] = jax.tree.map(lambda a, i=i: a[i], v["layer"])
         out[k] = enc
       else:
@@ -534,7 +545,8 @@ def unstack_layers(params: dict, num_layers: int) -> dict:
 
 
 def stack_layers(params: dict, num_layers: int) -> dict:
-  """`encoder/layer_{i}/...` → scanned layout with a leading layer axis."""
+  """`encoder/layer_{i}/...` → scanned layout with a leading layer axis (each encoder with its
+  own depth, as `unstack_layers`)."""
   def visit(tree):
     if not isinstance(tree, dict):
       return tree
@@ -542,7 +554,8 @@ def stack_layers(params: dict, num_layers: int) -> dict:
     for k, v in tree.items():
       if k == "encoder" and isinstance(v, dict) and "layer_0" in v:
         enc = {kk: vv for kk, vv in v.items() if not kk.startswith("layer_")}
-        layers = [v[f"layer_{i}"] for i in range(num_layers)]
+        count = sum(1 for kk in v if kk.startswith("layer_"))
+        layers = [v[f"layer_{i}"] for i in range(count)]
         enc["layer"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
         out[k] = enc
       else:

@@ -8,17 +8,20 @@ its objective (`config.objective`):
   mlm_sop   ALBERT: masked-LM + sentence-order prediction (--objective=sop; model_type albert)
   mlm       RoBERTa: masked-LM alone (any records; the sentence label is not read)
   mlm_sbo   SpanBERT: masked-LM + the span boundary objective (any records; span masking)
+  electra   ELECTRA: generator masked-LM + replaced-token detection (any records; electra_*)
 """
 
 from __future__ import annotations
 
+from bert_jax.objectives.electra import ReplacedTokenDetection
 from bert_jax.objectives.mlm import MaskedLm
 from bert_jax.objectives.mlm_nsp import MaskedLmNextSentence
 from bert_jax.objectives.mlm_sbo import MaskedLmSpanBoundary
 from bert_jax.objectives.mlm_sop import MaskedLmSentenceOrder
 
 OBJECTIVES = {"mlm_nsp": MaskedLmNextSentence, "mlm_sop": MaskedLmSentenceOrder,
-              "mlm": MaskedLm, "mlm_sbo": MaskedLmSpanBoundary}
+              "mlm": MaskedLm, "mlm_sbo": MaskedLmSpanBoundary,
+              "electra": ReplacedTokenDetection}
 
 
 def get_objective(name: str, **settings):

@@ -51,14 +51,15 @@ def bert_config_from(config: ml_collections.ConfigDict,
 
 def objective_from(config: ml_collections.ConfigDict,
                    max_sequences_per_row: int | None = None) -> Objective:
-  """The config's objective; over packed rows (`max_sequences_per_row` instances each, as the
-  records say) its packed layout."""
+  """The config's objective, with its `objective_settings`; over packed rows
+  (`max_sequences_per_row` instances each, as the records say) its packed layout."""
   packing = ({"packed": True, "max_sequences_per_row": max_sequences_per_row}
              if max_sequences_per_row else {})
+  settings = dict(config.get("objective_settings") or {})
   return objectives.get_objective(config.get("objective", "mlm_nsp"),
                                   max_seq_length=config.data.max_seq_length,
                                   max_predictions_per_seq=config.data.max_predictions_per_seq,
-                                  **packing)
+                                  **packing, **settings)
 
 
 def check_records_objective(config: ml_collections.ConfigDict, files: list[str]) -> None:

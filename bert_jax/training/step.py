@@ -9,7 +9,8 @@ the state donated, so parameters are updated in place; it is traced under the me
 logical-axis rules, so the model's activation constraints resolve to that mesh.
 
 Dropout: step `s` uses `fold_in(rng, s)` (micro-batch `i` folds in `i` as well), so a resumed
-run draws exactly the masks an uninterrupted one would.
+run draws exactly the masks an uninterrupted one would; so do a model's samples ("sample"
+stream: ELECTRA's generator).
 """
 
 from __future__ import annotations
@@ -42,12 +43,23 @@ def _split_micro_batches(batch: dict[str, jax.Array], k: int) -> dict[str, jax.A
   return jax.tree.map(split, batch)
 
 
+# The "sample" stream: draws a model makes besides dropout (ELECTRA's generator samples its
+# replacements), from the step's key in training and from a fixed key in evaluation, so that an
+# evaluation of the same parameters always sees the same samples.
+_SAMPLE_STREAM = 0x53414D50
+_EVAL_SAMPLE_SEED = 0
+
+
 def apply_model(objective: Objective, model: nn.Module, params: Any, batch, *,
                 deterministic: bool, rng: jax.Array | None = None) -> Any:
-  """The model's outputs on a batch: its inputs are the objective's `input_names`."""
+  """The model's outputs on a batch: its inputs are the objective's `input_names`. `rng`
+  (training) seeds dropout and the "sample" stream; without it, samples use a fixed key."""
+  if rng is None:
+    rngs = {"sample": jax.random.PRNGKey(_EVAL_SAMPLE_SEED)}
+  else:
+    rngs = {"dropout": rng, "sample": jax.random.fold_in(rng, _SAMPLE_STREAM)}
   return model.apply({"params": params}, *(batch[k] for k in objective.input_names),
-                     deterministic=deterministic,
-                     rngs={"dropout": rng} if rng is not None else None)
+                     deterministic=deterministic, rngs=rngs)
 
 
 def make_train_step(objective: Objective, model: nn.Module, tx: optax.GradientTransformation,
