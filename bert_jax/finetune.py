@@ -76,9 +76,13 @@ ORIGINAL_FLAGS = (
     ("null_score_diff_threshold", "float", "SQuAD 2.0: predict no answer when null score - best "
                                            "score exceeds this (eval_results.json reports the "
                                            "best threshold on dev) (0)."),
-    # Not an original flag: the one switch of sequence packing.
+    # Not original flags: the one switch of sequence packing, and ELECTRA's layer-wise decay.
     ("packing", "bool", "Pack several examples into each row of --max_seq_length (same "
                         "examples per step, fewer rows; see finetune_config)."),
+    ("layerwise_lr_decay", "float", "Layer-wise learning-rate decay (ELECTRA): each layer "
+                                    "down from the head learns at this factor of the rate of "
+                                    "the one above; 0 is off (0; ELECTRA: 0.8 base, 0.9 "
+                                    "large)."),
 )
 
 

@@ -134,3 +134,261 @@ def test_lamb_trust_ratio_skips_excluded_parameters():
   np.testing.assert_allclose(np.asarray(k_l), np.asarray(k_a) * ratio, rtol=1e-5)
   with pytest.raises(ValueError, match="optimizer.name='sgd'"):
     optimizer.create_optimizer(_config(name="sgd"))
+
+
+# Layer-wise learning-rate decay and frozen scopes.
+
+L = 3
+
+
+def _layer(rng, lead=()):
+  return {"attention": {"self": {"query": {"kernel": rng.randn(*lead, 4, 4).astype(np.float32),
+                                           "bias": rng.randn(*lead, 4).astype(np.float32)}}},
+          "output": {"LayerNorm": {"scale": rng.rand(*lead, 4).astype(np.float32)}}}
+
+
+def _encoder_params(rng, layout="unrolled"):
+  """Embeddings, L layers (unrolled, scanned or one shared block), pooler and a task head."""
+  layers = [_layer(rng) for _ in range(L)]
+  if layout == "unrolled":
+    encoder = {f"layer_{i}": layer for i, layer in enumerate(layers)}
+  elif layout == "scanned":
+    encoder = {"layer": jax.tree.map(lambda *xs: np.stack(xs), *layers)}
+  else:
+    encoder = {"shared_layer": layers[0],
+               "embedding_hidden_mapping_in": {"kernel": rng.randn(3, 4).astype(np.float32)}}
+  return {"bert": {"embeddings": {"word_embeddings": rng.randn(6, 4).astype(np.float32),
+                                  "LayerNorm": {"scale": rng.rand(4).astype(np.float32)}},
+                   "encoder": encoder,
+                   "pooler": {"dense": {"kernel": rng.randn(4, 4).astype(np.float32)}}},
+          "classifier": {"kernel": rng.randn(4, 2).astype(np.float32),
+                         "bias": rng.randn(2).astype(np.float32)}}
+
+
+def _first_update(params, **kw):
+  """The update of one step from zero moments with gradients of 1 everywhere: every parameter
+  gets the same Adam step, so only its rate (and weight decay) tells them apart."""
+  cfg = _config(warmup_steps=0, grad_clip_norm=0.0, weight_decay=0.0, **kw)
+  tx, _ = optimizer.create_optimizer(cfg, num_layers=L)
+  grads = jax.tree.map(np.ones_like, params)
+  updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+  return updates
+
+
+def test_layerwise_lr_decay_scales_each_depth_by_decay_to_the_distance_from_the_head():
+  d = 0.8
+  params = _encoder_params(np.random.RandomState(3))
+  up = _first_update(params, layerwise_lr_decay=d)
+  head = float(np.asarray(up["classifier"]["kernel"]).flat[0])
+  assert head != 0.0
+  bert = up["bert"]
+
+  def ratio(x):
+    r = np.asarray(x) / head
+    np.testing.assert_allclose(r, r.flat[0], rtol=1e-6)  # one factor per parameter
+    return float(r.flat[0])
+
+  assert ratio(up["classifier"]["bias"]) == pytest.approx(1.0, rel=1e-6)
+  assert ratio(bert["embeddings"]["word_embeddings"]) == pytest.approx(d ** (L + 2), rel=1e-6)
+  assert ratio(bert["embeddings"]["LayerNorm"]["scale"]) == pytest.approx(d ** (L + 2), rel=1e-6)
+  for i in range(L):
+    for leaf in jax.tree.leaves(bert["encoder"][f"layer_{i}"]):
+      assert ratio(leaf) == pytest.approx(d ** (L + 1 - i), rel=1e-6)
+  assert ratio(bert["pooler"]["dense"]["kernel"]) == pytest.approx(d, rel=1e-6)
+  # Off (the default, 0.0 or None): every parameter gets the head's update.
+  for off in (0.0, None):
+    plain = _first_update(params, layerwise_lr_decay=off)
+    for leaf in jax.tree.leaves(plain):
+      np.testing.assert_allclose(np.asarray(leaf), head, rtol=1e-6)
+
+
+def test_layerwise_lr_decay_multiplies_the_weight_decay_too():
+  """Placed before the learning rate, the factor scales the whole update, decay included."""
+  d = 0.5
+  params = _encoder_params(np.random.RandomState(4))
+  cfg = _config(warmup_steps=0, grad_clip_norm=0.0, weight_decay=0.1)
+  plain, _ = optimizer.create_optimizer(cfg)
+  decayed, _ = optimizer.create_optimizer(_config(warmup_steps=0, grad_clip_norm=0.0,
+                                                  weight_decay=0.1, layerwise_lr_decay=d),
+                                          num_layers=L)
+  grads = jax.tree.map(lambda p: np.random.RandomState(5).randn(*p.shape).astype(np.float32),
+                       params)
+  a, _ = plain.update(grads, plain.init(params), params)
+  b, _ = decayed.update(grads, decayed.init(params), params)
+  np.testing.assert_allclose(np.asarray(b["bert"]["encoder"]["layer_1"]["attention"]["self"]
+                                        ["query"]["kernel"]),
+                             d ** (L + 1 - 1) * np.asarray(a["bert"]["encoder"]["layer_1"]
+                                                           ["attention"]["self"]["query"]
+                                                           ["kernel"]), rtol=1e-6)
+
+
+def test_layerwise_lr_decay_on_scanned_layers_equals_the_unrolled_layers():
+  d = 0.7
+  rng = np.random.RandomState(6)
+  unrolled = _encoder_params(rng)
+  scanned = jax.tree.map(lambda x: x, unrolled)
+  layers = [scanned["bert"]["encoder"].pop(f"layer_{i}") for i in range(L)]
+  scanned["bert"]["encoder"]["layer"] = jax.tree.map(lambda *xs: np.stack(xs), *layers)
+  up_u = _first_update(unrolled, layerwise_lr_decay=d)
+  up_s = _first_update(scanned, layerwise_lr_decay=d)
+  for i in range(L):
+    per_layer = jax.tree.map(lambda x, i=i: np.asarray(x)[i], up_s["bert"]["encoder"]["layer"])
+    for a, b in zip(jax.tree.leaves(per_layer),
+                    jax.tree.leaves(up_u["bert"]["encoder"][f"layer_{i}"])):
+      np.testing.assert_allclose(a, np.asarray(b), rtol=1e-6)
+  for key in ("embeddings", "pooler"):
+    for a, b in zip(jax.tree.leaves(up_s["bert"][key]), jax.tree.leaves(up_u["bert"][key])):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+  # A stacked leaf whose leading axis is not num_layers is refused, not broadcast.
+  tx, _ = optimizer.create_optimizer(_config(layerwise_lr_decay=d), num_layers=L + 1)
+  with pytest.raises(ValueError, match="leading layer axis of num_layers=4"):
+    tx.update(scanned, tx.init(scanned), scanned)
+
+
+def test_layerwise_lr_decay_gives_the_shared_albert_block_the_mean_factor():
+  d = 0.8
+  params = _encoder_params(np.random.RandomState(7), layout="shared")
+  up = _first_update(params, layerwise_lr_decay=d)
+  head = float(np.asarray(up["classifier"]["kernel"]).flat[0])
+  mean = np.mean([d ** (L + 2 - depth) for depth in range(1, L + 1)])
+  for leaf in jax.tree.leaves(up["bert"]["encoder"]["shared_layer"]):
+    np.testing.assert_allclose(np.asarray(leaf) / head, mean, rtol=1e-6)
+  np.testing.assert_allclose(
+      np.asarray(up["bert"]["encoder"]["embedding_hidden_mapping_in"]["kernel"]) / head,
+      d ** (L + 2), rtol=1e-6)
+
+
+def test_bad_layerwise_lr_decay_or_missing_num_layers_is_refused():
+  for bad in (-0.5, 1.5, "0.8x"):
+    with pytest.raises(ValueError, match="layerwise_lr_decay"):
+      optimizer.create_optimizer(_config(layerwise_lr_decay=bad), num_layers=L)
+  with pytest.raises(ValueError, match="num_layers"):
+    optimizer.create_optimizer(_config(layerwise_lr_decay=0.8))
+  tx, _ = optimizer.create_optimizer(_config(layerwise_lr_decay=0.8, num_layers=L))  # a field
+  params = _encoder_params(np.random.RandomState(8))
+  tx.update(params, tx.init(params), params)
+  with pytest.raises(ValueError, match="past num_layers=2"):
+    tx, _ = optimizer.create_optimizer(_config(layerwise_lr_decay=0.8), num_layers=2)
+    tx.update(params, tx.init(params), params)
+
+
+def _count_moments(opt_state):
+  return len(jax.tree.leaves(opt_state))
+
+
+def test_frozen_scopes_get_no_update_no_state_and_leave_clipping_alone():
+  rng = np.random.RandomState(9)
+  student = _params(rng)
+  teacher = {"encoder": {"kernel": rng.randn(5, 4).astype(np.float32),
+                         "bias": rng.randn(4).astype(np.float32)}}
+  params = dict(student, teacher=teacher)
+  # Clipping is active (large gradients) and weight decay is on: neither may reach the teacher.
+  cfg = _config(warmup_steps=0, frozen_scopes=("teacher",))
+  tx, _ = optimizer.create_optimizer(cfg)
+  alone, _ = optimizer.create_optimizer(_config(warmup_steps=0))
+  state, alone_state = tx.init(params), alone.init(student)
+  # Adam moments only for the student: the same leaves as the optimizer of the student alone.
+  assert _count_moments(state) == _count_moments(alone_state) == (
+      2 * len(jax.tree.leaves(student)) + 1)
+  step = jax.jit(tx.update)
+  ours, ref = params, student
+  for _ in range(4):
+    grads = jax.tree.map(lambda p: (rng.randn(*p.shape) * 5.0).astype(np.float32), params)
+    grads["teacher"] = jax.tree.map(lambda g: g * 100.0, grads["teacher"])  # huge, and ignored
+    updates, state = step(grads, state, ours)
+    ours = optax.apply_updates(ours, updates)
+    ref_grads = {k: v for k, v in grads.items() if k != "teacher"}
+    ref_updates, alone_state = alone.update(ref_grads, alone_state, ref)
+    ref = optax.apply_updates(ref, ref_updates)
+    for a, b in zip(jax.tree.leaves({k: v for k, v in ours.items() if k != "teacher"}),
+                    jax.tree.leaves(ref)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+  for a, b in zip(jax.tree.leaves(ours["teacher"]), jax.tree.leaves(teacher)):
+    assert np.array_equal(np.asarray(a), b)  # bitwise
+  assert not np.allclose(np.asarray(ours["bert"]["pooler"]["dense"]["kernel"]),
+                         student["bert"]["pooler"]["dense"]["kernel"])
+
+
+def test_frozen_scopes_with_layerwise_decay_and_sharded_state_layout():
+  """Both options together; the state's parameter-shaped parts still map onto the parameters
+  (how shardings of the state are derived), frozen ones staying stateless."""
+  rng = np.random.RandomState(10)
+  params = dict(_encoder_params(rng, layout="scanned"), teacher={"w": np.ones((3,), np.float32)})
+  tx, _ = optimizer.create_optimizer(
+      _config(frozen_scopes=["teacher"], layerwise_lr_decay=0.9), num_layers=L)
+  state = jax.eval_shape(tx.init, params)
+  names = jax.tree_util.tree_map_with_path(lambda path, _: "/".join(
+      str(getattr(k, "key", k)) for k in path), params)
+  mapped = optimizer.tree_map_params(tx, lambda _, name: name, state, names,
+                                     transform_non_params=lambda _: "-")
+  assert jax.tree.structure(mapped) == jax.tree.structure(state)
+  leaves = jax.tree.leaves(mapped)
+  assert "teacher/w" not in leaves
+  assert leaves.count("bert/encoder/layer/output/LayerNorm/scale") == 2  # mu and nu
+  # Without frozen scopes it is optax's own.
+  plain, _ = optimizer.create_optimizer(_config(layerwise_lr_decay=0.9), num_layers=L)
+  plain_state = jax.eval_shape(plain.init, params)
+  assert (jax.tree.leaves(optimizer.tree_map_params(plain, lambda _, n: n, plain_state, names,
+                                                    transform_non_params=lambda _: "-"))
+          == jax.tree.leaves(optax.tree_map_params(plain, lambda _, n: n, plain_state, names,
+                                                   transform_non_params=lambda _: "-")))
+  grads = jax.tree.map(np.ones_like, params)
+  updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+  assert not np.any(np.asarray(updates["teacher"]["w"]))
+  with pytest.raises(ValueError, match=r"frozen_scopes names \['techer'\]"):
+    tx, _ = optimizer.create_optimizer(_config(frozen_scopes=["techer"]))
+    tx.init(params)
+  with pytest.raises(ValueError, match="must be a list"):
+    optimizer.create_optimizer(_config(frozen_scopes="teacher"))
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_finetuning_optimizer_applies_layerwise_decay_to_a_real_model(scan_layers):
+  """Fine-tuning's optimizer (`layerwise_lr_decay` from the fine-tuning config, the layer count
+  from the BertConfig) on the parameter names of an actual classifier, unrolled and scanned."""
+  from flax import linen as nn
+  from bert_jax.model import configuration, heads
+  from bert_jax.runs import finetuning
+  cfg = configuration.get_preset("test", vocab_size=50, scan_layers=scan_layers)
+  n = cfg.num_hidden_layers
+  ids = jnp.zeros((2, 8), jnp.int32)
+  params = nn.unbox(heads.BertForSequenceClassification(cfg, num_labels=2).init(
+      jax.random.PRNGKey(0), ids, jnp.ones_like(ids), jnp.zeros_like(ids))["params"])
+  config = finetuning.get_config()
+  assert config.layerwise_lr_decay == 0.0  # off by default
+  config.layerwise_lr_decay, config.weight_decay, config.grad_clip_norm = 0.8, 0.0, 0.0
+  tx, _ = finetuning._optimizer(config, num_steps=10, learning_rate=1e-3, warmup_proportion=0.0,
+                                num_layers=n)
+  updates, _ = jax.jit(tx.update)(jax.tree.map(jnp.ones_like, params), tx.init(params), params)
+  head = float(np.asarray(updates["classifier"]["kernel"]).flat[0])
+  bert = updates["bert"]
+  for leaf in jax.tree.leaves(bert["embeddings"]):
+    np.testing.assert_allclose(np.asarray(leaf) / head, 0.8 ** (n + 2), rtol=1e-6)
+  for leaf in jax.tree.leaves(bert["pooler"]):
+    np.testing.assert_allclose(np.asarray(leaf) / head, 0.8, rtol=1e-6)
+  for i in range(n):
+    layer = (jax.tree.map(lambda x, i=i: x[i], bert["encoder"]["layer"]) if scan_layers
+             else bert["encoder"][f"layer_{i}"])
+    for leaf in jax.tree.leaves(layer):
+      np.testing.assert_allclose(np.asarray(leaf) / head, 0.8 ** (n + 1 - i), rtol=1e-6)
+
+
+def test_finetuning_run_with_layerwise_decay(tokenizer, bert_config_file, tmp_path):
+  """A short GLUE run through `finetuning.run` with the decay on: the BertConfig's layer count
+  reaches the optimizer, and sharded, jitted training steps take it."""
+  from bert_jax.runs import finetuning
+  from bert_jax.tasks import glue
+  data = tmp_path / "sst2"
+  data.mkdir()
+  rows = [("a moving and beautiful film", 1), ("a dull and lifeless mess", 0)] * 4
+  for split in ("train", "dev"):
+    (data / f"{split}.tsv").write_text(
+        "sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows))
+  config = finetuning.get_config()
+  config.layerwise_lr_decay = 0.8
+  out = finetuning.run(glue.get_task("SST-2"), data_dir=str(data), tokenizer=tokenizer,
+                       init_checkpoint=None, bert_config_file=bert_config_file,
+                       output_dir=str(tmp_path / "out"), max_seq_length=16, train_batch_size=8,
+                       eval_batch_size=8, learning_rate=1e-3, num_train_epochs=2,
+                       warmup_proportion=0.0, do_train=True, do_eval=True, config=config)
+  assert out["train_steps"] == 2 and out["dev"]["num_examples"] == 8

@@ -62,6 +62,10 @@ def get_config() -> ml_collections.ConfigDict:
       "weight_decay": 0.01,
       "grad_clip_norm": 1.0,
       "bias_correction": False,      # the released BERT optimizer has none
+      # Layer-wise learning-rate decay (ELECTRA): layer i of L learns at rate ·
+      # decay^(L + 1 - i), embeddings at decay^(L + 2), the head at the full rate. 0.0: off;
+      # ELECTRA fine-tunes with 0.8 (base) and 0.9 (large).
+      "layerwise_lr_decay": 0.0,
       "hidden_dropout_prob": config_dict.placeholder(float),  # None: the checkpoint's value
       "grad_accum_steps": 1,
       "log_every_steps": 50,

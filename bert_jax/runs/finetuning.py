@@ -86,12 +86,17 @@ def num_train_steps(num_examples: int, batch_size: int, epochs: float) -> int:
   return max(1, math.ceil(arrays.steps_per_epoch(num_examples, batch_size) * epochs - 1e-9))
 
 
-def _optimizer(config, num_steps: int, learning_rate: float, warmup_proportion: float):
+def _optimizer(config, num_steps: int, learning_rate: float, warmup_proportion: float,
+               num_layers: int | None = None):
+  """The fine-tuning optimizer; `num_layers` (the model's num_hidden_layers) places each layer
+  for `config.layerwise_lr_decay`, which needs it when on."""
   return optimizer.create_optimizer(ml_collections.ConfigDict({
       "name": "adamw", "learning_rate": learning_rate, "total_steps": max(num_steps, 1),
       "warmup_steps": int(num_steps * warmup_proportion), "weight_decay": config.weight_decay,
       "eps": 1e-6, "bias_correction": config.bias_correction,
-      "grad_clip_norm": config.grad_clip_norm}))
+      "grad_clip_norm": config.grad_clip_norm,
+      "layerwise_lr_decay": config.get("layerwise_lr_decay", 0.0) or 0.0}),
+      num_layers=num_layers)
 
 
 def max_sequences_per_row(config: ml_collections.ConfigDict, max_seq_length: int
@@ -169,7 +174,8 @@ def _fit(job: _Job, objective, model, tokenizer, *, feats, num_steps: int, batch
          results: dict[str, Any]) -> tuple[Any, Any, Any]:
   """The init order, then (when `feats` are given) training: `(state, init, loop result or
   None)`. Training settings and time go into `results`."""
-  tx, schedule = _optimizer(job.config, num_steps, learning_rate, warmup_proportion)
+  tx, schedule = _optimizer(job.config, num_steps, learning_rate, warmup_proportion,
+                            num_layers=job.bert_config.num_hidden_layers)
   init = checkpoints.initial_state(objective, model, tx, job.mesh, job.rules,
                                    batch_size=batch_size, seed=seed,
                                    checkpoints=job.checkpoints, init_checkpoint=init_checkpoint,
