@@ -19,6 +19,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bert_jax.parallel import sharding
+from bert_jax.training import optimizer
 
 
 @flax.struct.dataclass
@@ -53,8 +54,8 @@ def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mes
                                    boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
   replicated = NamedSharding(mesh, PartitionSpec())
-  opt_sh = optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sh,
-                                 transform_non_params=lambda _: replicated)
+  opt_sh = optimizer.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sh,
+                                     transform_non_params=lambda _: replicated)
   state_sh = TrainState(step=replicated, params=param_sh, opt_state=opt_sh, rng=replicated)
   abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
                         opt_state=abstract_opt,
