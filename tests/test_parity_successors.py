@@ -585,8 +585,8 @@ def test_presets_and_hf_configs():
 def test_unknown_family_and_mismatches_are_refused(albert, tmp_path):
   path, _ = albert
   values = json.loads(open(os.path.join(path, "config.json")).read())
-  with pytest.raises(ValueError, match=r"model_type='electra'; supported families: bert, "):
-    configuration.BertConfig.from_dict(dict(values, model_type="electra"), source="x.json")
+  with pytest.raises(ValueError, match=r"model_type='xlnet'; supported families: bert, "):
+    configuration.BertConfig.from_dict(dict(values, model_type="xlnet"), source="x.json")
   with pytest.raises(ValueError, match="num_hidden_groups=2, inner_group_num=1"):
     configuration.BertConfig.from_dict(dict(values, num_hidden_groups=2), source="x.json")
   # The same tensors read as a wider ALBERT: every mismatch listed.

@@ -1,5 +1,9 @@
-"""Hugging Face directories (`config.json` + safetensors) ↔ our parameters, for BERT, ALBERT
-and RoBERTa; `config.json`'s `model_type` picks the family and so the name table.
+"""Hugging Face directories (`config.json` + safetensors) ↔ our parameters, for BERT, ALBERT,
+RoBERTa, ELECTRA and DistilBERT; `config.json`'s `model_type` picks the family and so the name table.
+
+ELECTRA is two models: the discriminator (`ElectraForPreTraining`, or a bare `ElectraModel`) in
+the directory itself and, when there is one, the generator (`ElectraForMaskedLM`) in its
+`generator/` subdirectory; fine-tuning reads the discriminator alone.
 
 Read: the bare encoder (`BertModel`, `AlbertModel`, `RobertaModel`: keys without prefix) and
 the models with heads (`BertForPreTraining` / `BertForMaskedLM`: `bert.`, `cls.*`;
@@ -17,7 +21,8 @@ from typing import Mapping
 import numpy as np
 
 from bert_jax import file_io
-from bert_jax.interop.names import FAMILIES, LoadReport, apply_table, params_to_state
+from bert_jax.interop.names import (FAMILIES, HF_GENERATOR as GENERATOR_PREFIX, LoadReport,
+                                    apply_table, params_to_state)
 from bert_jax.model.configuration import BertConfig
 
 # The Hugging Face classes our trees are written as: (with pre-training heads, with the
@@ -26,7 +31,11 @@ _ARCHITECTURES = {
     "bert": ("BertForPreTraining", "BertForPreTraining", "BertModel"),
     "albert": ("AlbertForPreTraining", "AlbertForMaskedLM", "AlbertModel"),
     "roberta": ("RobertaForMaskedLM", "RobertaForMaskedLM", "RobertaModel"),
+    "electra": ("ElectraForPreTraining", "ElectraForPreTraining", "ElectraModel"),
+    "distilbert": ("DistilBertForMaskedLM", "DistilBertForMaskedLM", "DistilBertModel"),
 }
+# ELECTRA's generator is a directory of its own: `generator/` inside the discriminator's.
+GENERATOR_DIRECTORY = "generator"
 
 
 def _normalise_hf_names(state: Mapping[str, np.ndarray],
@@ -101,10 +110,37 @@ def load_hf_checkpoint(directory: str, bert_config_file: str | None = None, **co
   `bert_config_file` when given (it must fit the tensors), else the directory's `config.json`.
   """
   config = BertConfig.from_json_file(bert_config_file or file_io.join(directory, "config.json"))
+  state = read_hf_state(directory)
+  if config.model_type == "electra":
+    config, state = _with_electra_generator(directory, config, state)
   if config_overrides:
     config = config.replace(**config_overrides)
-  params, report = hf_state_to_params(read_hf_state(directory), config, source=directory)
+  params, report = hf_state_to_params(state, config, source=directory)
   return config, params, report
+
+
+def _with_electra_generator(directory: str, config: BertConfig, state: dict
+                            ) -> tuple[BertConfig, dict]:
+  """An ELECTRA discriminator's directory with its generator in `generator/` (as `save_hf_
+  checkpoint` writes it; Google's two hub directories can be arranged so): the generator's
+  shape joins the config and its tensors the state, named `generator/<name>`. Its copies of
+  the shared embedding tables must equal the discriminator's (they are one table in training)."""
+  gen_dir = file_io.join(directory, GENERATOR_DIRECTORY)
+  if not file_io.exists(file_io.join(gen_dir, "config.json")):
+    return config, state
+  gen = BertConfig.from_json_file(file_io.join(gen_dir, "config.json"))
+  if gen.model_type != "electra" or gen.embedding_width != config.embedding_width:
+    raise ValueError(f"{gen_dir}: the generator must be an ELECTRA model with the "
+                     f"discriminator's embedding width {config.embedding_width}; found "
+                     f"model_type={gen.model_type!r}, embedding width {gen.embedding_width}.")
+  config = config.replace(generator_hidden_size=gen.hidden_size,
+                          generator_num_hidden_layers=gen.num_hidden_layers,
+                          generator_num_attention_heads=gen.num_attention_heads,
+                          generator_intermediate_size=gen.intermediate_size)
+  state = dict(state)
+  state.update({GENERATOR_PREFIX + k: v for k, v in
+                _normalise_hf_names(read_hf_state(gen_dir), "electra").items()})
+  return config, state
 
 
 def params_to_hf_state(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
@@ -123,11 +159,18 @@ def save_hf_checkpoint(params: Mapping, config: BertConfig, directory: str) -> s
   """
   from safetensors.numpy import save as save_bytes
   state = params_to_hf_state(params, config)
+  generator = {k[len(GENERATOR_PREFIX):]: v for k, v in state.items()
+               if k.startswith(GENERATOR_PREFIX)}
+  if generator:
+    state = {k: v for k, v in state.items() if not k.startswith(GENERATOR_PREFIX)}
+    _save_electra_generator(state, generator, config,
+                            file_io.join(directory, GENERATOR_DIRECTORY))
   family = FAMILIES[config.model_type]
   full, masked_lm, bare = _ARCHITECTURES[config.model_type]
   has_heads = any(k.startswith(family.hf_head_prefixes) for k in state)
-  has_sentence_head = "cls" in params and any(
+  has_sentence_head = ("cls" in params and any(
       k in params["cls"] for k in ("seq_relationship", "sop_classifier"))
+                       ) or "discriminator_predictions" in params
   if not has_heads:
     state = {k[len(family.hf_prefix):]: v for k, v in state.items()}
   arch = ((full if has_sentence_head else masked_lm),) if has_heads else (bare,)
@@ -137,3 +180,21 @@ def save_hf_checkpoint(params: Mapping, config: BertConfig, directory: str) -> s
   file_io.write_text_atomic(file_io.join(directory, "config.json"),
                             json.dumps(config.to_hf_dict(arch), indent=2, sort_keys=True) + "\n")
   return directory
+
+
+def _save_electra_generator(state: Mapping[str, np.ndarray], generator: dict, config: BertConfig,
+                            directory: str) -> None:
+  """ELECTRA's generator as the `ElectraForMaskedLM` directory transformers loads: its own
+  tensors, the shared embedding tables copied from the discriminator's, its config."""
+  from safetensors.numpy import save as save_bytes
+  generator = dict(generator)
+  for name in FAMILIES["electra"].hf_derived:
+    twin = FAMILIES["electra"].hf_derived[name]
+    if name.startswith(GENERATOR_PREFIX) and twin in state and "lm_head" not in name:
+      generator[name[len(GENERATOR_PREFIX):]] = state[twin]
+  gen = config.generator_config()
+  file_io.makedirs(directory)
+  file_io.write_bytes_atomic(file_io.join(directory, "model.safetensors"),
+                             save_bytes(generator, metadata={"format": "pt"}))
+  file_io.write_text_atomic(file_io.join(directory, "config.json"), json.dumps(
+      gen.to_hf_dict(("ElectraForMaskedLM",)), indent=2, sort_keys=True) + "\n")

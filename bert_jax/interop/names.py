@@ -19,6 +19,13 @@ One table per family (`config.model_type`), all over the same tree of ours:
   `modeling.py` names it; Hugging Face `albert.encoder.albert_layer_groups.0.albert_layers.0.*`),
   `predictions.*` and the sentence-order head (`cls/seq_relationship` in TF1,
   `sop_classifier.classifier` in Hugging Face, `cls/sop_classifier` here).
+- DistilBERT: BERT's tensors under `distilbert.transformer.layer.{i}` (`q_lin`, `sa_layer_norm`,
+  `ffn.lin1`, ...), no token types or pooler, the masked-LM head as `vocab_transform`,
+  `vocab_layer_norm`, `vocab_projector`; no TF1 column.
+- ELECTRA: the discriminator's encoder (TF1 `electra/...`, Hugging Face `electra.*`) with its
+  E → H projection `embeddings_project`, `discriminator_predictions`, and the generator
+  (`generator/...`, `generator_predictions`; in Hugging Face its own directory, whose tensors
+  the table names `generator/<name>`), sharing the embedding tables.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.model import heads, modeling
+from bert_jax.model import electra, heads, modeling
 from bert_jax.model.configuration import BertConfig
 
 # --------------------------------------------------------------------------------- the table
@@ -213,6 +220,124 @@ ALBERT_HEAD_ROWS = (
 )
 
 
+# --------------------------------------------------------------------------------- DistilBERT
+# transformers' DistilBERT (Sanh et al. 2019): BERT's layer under other names, no token types,
+# no pooler, no TF1 release. (ours under layer_{i}/, theirs under transformer.layer.{i}.)
+_DISTILBERT_LAYER_PARTS = (
+    ("attention/self/query", "attention.q_lin"), ("attention/self/key", "attention.k_lin"),
+    ("attention/self/value", "attention.v_lin"), ("attention/output/dense", "attention.out_lin"),
+    ("intermediate/dense", "ffn.lin1"), ("output/dense", "ffn.lin2"),
+)
+_DISTILBERT_LAYER_NORMS = (("attention/output/LayerNorm", "sa_layer_norm"),
+                           ("output/LayerNorm", "output_layer_norm"))
+DISTILBERT_EMBEDDING_ROWS = tuple(
+    (ours, "", _SAME, hf.replace("bert.", "distilbert.", 1), hf_layout)
+    for ours, _, _, hf, hf_layout in EMBEDDING_ROWS if "token_type" not in ours)
+DISTILBERT_LAYER_ROWS = tuple(
+    row for ours, theirs in _DISTILBERT_LAYER_PARTS for row in (
+        (f"bert/encoder/layer_{{i}}/{ours}/kernel", "", _SAME,
+         f"distilbert.transformer.layer.{{i}}.{theirs}.weight", _T),
+        (f"bert/encoder/layer_{{i}}/{ours}/bias", "", _SAME,
+         f"distilbert.transformer.layer.{{i}}.{theirs}.bias", _SAME))) + tuple(
+    row for ours, theirs in _DISTILBERT_LAYER_NORMS for row in (
+        (f"bert/encoder/layer_{{i}}/{ours}/scale", "", _SAME,
+         f"distilbert.transformer.layer.{{i}}.{theirs}.weight", _SAME),
+        (f"bert/encoder/layer_{{i}}/{ours}/bias", "", _SAME,
+         f"distilbert.transformer.layer.{{i}}.{theirs}.bias", _SAME)))
+DISTILBERT_HEAD_ROWS = (
+    ("cls/predictions/transform/dense/kernel", "", _SAME, "vocab_transform.weight", _T),
+    ("cls/predictions/transform/dense/bias", "", _SAME, "vocab_transform.bias", _SAME),
+    ("cls/predictions/transform/LayerNorm/scale", "", _SAME, "vocab_layer_norm.weight", _SAME),
+    ("cls/predictions/transform/LayerNorm/bias", "", _SAME, "vocab_layer_norm.bias", _SAME),
+    ("cls/predictions/output_bias", "", _SAME, "vocab_projector.bias", _SAME),
+)
+
+
+def distilbert_table(num_layers: int, pretraining_heads: bool = True) -> list[Row]:
+  rows = list(DISTILBERT_EMBEDDING_ROWS)
+  rows += [tuple(c.format(i=i) for c in r) for i in range(num_layers)
+           for r in DISTILBERT_LAYER_ROWS]
+  rows += DISTILBERT_HEAD_ROWS if pretraining_heads else ()
+  return [Row(*r) for r in rows]
+
+
+# ------------------------------------------------------------------------------------ ELECTRA
+# Hugging Face keeps ELECTRA's two models in two directories (`ElectraForPreTraining`, the
+# discriminator; `ElectraForMaskedLM`, the generator). In this table a tensor of the generator's
+# directory is named `generator/<its name there>`; `hf.py` splits and joins the two.
+HF_GENERATOR = "generator/"
+
+
+def _electra_rows(rows, ours_scope: str, tf1_scope: str, hf_prefix: str):
+  """BERT's rows moved: ours under `ours_scope`, TF1 under `tf1_scope`, HF under `hf_prefix`."""
+  return tuple((ours.replace("bert/", ours_scope, 1), tf1.replace("bert/", tf1_scope, 1),
+                tf1_layout, hf.replace("bert.", hf_prefix, 1), hf_layout)
+               for ours, tf1, tf1_layout, hf, hf_layout in rows)
+
+
+def _projection_rows(ours_scope: str, tf1_scope: str, hf_prefix: str):
+  """The E → H projection of one ELECTRA model (`embeddings_project`)."""
+  return tuple(
+      (f"{ours_scope}encoder/embedding_hidden_mapping_in/{leaf}",
+       f"{tf1_scope}embeddings_project/{leaf}", _SAME,
+       f"{hf_prefix}embeddings_project.{'weight' if leaf == 'kernel' else 'bias'}",
+       _T if leaf == "kernel" else _SAME) for leaf in ("kernel", "bias"))
+
+
+ELECTRA_EMBEDDING_ROWS = _electra_rows(EMBEDDING_ROWS, "bert/", "electra/", "electra.")
+ELECTRA_DISCRIMINATOR_HEAD_ROWS = (
+    ("discriminator_predictions/dense/kernel", "discriminator_predictions/dense/kernel", _SAME,
+     "discriminator_predictions.dense.weight", _T),
+    ("discriminator_predictions/dense/bias", "discriminator_predictions/dense/bias", _SAME,
+     "discriminator_predictions.dense.bias", _SAME),
+    ("discriminator_predictions/dense_prediction/kernel",
+     "discriminator_predictions/dense_1/kernel", _SAME,
+     "discriminator_predictions.dense_prediction.weight", _T),
+    ("discriminator_predictions/dense_prediction/bias", "discriminator_predictions/dense_1/bias",
+     _SAME, "discriminator_predictions.dense_prediction.bias", _SAME),
+)
+_GEN_HF = HF_GENERATOR + "generator_predictions."
+ELECTRA_GENERATOR_HEAD_ROWS = (
+    ("generator_predictions/transform/dense/kernel", "generator_predictions/dense/kernel",
+     _SAME, _GEN_HF + "dense.weight", _T),
+    ("generator_predictions/transform/dense/bias", "generator_predictions/dense/bias", _SAME,
+     _GEN_HF + "dense.bias", _SAME),
+    ("generator_predictions/transform/LayerNorm/scale", "generator_predictions/LayerNorm/gamma",
+     _SAME, _GEN_HF + "LayerNorm.weight", _SAME),
+    ("generator_predictions/transform/LayerNorm/bias", "generator_predictions/LayerNorm/beta",
+     _SAME, _GEN_HF + "LayerNorm.bias", _SAME),
+    ("generator_predictions/output_bias", "generator_predictions/output_bias", _SAME,
+     HF_GENERATOR + "generator_lm_head.bias", _SAME),
+)
+# The generator directory's copies of the shared tables, and its decoder tied to them.
+ELECTRA_GENERATOR_SHARED = {
+    HF_GENERATOR + hf: hf for _, _, _, hf, _ in ELECTRA_EMBEDDING_ROWS}
+ELECTRA_GENERATOR_SHARED[HF_GENERATOR + "generator_lm_head.weight"] = (
+    "electra.embeddings.word_embeddings.weight")
+
+
+def electra_table(config: BertConfig) -> list[Row]:
+  """ELECTRA's rows: the shared embeddings, the discriminator (`electra/...` in TF1,
+  `electra.*` in its Hugging Face directory) and, when the config has one, the generator
+  (`generator/...` in TF1, `generator/electra.*` here for its directory), each with its E → H
+  projection where its width differs from the embeddings'."""
+  rows = list(ELECTRA_EMBEDDING_ROWS)
+  if config.factorized_embeddings:
+    rows += _projection_rows("bert/", "electra/", "electra.")
+  rows += [r for i in range(config.num_hidden_layers) for r in _electra_rows(
+      [tuple(c.format(i=i) for c in r) for r in LAYER_ROWS], "bert/", "electra/", "electra.")]
+  rows += ELECTRA_DISCRIMINATOR_HEAD_ROWS
+  if config.has_generator:
+    gen = config.generator_config()
+    hf = HF_GENERATOR + "electra."
+    if gen.factorized_embeddings:
+      rows += _projection_rows("generator/", "generator/", hf)
+    rows += [r for i in range(gen.num_hidden_layers) for r in _electra_rows(
+        [tuple(c.format(i=i) for c in r) for r in LAYER_ROWS], "generator/", "generator/", hf)]
+    rows += ELECTRA_GENERATOR_HEAD_ROWS
+  return [Row(*r) for r in rows]
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
   """How one model family is named in Hugging Face checkpoints: the prefix of its encoder,
@@ -238,6 +363,19 @@ FAMILIES = {
         "predictions.decoder.weight": "albert.embeddings.word_embeddings.weight",
         "predictions.decoder.bias": "predictions.bias",
     }, True),
+    "electra": Family("electra.", ("discriminator_predictions.", "generator_predictions.",
+                                   "generator_lm_head.", HF_GENERATOR), {
+        "electra.embeddings.position_ids": None,
+        "electra.embeddings.token_type_ids": None,
+        HF_GENERATOR + "electra.embeddings.position_ids": None,
+        HF_GENERATOR + "electra.embeddings.token_type_ids": None,
+        **ELECTRA_GENERATOR_SHARED,
+    }, True),
+    "distilbert": Family("distilbert.", ("vocab_transform.", "vocab_layer_norm.",
+                                         "vocab_projector."), {
+        "distilbert.embeddings.position_ids": None,
+        "vocab_projector.weight": "distilbert.embeddings.word_embeddings.weight",
+    }, False),
 }
 
 
@@ -281,20 +419,25 @@ def family_table(config: BertConfig, column: str) -> list[Row]:
   the released families only (ALBERT with every layer shared, BERT and RoBERTa unshared and
   unfactorized), and TF1 only for the families that released TF1 checkpoints."""
   family = config.model_type
+  factorized_families = ("albert", "electra")
   expected_share = "all" if family == "albert" else "none"
   problems = []
   if config.share_parameters != expected_share:
     problems.append(f"share_parameters={config.share_parameters!r} (a {family} checkpoint "
                     f"has {expected_share!r})")
-  if family != "albert" and config.factorized_embeddings:
+  if family not in factorized_families and config.factorized_embeddings:
     problems.append(f"embedding_size={config.embedding_size} != hidden_size (only ALBERT "
-                    "checkpoints have factorized embeddings)")
+                    "and ELECTRA checkpoints have factorized embeddings)")
   if column == "tf1" and not FAMILIES[family].has_tf1:
     problems.append(f"{family} has no TF1 checkpoint format (no TF1 release)")
   if problems:
     fmt = "TF1" if column == "tf1" else "Hugging Face"
     raise ValueError(f"model_type={family!r}: no {fmt} names for this model: "
                      + "; ".join(problems) + ".")
+  if family == "electra":
+    return electra_table(config)
+  if family == "distilbert":
+    return distilbert_table(config.num_hidden_layers)
   return name_table(config.num_hidden_layers, model_type=family)
 
 
@@ -381,7 +524,7 @@ def apply_table(state: Mapping[str, np.ndarray], config: BertConfig, column: str
     raise ValueError(f"{source}: tensor shapes disagree with the config "
                      f"(model_type={config.model_type}):\n" + "\n".join(errors))
   params = unflatten_params(flat)
-  if config.scan_layers and "bert" in params and "encoder" in params["bert"]:
+  if config.scan_layers and any("encoder" in scope for scope in params.values()):
     params = modeling.stack_layers(params, config.num_hidden_layers)
   return params, report, used
 
@@ -392,7 +535,8 @@ def params_to_state(params: Mapping, config: BertConfig, column: str,
   Parameters without a row are an error rather than left out, so an export is never silently
   partial."""
   params = to_numpy(params)
-  if "bert" in params and "layer" in params["bert"].get("encoder", {}):
+  if any("layer" in scope.get("encoder", {}) for scope in params.values()
+         if isinstance(scope, Mapping)):
     params = modeling.unstack_layers(params, config.num_hidden_layers)
   flat = flatten_params(params)
   rows = family_table(config, column)
@@ -419,6 +563,15 @@ def expected_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
   itself (eval_shape), so the table and the modules cannot drift apart unnoticed."""
   cfg = config.replace(scan_layers=False, remat_policy="none")
   ids = jnp.zeros((1, 8), jnp.int32)
+  if cfg.model_type == "electra":
+    slots = jnp.zeros((1, 2), jnp.int32)
+    model = electra.ElectraForPreTraining(cfg)
+    method = None if cfg.has_generator else electra.ElectraForPreTraining.discriminate
+    inputs = (ids, ids, ids, slots, slots, slots) if cfg.has_generator else (ids, ids, ids)
+    abstract = jax.eval_shape(lambda: nn.unbox(model.init(
+        {"params": jax.random.PRNGKey(0), "sample": jax.random.PRNGKey(0)}, *inputs,
+        method=method)["params"]))
+    return {k: tuple(v.shape) for k, v in flatten_params(abstract).items()}
   abstract = jax.eval_shape(
       lambda: nn.unbox(heads.BertForPreTraining(cfg).init(
           jax.random.PRNGKey(0), ids, ids, ids, jnp.zeros((1, 2), jnp.int32))["params"]))

@@ -1,6 +1,8 @@
 """Google's TF1 checkpoints (`bert_model.ckpt.{index,data-*}` + `bert_config.json`) ↔ ours.
 
-ALBERT's release (google-research/albert) is read and written the same way, with
+ELECTRA's (google-research/electra: `electra/...` discriminator and `generator/...` variables,
+no config file of its own; see `electra_config`) too. ALBERT's release
+(google-research/albert) is read and written the same way, with
 `albert_config.json` beside the checkpoint: its variables follow the ALBERT rows of the name
 table, and its `hidden_act: "gelu"` means the tanh approximation (ALBERT's `modeling.gelu`),
 which is `gelu_new` here.
@@ -33,8 +35,10 @@ ALBERT_CONFIG_NAME = "albert_config.json"
 # form, which its code does not know, is written as "gelu_exact" so that we read it back.
 _ALBERT_ACT_TO_OURS = {"gelu": "gelu_new", "gelu_exact": "gelu"}
 _TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_approximate")
-# Variables that only an ALBERT checkpoint has.
+# Variables that only an ALBERT checkpoint has; those of an ELECTRA one.
 _ALBERT_MARKER = "bert/encoder/transformer/group_0/"
+_ELECTRA_MARKER = "electra/"
+_ELECTRA_GENERATOR_LAYER = "generator/encoder/layer_"
 
 # What training leaves in a checkpoint besides the weights: the moments of the original
 # optimization.py (`adam_m`, `adam_v`), tf.train.AdamOptimizer's slots and powers, the step.
@@ -143,6 +147,8 @@ def load_tf1_checkpoint(path: str, bert_config_file: str | None = None, **config
   if config_overrides:
     config = config.replace(**config_overrides)
   names = sorted(reader.get_variable_to_shape_map())
+  if any(n.startswith(_ELECTRA_MARKER) for n in names):
+    config = electra_config(config, reader.get_variable_to_shape_map(), prefix)
   albert_names = any(n.startswith(_ALBERT_MARKER) for n in names)
   if albert_names != (config.model_type == "albert"):
     family = "ALBERT" if albert_names else "BERT"
@@ -153,6 +159,33 @@ def load_tf1_checkpoint(path: str, bert_config_file: str | None = None, **config
   params, report = tf1_state_to_params(state, config, source=prefix)
   report.skipped = [n for n in names if is_tf1_optimizer_variable(n)]
   return config, params, report
+
+
+def electra_config(config: BertConfig, shapes: Mapping[str, list[int]], source: str
+                   ) -> BertConfig:
+  """The config of an ELECTRA checkpoint (google-research/electra), from the given config and
+  the variables' shapes. ELECTRA's releases have no config file of their own (their sizes come
+  from its code's hyperparameters), so a BERT-style config of the discriminator is read as
+  ELECTRA's, the embedding width is the table's, and the generator's width, depth and
+  feed-forward size are its variables' (heads: max(1, width/64), ELECTRA's rule)."""
+  table = shapes.get("electra/embeddings/word_embeddings")
+  changes: dict = {"model_type": "electra"}
+  if table is not None and table[1] != config.hidden_size:
+    changes["embedding_size"] = int(table[1])
+  layers = {int(n[len(_ELECTRA_GENERATOR_LAYER):].split("/", 1)[0]) for n in shapes
+            if n.startswith(_ELECTRA_GENERATOR_LAYER)}
+  if layers and not config.has_generator:
+    query = shapes.get("generator/encoder/layer_0/attention/self/query/kernel")
+    ffn = shapes.get("generator/encoder/layer_0/intermediate/dense/kernel")
+    if query is None or ffn is None:
+      raise ValueError(f"{source}: the generator's layer 0 lacks its query or intermediate "
+                       "kernel; cannot tell the generator's shape.")
+    changes.update(generator_hidden_size=int(query[1]), generator_num_hidden_layers=len(layers),
+                   generator_intermediate_size=int(ffn[1]))
+  if config.model_type not in ("bert", "electra"):
+    raise ValueError(f"{source}: the checkpoint's variables are ELECTRA's but its config says "
+                     f"model_type={config.model_type!r}.")
+  return config.replace(**changes)
 
 
 def params_to_tf1_state(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:

@@ -27,8 +27,9 @@ ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn", "pallas")
 # Model families: one encoder, configured. "albert" adds factorized embeddings, shared layers and
 # a sentence-order head; "roberta" one token type and positions counted after the padding index;
 # "electra" a discriminator (no pooler: its sentence vector is the [CLS] output itself) trained
-# beside a small generator, whose shape the `generator_*` fields give.
-MODEL_TYPES = ("bert", "albert", "roberta", "electra")
+# beside a small generator, whose shape the `generator_*` fields give; "distilbert" BERT without
+# token-type embeddings (type_vocab_size 0), as Sanh et al. 2019 distilled it.
+MODEL_TYPES = ("bert", "albert", "roberta", "electra", "distilbert")
 
 # Which parts of a layer are shared across layers (Lan et al. 2020, Table 4): none, all (ALBERT),
 # only the attention block, or only the feed-forward block.
@@ -116,9 +117,13 @@ class BertConfig:
       raise ValueError(f"BertConfig: remat_policy={self.remat_policy!r}; expected one of "
                        f"{', '.join(REMAT_POLICIES)}.")
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                 "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+                 "intermediate_size", "max_position_embeddings"):
       if int(getattr(self, name)) <= 0:
         raise ValueError(f"BertConfig: {name}={getattr(self, name)} must be positive.")
+    if int(self.type_vocab_size) < 0 or (self.type_vocab_size == 0
+                                         and self.model_type != "distilbert"):
+      raise ValueError(f"BertConfig: type_vocab_size={self.type_vocab_size} must be positive "
+                       "(0, no token types, is DistilBERT's: model_type='distilbert').")
     if self.model_type not in MODEL_TYPES:
       raise ValueError(f"BertConfig: model_type={self.model_type!r}; expected one of "
                        f"{', '.join(MODEL_TYPES)}.")
@@ -214,6 +219,8 @@ class BertConfig:
     """
     values = dict(values)
     model_type = values.get("model_type", "bert")
+    if model_type == "distilbert":
+      values = _from_distilbert(values, source)
     if model_type not in MODEL_TYPES:
       raise ValueError(f"{source}: model_type={model_type!r}; supported families: "
                        f"{', '.join(MODEL_TYPES)}.")
@@ -271,11 +278,13 @@ class BertConfig:
     other sharing has no Hugging Face form, so only our own loaders read it back from
     `share_parameters`). RoBERTa: `pad_token_id` is the offset less one (padding_idx).
     """
+    if architectures is None:
+      architectures = (DEFAULT_ARCHITECTURES[self.model_type],)
+    if self.model_type == "distilbert":
+      return _to_distilbert(self, architectures)
     out = {name: getattr(self, name) for name in self.SHAPE_FIELDS}
     out.update(model_type=self.model_type, position_embedding_type="absolute",
                torch_dtype="float32")
-    if architectures is None:
-      architectures = (DEFAULT_ARCHITECTURES[self.model_type],)
     out["architectures"] = list(architectures)
     if self.model_type == "bert":
       out.update(pad_token_id=0)
@@ -304,7 +313,42 @@ class BertConfig:
 
 # The Hugging Face class a full pre-training tree of each family is written as.
 DEFAULT_ARCHITECTURES = {"bert": "BertForPreTraining", "albert": "AlbertForPreTraining",
-                         "roberta": "RobertaForMaskedLM", "electra": "ElectraForPreTraining"}
+                         "roberta": "RobertaForMaskedLM", "electra": "ElectraForPreTraining",
+                         "distilbert": "DistilBertForMaskedLM"}
+
+# DistilBERT's config.json names ↔ ours (transformers' DistilBertConfig).
+_DISTILBERT_NAMES = {"dim": "hidden_size", "n_layers": "num_hidden_layers",
+                     "n_heads": "num_attention_heads", "hidden_dim": "intermediate_size",
+                     "dropout": "hidden_dropout_prob",
+                     "attention_dropout": "attention_probs_dropout_prob",
+                     "activation": "hidden_act"}
+
+
+def _from_distilbert(values: dict, source: str) -> dict:
+  """A DistilBERT `config.json` in BERT's field names: no token types, LayerNorm ε 1e-12 (its
+  hard-coded value); sinusoidal position tables are refused (none of the released models has
+  them, and this encoder learns its positions)."""
+  if values.get("sinusoidal_pos_embds"):
+    raise ValueError(f"{source}: DistilBERT with sinusoidal_pos_embds=true is not supported "
+                     "(only learned position embeddings, as in the released models).")
+  out = {ours: values[theirs] for theirs, ours in _DISTILBERT_NAMES.items() if theirs in values}
+  out.update({k: v for k, v in values.items() if k not in _DISTILBERT_NAMES})
+  out.update(type_vocab_size=0, layer_norm_eps=1e-12)
+  return out
+
+
+def _to_distilbert(config: BertConfig, architectures) -> dict[str, Any]:
+  """Our config as transformers' `DistilBertConfig` writes it."""
+  if config.layer_norm_eps != 1e-12 or config.type_vocab_size != 0:
+    raise ValueError(f"DistilBERT has no token types and LayerNorm ε 1e-12; this model has "
+                     f"type_vocab_size={config.type_vocab_size}, "
+                     f"layer_norm_eps={config.layer_norm_eps}.")
+  out = {theirs: getattr(config, ours) for theirs, ours in _DISTILBERT_NAMES.items()}
+  out.update(vocab_size=config.vocab_size, max_position_embeddings=config.max_position_embeddings,
+             initializer_range=config.initializer_range, sinusoidal_pos_embds=False,
+             model_type="distilbert", pad_token_id=0, torch_dtype="float32",
+             architectures=list(architectures))
+  return out
 
 
 def _family_fields(model_type: str, values: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -384,6 +428,9 @@ def _presets() -> dict[str, BertConfig]:
       "albert_xxlarge": _albert(12, 4096, 64, 16384),
       "roberta_base": _roberta(12, 768, 12),
       "roberta_large": _roberta(24, 1024, 16),
+      # Sanh et al. 2019: BERT-base halved in depth, without token-type embeddings.
+      "distilbert_base": BertConfig(model_type="distilbert", num_hidden_layers=6,
+                                    type_vocab_size=0),
       "electra_small": _electra(12, 256, 4, 128, 64),
       "electra_base": _electra(12, 768, 12, 768, 256),
       "electra_large": _electra(24, 1024, 16, 1024, 256),

@@ -212,7 +212,8 @@ def attention_kernel_description(config: BertConfig) -> str:
 
 
 class BertEmbeddings(nn.Module):
-  """Word + position + token-type embeddings, then LayerNorm and dropout.
+  """Word + position + token-type embeddings, then LayerNorm and dropout (DistilBERT: no
+  token types, `type_vocab_size=0`).
 
   The tables are `config.embedding_width` wide: hidden_size for BERT and RoBERTa, E (128) for
   ALBERT, whose encoder projects them up to hidden_size (`embedding_hidden_mapping_in`), so a
@@ -232,9 +233,10 @@ class BertEmbeddings(nn.Module):
     self.position_embeddings = self.param(
         "position_embeddings", nn.with_logical_partitioning(init, ("position", "embed")),
         (cfg.max_position_embeddings, cfg.embedding_width), pdt)
-    self.token_type_embeddings = self.param(
-        "token_type_embeddings", nn.with_logical_partitioning(init, ("token_type", "embed")),
-        (cfg.type_vocab_size, cfg.embedding_width), pdt)
+    if cfg.type_vocab_size:  # none in DistilBERT
+      self.token_type_embeddings = self.param(
+          "token_type_embeddings", nn.with_logical_partitioning(init, ("token_type", "embed")),
+          (cfg.type_vocab_size, cfg.embedding_width), pdt)
     self.layer_norm = layer_norm(cfg)
     self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
@@ -247,8 +249,9 @@ class BertEmbeddings(nn.Module):
     # every weight) so the row gather partitions cleanly over a vocabulary split on `model`.
     word_table = nn.with_logical_constraint(self.word_embeddings, ("vocab", None))
     x = (jnp.take(word_table, input_ids, axis=0)
-         + jnp.take(self.position_embeddings, position_ids, axis=0)
-         + jnp.take(self.token_type_embeddings, segment_ids, axis=0))
+         + jnp.take(self.position_embeddings, position_ids, axis=0))
+    if self.config.type_vocab_size:
+      x = x + jnp.take(self.token_type_embeddings, segment_ids, axis=0)
     x = self.layer_norm(x.astype(jnp.float32))
     x = self.dropout(x, deterministic=deterministic).astype(_dtype(self.config.dtype))
     return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
