@@ -65,6 +65,9 @@ def convert(source: str, target: str, output_format: str,
       f"{loaded.location} step {loaded.step}" if loaded.step is not None else loaded.location)
   print(f"read {checkpoints.KIND_NAMES[loaded.kind]}: {detail}")
   params = checkpoints.in_layout(loaded.params, loaded.config, False)
+  if "teacher" in params:  # a distillation workdir: the model is the student; the teacher is
+    params = {k: v for k, v in params.items() if k != "teacher"}  # its own checkpoint
+    print("left out teacher/* (the distillation teacher: convert its own checkpoint)")
   config = loaded.config.replace(scan_layers=False)
   if output_format in ("hf", "tf1"):
     params = without_pretraining_only_heads(params)

@@ -83,6 +83,13 @@ ORIGINAL_FLAGS = (
                                     "down from the head learns at this factor of the rate of "
                                     "the one above; 0 is off (0; ELECTRA: 0.8 base, 0.9 "
                                     "large)."),
+    ("teacher_checkpoint", "string", "Distil a fine-tuned teacher (the --output_dir of its "
+                                     "fine-tuning run on this task) into the model being "
+                                     "fine-tuned (GLUE-style tasks)."),
+    ("distill_temperature", "float", "Temperature T of the teacher's and student's softmax "
+                                     "(2.0, DistilBERT's task distillation)."),
+    ("distill_alpha", "float", "Weight of the teacher's soft targets (x T²); 1 - alpha goes "
+                               "to the labels (0.5)."),
 )
 
 

@@ -249,6 +249,8 @@ def test_no_gradient_reaches_the_generator_through_the_sample():
 def test_tiny_electra_run_trains_resumes_and_fine_tunes_from_the_discriminator(
     tmp_path, masking):
   files = ph.write_records(str(tmp_path / "records"), masking=masking)
+  files_batch = ph.helpers.random_pretraining_batch(np.random.RandomState(5), 2, ph.SEQ,
+                                                    ph.PRED, ph.VOCAB)
   overrides = {"model.preset": "electra_test", "model.vocab_size": ph.VOCAB,
                "train_until_step": 4, "total_steps": 12, "checkpoint_every_steps": 1000}
   vocab = tmp_path / "vocab.txt"
@@ -286,6 +288,16 @@ def test_tiny_electra_run_trains_resumes_and_fine_tunes_from_the_discriminator(
   exported = hf_io.save_hf_checkpoint(trained, config, str(tmp_path / "hf"))
   assert os.path.exists(os.path.join(exported, "generator", "model.safetensors"))
   transformers.ElectraForPreTraining.from_pretrained(exported)
+  # Fill-in-the-[MASK] reads the generator as a plain masked LM: the same logits.
+  gen_config, masked_lm = checkpoints.load_masked_lm(workdir)
+  assert gen_config.hidden_size == 32 and gen_config.embedding_size == 32
+  ids, mask, segments = (np.asarray(files_batch[k][:2]) for k in ("input_ids", "input_mask",
+                                                                     "segment_ids"))
+  slots = np.asarray(files_batch["masked_lm_positions"][:2])
+  np.testing.assert_allclose(
+      np.asarray(heads.BertForMaskedLM(gen_config).apply({"params": masked_lm}, ids, mask,
+                                                         segments, slots)),
+      _apply(config, trained, "generate", ids, mask, segments, slots), atol=1e-5)
   if masking == "dynamic":
     return
   # A GLUE-format task from the workdir, with ELECTRA's layer-wise learning-rate decay; the

@@ -15,6 +15,9 @@ The initialisation order of every run (pre-training and fine-tuning alike) is `i
    merged over a fresh initialisation (absent heads start fresh; a longer position table keeps
    the trained rows);
 3. else a fresh initialisation from the seed.
+
+A run that starts (2 with `init_mode="params"`, or 3) then passes its parameters through the
+objective's `initialize_params` (`training/objective.py`: a distillation teacher's weights).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from absl import logging
 from bert_jax import file_io
 from bert_jax.interop import hf, kinds, tf1
 from bert_jax.interop.names import LoadReport, flatten_params, to_numpy, unflatten_params
-from bert_jax.model import heads, modeling
+from bert_jax.model import electra, heads, modeling
 from bert_jax.model.configuration import BertConfig
 from bert_jax.training import checkpointing
+from bert_jax.training.objective import Objective
 from bert_jax.training import state as state_lib
 
 CHECKPOINTS = kinds.CHECKPOINTS
@@ -148,12 +152,14 @@ def load_pretraining_model(path: str, require_heads: bool = True,
                            scan_layers: bool | None = None) -> tuple[BertConfig, Any]:
   """`(config, params)` of a pre-training model (encoder + the `cls` heads it has) from any
   checkpoint. `require_heads` asks for the masked-LM head (the next-sentence head is optional:
-  MLM-only checkpoints have none). `scan_layers` converts the layers to that layout; None keeps
-  the stored one."""
+  MLM-only checkpoints have none); of an ELECTRA model that is its generator. `scan_layers`
+  converts the layers to that layout; None keeps the stored one."""
   loaded = load_any(path)
-  if require_heads and "predictions" not in loaded.params.get("cls", {}):
-    raise ValueError(_no_heads_message(path, loaded.kind, loaded.params))
   config, params = loaded.config, loaded.params
+  if require_heads and config.has_generator and "generator" in params:
+    config, params = electra.generator_as_masked_lm(config, params)  # ELECTRA's masked LM
+  if require_heads and "predictions" not in params.get("cls", {}):
+    raise ValueError(_no_heads_message(path, loaded.kind, params))
   if scan_layers is not None:
     params = in_layout(params, config, scan_layers)
     config = config.replace(scan_layers=scan_layers)
@@ -324,11 +330,15 @@ def initial_state(objective, model, tx, mesh, rules, *, batch_size: int, seed: i
     params = in_layout(loaded.params, loaded.config, model.config.scan_layers)
     params = select_scopes(params, fresh, objective.init_scopes, loaded.origin)
     merged = merge_params(fresh, extend_positions(params, fresh), where=loaded.origin)
+    merged = objective.initialize_params(merged)
     return InitialState(state.replace(params=jax.device_put(merged, state_sh.params)),
                         state_sh, None,
                         f"weights from {init_checkpoint}{_unused_note(loaded.report)}")
   state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, seed, example,
                                                  objective.input_names)
+  if type(objective).initialize_params is not Objective.initialize_params:
+    params = objective.initialize_params(jax.device_get(state.params))
+    state = state.replace(params=jax.device_put(params, state_sh.params))
   return InitialState(state, state_sh, None, "initialised from scratch")
 
 

@@ -137,3 +137,14 @@ def discriminator_loss(logits, labels, weights) -> dict[str, jax.Array]:
           "predicted_sum": jnp.sum(predicted * weights),
           "replaced_sum": jnp.sum(labels_f * weights),
           "true_positive_sum": jnp.sum(predicted * labels_f * weights)}
+
+
+def generator_as_masked_lm(config: BertConfig, params: dict) -> tuple[BertConfig, dict]:
+  """ELECTRA's generator as a plain masked LM (`heads.BertForMaskedLM` of the generator's
+  config): the shared embedding tables, the generator's encoder (its E → H projection is where
+  a factorized encoder keeps one) and its head. What fill-in-the-[MASK] uses of an ELECTRA
+  model: the discriminator predicts no tokens."""
+  tree = {"bert": {"embeddings": params["bert"]["embeddings"],
+                   "encoder": params["generator"]["encoder"]},
+          "cls": {"predictions": params["generator_predictions"]}}
+  return config.generator_config(), tree

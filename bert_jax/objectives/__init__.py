@@ -9,10 +9,13 @@ its objective (`config.objective`):
   mlm       RoBERTa: masked-LM alone (any records; the sentence label is not read)
   mlm_sbo   SpanBERT: masked-LM + the span boundary objective (any records; span masking)
   electra   ELECTRA: generator masked-LM + replaced-token detection (any records; electra_*)
+  distill   DistilBERT: a student masked LM taught by a fixed teacher checkpoint (any records;
+            config.distillation, configs/distill.py)
 """
 
 from __future__ import annotations
 
+from bert_jax.objectives.distillation import Distillation
 from bert_jax.objectives.electra import ReplacedTokenDetection
 from bert_jax.objectives.mlm import MaskedLm
 from bert_jax.objectives.mlm_nsp import MaskedLmNextSentence
@@ -21,7 +24,7 @@ from bert_jax.objectives.mlm_sop import MaskedLmSentenceOrder
 
 OBJECTIVES = {"mlm_nsp": MaskedLmNextSentence, "mlm_sop": MaskedLmSentenceOrder,
               "mlm": MaskedLm, "mlm_sbo": MaskedLmSpanBoundary,
-              "electra": ReplacedTokenDetection}
+              "electra": ReplacedTokenDetection, "distill": Distillation}
 
 
 def get_objective(name: str, **settings):

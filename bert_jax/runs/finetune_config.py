@@ -66,6 +66,13 @@ def get_config() -> ml_collections.ConfigDict:
       # decay^(L + 1 - i), embeddings at decay^(L + 2), the head at the full rate. 0.0: off;
       # ELECTRA fine-tunes with 0.8 (base) and 0.9 (large).
       "layerwise_lr_decay": 0.0,
+      # Task-time distillation (GLUE-style tasks): a fine-tuned teacher (the --output_dir of its
+      # fine-tuning run) teaches the model being fine-tuned: loss = alpha · T² · soft
+      # cross-entropy(student/T, teacher/T) + (1 - alpha) · the task's loss. T 2.0 and alpha
+      # 0.5 are DistilBERT's task distillation (run_squad_w_distillation.py); TinyBERT used T 1.
+      "teacher_checkpoint": config_dict.placeholder(str),
+      "distill_temperature": 2.0,
+      "distill_alpha": 0.5,
       "hidden_dropout_prob": config_dict.placeholder(float),  # None: the checkpoint's value
       "grad_accum_steps": 1,
       "log_every_steps": 50,

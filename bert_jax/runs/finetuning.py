@@ -33,6 +33,7 @@ from bert_jax.interop import checkpoints
 from bert_jax.model import configuration
 from bert_jax.parallel import sharding
 from bert_jax.runs import finetune_config
+from bert_jax.tasks import distillation as task_distillation
 from bert_jax.tasks import glue, question_answering, sequence_classification
 from bert_jax.text import vocab_files
 from bert_jax.training import loop, metrics, optimizer, workdir_lock
@@ -87,16 +88,17 @@ def num_train_steps(num_examples: int, batch_size: int, epochs: float) -> int:
 
 
 def _optimizer(config, num_steps: int, learning_rate: float, warmup_proportion: float,
-               num_layers: int | None = None):
+               num_layers: int | None = None, frozen_scopes: tuple[str, ...] = ()):
   """The fine-tuning optimizer; `num_layers` (the model's num_hidden_layers) places each layer
-  for `config.layerwise_lr_decay`, which needs it when on."""
+  for `config.layerwise_lr_decay`, which needs it when on; `frozen_scopes` (the objective's: a
+  distillation teacher) get no update and no state."""
   return optimizer.create_optimizer(ml_collections.ConfigDict({
       "name": "adamw", "learning_rate": learning_rate, "total_steps": max(num_steps, 1),
       "warmup_steps": int(num_steps * warmup_proportion), "weight_decay": config.weight_decay,
       "eps": 1e-6, "bias_correction": config.bias_correction,
       "grad_clip_norm": config.grad_clip_norm,
-      "layerwise_lr_decay": config.get("layerwise_lr_decay", 0.0) or 0.0}),
-      num_layers=num_layers)
+      "layerwise_lr_decay": config.get("layerwise_lr_decay", 0.0) or 0.0,
+      "frozen_scopes": tuple(frozen_scopes)}), num_layers=num_layers)
 
 
 def max_sequences_per_row(config: ml_collections.ConfigDict, max_seq_length: int
@@ -175,7 +177,8 @@ def _fit(job: _Job, objective, model, tokenizer, *, feats, num_steps: int, batch
   """The init order, then (when `feats` are given) training: `(state, init, loop result or
   None)`. Training settings and time go into `results`."""
   tx, schedule = _optimizer(job.config, num_steps, learning_rate, warmup_proportion,
-                            num_layers=job.bert_config.num_hidden_layers)
+                            num_layers=job.bert_config.num_hidden_layers,
+                            frozen_scopes=objective.frozen_scopes)
   init = checkpoints.initial_state(objective, model, tx, job.mesh, job.rules,
                                    batch_size=batch_size, seed=seed,
                                    checkpoints=job.checkpoints, init_checkpoint=init_checkpoint,
@@ -260,6 +263,10 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
                                 "predict_batch_size": predict_batch_size})
   objective = sequence_classification.SequenceClassification(
       task, max_seq_length, max_sequences_per_row(job.config, max_seq_length))
+  if job.config.get("teacher_checkpoint"):  # taught by a fine-tuned teacher
+    objective = task_distillation.TaskDistillation(
+        objective, job.config.teacher_checkpoint, job.config.distill_temperature,
+        job.config.distill_alpha).with_checkpoints(checkpoints)
   model = objective.model(job.bert_config)
   results: dict[str, Any] = {"task": task.name}
   train_examples = read_examples(task, data_dir, "train", data_format) if do_train else []
@@ -284,6 +291,9 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
   if result is not None and result.stopped_early:
     return _stopped(job, result, num_steps, results)
 
+  if isinstance(objective, task_distillation.TaskDistillation):  # the student alone from here
+    objective, state, init = task_distillation.student_view(objective, state, init)
+    model = objective.model(job.bert_config)
   predictor = _predictor(job, objective, model, init)
   if do_eval:
     for split in task.eval_splits:
@@ -462,6 +472,9 @@ def run_from_config(config: ml_collections.ConfigDict, tokenizer) -> dict[str, A
       raise ValueError(f"--task_name={config.task_name} is SQuAD 1.1; drop "
                        "--version_2_with_negative or use --task_name=squad_v2.")
     do_predict = config.do_predict or config.do_eval
+    if config.get("teacher_checkpoint"):
+      raise ValueError("--teacher_checkpoint: task-time distillation is for GLUE-style "
+                       "classification and regression tasks, not SQuAD.")
     if config.do_train and not (config.train_file or config.data_dir):
       raise ValueError("--do_train needs --train_file (or a tfds --data_dir).")
     if do_predict and not (config.predict_file or config.data_dir):

@@ -56,10 +56,14 @@ def objective_from(config: ml_collections.ConfigDict,
   packing = ({"packed": True, "max_sequences_per_row": max_sequences_per_row}
              if max_sequences_per_row else {})
   settings = dict(config.get("objective_settings") or {})
-  return objectives.get_objective(config.get("objective", "mlm_nsp"),
-                                  max_seq_length=config.data.max_seq_length,
+  name = config.get("objective", "mlm_nsp")
+  # An objective with a section of its own (distillation: `config.distillation`) reads it too.
+  section = getattr(objectives.OBJECTIVES.get(name), "config_section", None)
+  if section and config.get(section) is not None:
+    settings.update(config[section].to_dict())
+  return objectives.get_objective(name, max_seq_length=config.data.max_seq_length,
                                   max_predictions_per_seq=config.data.max_predictions_per_seq,
-                                  **packing, **settings)
+                                  **packing, **settings).with_checkpoints(checkpoints)
 
 
 def check_records_objective(config: ml_collections.ConfigDict, files: list[str]) -> None:
@@ -233,10 +237,13 @@ def build(config: ml_collections.ConfigDict, devices=None,
   mesh, rules = sharding.mesh_from_config(config, devices)
   sharding.check_batch_divisible(config.global_batch_size, mesh)
   bert_config.check_sequence_length(config.data.max_seq_length, "data.max_seq_length")
+  objective = objective_from(config, max_sequences_per_row)
   opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
   opt_config.total_steps = config.total_steps
+  # The scopes the objective keeps fixed (a distillation teacher) besides the config's own.
+  opt_config.frozen_scopes = tuple(dict.fromkeys(
+      tuple(opt_config.get("frozen_scopes") or ()) + tuple(objective.frozen_scopes)))
   tx, schedule = optimizer.create_optimizer(opt_config)
-  objective = objective_from(config, max_sequences_per_row)
   return Run(bert_config, objective, objective.model(bert_config), tx, schedule, mesh, rules)
 
 

@@ -45,6 +45,27 @@ class Objective(abc.ABC):
   #: ignores padded positions (not for SQuAD spans, whose softmax runs over every position).
   trim_batches: bool = False
 
+  #: Top-level parameter scopes the optimizer must never change (a distillation teacher kept
+  #: in the same tree): runs add them to `optimizer.frozen_scopes` (no update, no state).
+  frozen_scopes: tuple[str, ...] = ()
+
+  # ------------------------------------------------- other checkpoints and the starting weights
+  def with_checkpoints(self, reader) -> "Objective":
+    """This objective, ready to read the checkpoints it names besides the run's own (a
+    distillation teacher). A run calls it once, before building the model, with the checkpoint
+    reader (`interop.checkpoints`: `read_config`, `load_any`, `in_layout`), which objectives
+    cannot import (it comes later in the flow). Default: `self`, nothing to read."""
+    del reader
+    return self
+
+  def initialize_params(self, params: dict) -> dict:
+    """The parameters a run *starts* from (host arrays): called by the init order
+    (`interop.checkpoints.initial_state`) after a fresh initialisation or an `init_checkpoint`
+    was merged in — never on a resumed or continued state, which already holds them. Returns a
+    tree of the same structure and shapes (a distillation teacher's weights loaded into its
+    scope). Default: unchanged (and the core skips the host round trip)."""
+    return params
+
   # ------------------------------------------------------------------------------ the model
   @abc.abstractmethod
   def model(self, bert_config) -> nn.Module:
