@@ -16,25 +16,26 @@ workdir as from any pre-training run.
 The DistilBERT recipe (paper, Section 3, and the released `examples/research_projects/
 distillation` training script), and what of it this config reproduces:
 
-  reproduced      student 6 layers of BERT-base's width 768 (preset L-6_H-768_A-12), 12 heads;
-                  initialised from the teacher by taking one layer out of two
-                  (`student_init=teacher_every_other_layer`: layer i <- 2i; embeddings and the
-                  masked-LM head copied); loss 5 x T² x soft cross-entropy + 2 x masked LM +
-                  1 x cosine of the last hidden states, T = 2; masked LM only, no next-sentence
-                  prediction; masks drawn anew each time a row is read (dynamic masking:
-                  data_prep --masking=dynamic --objective=none); Adam, lr 5e-4, ε 1e-6, no
-                  weight decay, gradient clipping 5.0, 5% warmup then linear decay; batches of
-                  ~4K sequences of up to 512 tokens (4,096 here, through gradient accumulation
-                  where memory is short: --config.grad_accum_steps); 3 epochs of BooksCorpus +
-                  English Wikipedia (~3.3B words, ~4.3B WordPiece tokens: 3 x 4.3B / (4,096 x
-                  512) ≈ 6,150 steps at full rows; set total_steps from your data's count).
-  not reproduced  DistilBERT drops the token-type embeddings and the pooler; this student keeps
-                  BERT's token-type table (so it is a BERT checkpoint every tool here reads; the
-                  masked-LM model has no pooler). The released extraction took teacher layers
-                  0, 2, 4, 7, 9, 11 (layer i <- 2i here gives 0, 2, 4, 6, 8, 10). The script's
-                  `mlm_smoothing` (masking rare tokens more often, by frequency^-0.7) is not
-                  reproduced: masks are drawn uniformly, as BERT does. The paper trained on
-                  8 x 16GB V100 for about 90 hours; nothing here depends on the hardware.
+  reproduced      student 6 layers of BERT-base's width 768, 12 heads, without token-type
+                  embeddings (preset distilbert_base: model_type distilbert, exported as
+                  transformers' DistilBertForMaskedLM); initialised from the teacher by taking
+                  one layer out of two (`student_init=teacher_every_other_layer`: layer i <- 2i;
+                  embeddings and the masked-LM head copied, the token-type table left out); loss
+                  5 x T² x soft cross-entropy + 2 x masked LM + 1 x cosine of the last hidden
+                  states, T = 2; masked LM only, no next-sentence prediction; masks drawn anew
+                  each time a row is read (dynamic masking: data_prep --masking=dynamic
+                  --objective=none); Adam, lr 5e-4, ε 1e-6, no weight decay, gradient clipping
+                  5.0, 5% warmup then linear decay; batches of ~4K sequences of up to 512 tokens
+                  (4,096 here, through gradient accumulation where memory is short:
+                  --config.grad_accum_steps); 3 epochs of BooksCorpus + English Wikipedia
+                  (~3.3B words, ~4.3B WordPiece tokens: 3 x 4.3B / (4,096 x 512) ≈ 6,150 steps
+                  at full rows; set total_steps from your data's count).
+  not reproduced  The released extraction took teacher layers 0, 2, 4, 7, 9, 11 (layer i <- 2i
+                  here gives 0, 2, 4, 6, 8, 10). The script's `mlm_smoothing` (masking rare
+                  tokens more often, by frequency^-0.7) is not reproduced: masks are drawn
+                  uniformly, as BERT does. The paper trained on 8 x 16GB V100 for about 90
+                  hours; nothing here depends on the hardware. A student with token types is
+                  `--config.model.preset=L-6_H-768_A-12`.
 
 Records: the teacher's vocabulary, one segment per row (no NSP pairs), dynamic masking:
     python -m data_prep.create_pretraining_data --input_file='corpus/*.txt' \
@@ -78,7 +79,7 @@ def distilbert(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """DistilBERT's settings on top of a pre-training config (see the module docstring)."""
   config.objective = "distill"
   config.distillation = distillation_settings()
-  config.model.preset = "L-6_H-768_A-12"
+  config.model.preset = "distilbert_base"
   config.data.max_seq_length = 512
   config.data.max_predictions_per_seq = 80
   config.data.masked_lm_prob = 0.15

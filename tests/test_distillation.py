@@ -149,6 +149,29 @@ def test_student_init_copies_teacher_layer_2i(teacher_workdir, scan_layers):
   _tree_equal(params["teacher"], teacher)
 
 
+def test_a_distilbert_student_takes_every_other_layer_without_token_types(teacher_workdir,
+                                                                          tmp_path):
+  """DistilBERT's student: no token-type table; the rest is the teacher's, and it exports as
+  transformers' DistilBertForMaskedLM."""
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import hf as hf_io  # pylint: disable=g-import-not-at-top
+  objective = _objective(teacher_workdir, student_init="teacher_every_other_layer")
+  student = _student_config(model_type="distilbert", type_vocab_size=0)
+  _, params = _started(objective, student, _batch())
+  teacher = checkpoints.load_masked_lm(teacher_workdir, scan_layers=False)[1]
+  embeddings = params["bert"]["embeddings"]
+  assert "token_type_embeddings" not in embeddings
+  _tree_equal(embeddings, {k: v for k, v in teacher["bert"]["embeddings"].items()
+                           if k != "token_type_embeddings"})
+  _tree_equal(params["bert"]["encoder"]["layer_1"], teacher["bert"]["encoder"]["layer_2"])
+  out = hf_io.save_hf_checkpoint({k: params[k] for k in ("bert", "cls")}, student,
+                                 str(tmp_path / "distilbert"))
+  exported = transformers.DistilBertForMaskedLM.from_pretrained(out)
+  np.testing.assert_array_equal(
+      exported.distilbert.transformer.layer[1].attention.q_lin.weight.detach().numpy(),
+      np.asarray(teacher["bert"]["encoder"]["layer_2"]["attention"]["self"]["query"]["kernel"]).T)
+
+
 def configuration_unstack(params):
   from bert_jax.model import modeling  # pylint: disable=g-import-not-at-top
   return modeling.unstack_layers(params, 2)
@@ -324,7 +347,7 @@ def test_distilbert_recipe_config(teacher_workdir):
   assert (config.objective, config.model.preset, config.optimizer.learning_rate,
           config.distillation.temperature, config.distillation.alpha_ce,
           config.distillation.alpha_mlm, config.distillation.alpha_cos) == (
-              "distill", "L-6_H-768_A-12", 5e-4, 2.0, 5.0, 2.0, 1.0)
+              "distill", "distilbert_base", 5e-4, 2.0, 5.0, 2.0, 1.0)
   with pytest.raises(ValueError, match="config.distillation.teacher_checkpoint is not set"):
     pretraining.objective_from(config)
   config.distillation.teacher_checkpoint = teacher_workdir

@@ -137,7 +137,8 @@ def load_into_scope(params: dict, scope: str, loaded: Mapping, origin: str, fiel
 
 def copy_every_other_layer(params: dict) -> dict:
   """DistilBERT's student initialisation: student layer i ← teacher layer 2i; the embeddings
-  (and any projection of them) and the masked-LM head copied as they are. Shapes must agree
+  (and any projection of them) and the masked-LM head copied as they are, but a token-type
+  table the student does not have (DistilBERT's). Shapes must agree
   (equal widths): a student that cannot take them is refused, naming what differs."""
   field = "config.distillation.student_init=teacher_every_other_layer"
   encoders = (params["bert"].get("encoder", {}), params[TEACHER]["bert"].get("encoder", {}))
@@ -157,8 +158,10 @@ def copy_every_other_layer(params: dict) -> dict:
                   if not k.startswith("layer_")})
   encoder.update({f"layer_{i}": teacher["bert"]["encoder"][f"layer_{2 * i}"]
                   for i in range(s_layers)})
-  copied = {"bert": {**tree["bert"], "embeddings": teacher["bert"]["embeddings"],
-                     "encoder": encoder},
+  # The tables the student has (DistilBERT's student has no token-type table).
+  embeddings = {k: v for k, v in teacher["bert"]["embeddings"].items()
+                if k in tree["bert"]["embeddings"]}
+  copied = {"bert": {**tree["bert"], "embeddings": embeddings, "encoder": encoder},
             "cls": {**tree["cls"], "predictions": teacher["cls"]["predictions"]}}
   want = traverse_util.flatten_dict({k: tree[k] for k in copied}, sep="/")
   got = traverse_util.flatten_dict(copied, sep="/")
