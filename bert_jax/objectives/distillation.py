@@ -43,7 +43,7 @@ from flax import traverse_util
 
 from bert_jax.model import modeling
 from bert_jax.model.configuration import BertConfig
-from bert_jax.objectives.mlm import MaskedLm, _MaskedLmScope
+from bert_jax.objectives.mlm import MaskedLm, MaskedLmModel
 from bert_jax.text import features
 from bert_jax.training import perf
 
@@ -56,22 +56,6 @@ _COMPUTE_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy",
 
 
 # -------------------------------------------------------------------------------- the models
-class MaskedLmWithHidden(nn.Module):
-  """`MaskedLmModel`'s parameters (`bert/...` without pooler, `cls/predictions/...`) and inputs,
-  returning `(mlm_logits, last hidden states)`: what the triple loss reads of each model."""
-  config: BertConfig
-
-  @nn.compact
-  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
-               position_ids=None, sequence_ids=None, deterministic: bool = True):
-    bert = modeling.BertModel(self.config, add_pooling_layer=False, name="bert")
-    out = bert(input_ids, input_mask, segment_ids, position_ids, deterministic=deterministic,
-               sequence_ids=sequence_ids)
-    hidden = out["sequence_output"].astype(jnp.dtype(self.config.dtype))
-    logits = _MaskedLmScope(self.config, name="cls")(hidden, masked_lm_positions, bert.attend)
-    return logits, hidden
-
-
 class TeacherStudent(nn.Module):
   """A student model with its parameters at the root (`nn.share_scope`) and a teacher model
   under `teacher`, on the same inputs: `{"student": ..., "teacher": ...}`, the teacher's outputs
@@ -275,7 +259,8 @@ class Distillation(MaskedLm):
   def model(self, bert_config: BertConfig) -> TeacherStudent:
     teacher = self._teacher_config(bert_config)
     logging.info("%s", modeling.attention_kernel_description(bert_config))
-    return TeacherStudent(MaskedLmWithHidden(bert_config), MaskedLmWithHidden(teacher))
+    return TeacherStudent(MaskedLmModel(bert_config, return_hidden=True),
+                          MaskedLmModel(teacher, return_hidden=True))
 
   # ------------------------------------------------------------------------ loss and metrics
   def denominators(self, batch) -> dict[str, jax.Array]:

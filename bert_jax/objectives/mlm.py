@@ -42,8 +42,10 @@ def batch_spec_from_schema(schema: tuple[features.Feature, ...], batch_size: int
 class MaskedLmModel(nn.Module):
   """`BertModel` (no pooler) + the masked-LM head: `heads.BertForMaskedLM`'s parameter paths
   (`bert/...`, `cls/predictions/...`), and packed rows besides (`position_ids`,
-  `sequence_ids`). Returns the MLM logits (batch, max_predictions, vocab), float32."""
+  `sequence_ids`). Returns the MLM logits (batch, max_predictions, vocab), float32; with
+  `return_hidden`, `(logits, last hidden states)` (what distillation compares)."""
   config: BertConfig
+  return_hidden: bool = False
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
@@ -51,9 +53,9 @@ class MaskedLmModel(nn.Module):
     bert = modeling.BertModel(self.config, add_pooling_layer=False, name="bert")
     out = bert(input_ids, input_mask, segment_ids, position_ids, deterministic=deterministic,
                sequence_ids=sequence_ids)
-    return _MaskedLmScope(self.config, name="cls")(
-        out["sequence_output"].astype(jnp.dtype(self.config.dtype)), masked_lm_positions,
-        bert.attend)
+    hidden = out["sequence_output"].astype(jnp.dtype(self.config.dtype))
+    logits = _MaskedLmScope(self.config, name="cls")(hidden, masked_lm_positions, bert.attend)
+    return (logits, hidden) if self.return_hidden else logits
 
 
 class _MaskedLmScope(nn.Module):
