@@ -85,7 +85,7 @@ def convert(source: str, target: str, output_format: str,
     candidates += [os.path.dirname(loaded.location.rstrip("/")),
                    os.path.dirname(os.path.dirname(loaded.location.rstrip("/")))]
   kept = next((k for k in (vocab_files.copy_kept(c, target_dir or ".") for c in candidates
-                           if c and vocab_files.find_kept(c)) if k), None)
+                           if c) if k), None)
   if kept:
     print(f"copied the vocabulary: {kept}")
   else:

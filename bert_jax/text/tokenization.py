@@ -998,6 +998,7 @@ class ByteLevelBPETokenizer(Tokenizer):
                     how="keys of vocab.json, as in RoBERTa's")
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
         self.vocab[t] for t in bpe.SPECIAL_TOKENS)
+    self._byte_of = {symbol: b for b, symbol in enumerate(bpe.byte_symbols())}
     merges = bpe.load_merges(self.merges_file, self.vocab)
     self._special_set = set(self.special_ids.values())
     self._is_special = np.zeros(self.vocab_size, bool)
@@ -1046,8 +1047,6 @@ class ByteLevelBPETokenizer(Tokenizer):
   def piece_text(self, piece: str) -> str:
     """The bytes a piece stands for, as text, without the space that starts a word; a piece that
     holds only part of a character's UTF-8 bytes stands for no whole character: ""."""
-    if "_byte_of" not in self.__dict__:
-      self._byte_of = {symbol: b for b, symbol in enumerate(bpe.byte_symbols())}
     if piece in self.special_tokens:
       return piece
     data = bytes(self._byte_of[c] for c in piece if c in self._byte_of)

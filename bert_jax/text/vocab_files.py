@@ -205,12 +205,6 @@ def find_beside(directory: str) -> VocabularyFiles | None:
   return dataclasses.replace(found, do_lower_case=lower, flavour=flavour)
 
 
-def find_kept(directory: str) -> str | None:
-  """The main file of the vocabulary in `directory`, if any."""
-  found = find_beside(directory)
-  return found.main if found else None
-
-
 def copy_kept(source_dir: str, target_dir: str) -> str | None:
   """Carries the vocabulary of `source_dir` (and what its record says) to `target_dir`; returns
   the new main path, or None when `source_dir` has none."""
