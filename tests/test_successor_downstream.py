@@ -1,6 +1,6 @@
-"""RoBERTa and ALBERT downstream: fill-mask, GLUE and SQuAD through the same commands as BERT,
-from a Hugging Face directory (`model_type` read from its `config.json`, the vocabulary found
-beside it) and from our own pre-training workdirs, with no vocabulary flag anywhere.
+"""RoBERTa, ALBERT and ELECTRA downstream: fill-mask, GLUE and SQuAD through the same commands
+as BERT, from a Hugging Face directory (`model_type` read from its `config.json`, the vocabulary
+found beside it) and from our own pre-training workdirs, with no vocabulary flag anywhere.
 
 The Hugging Face directories are what `save_pretrained` writes for transformers' PyTorch models
 with random weights, plus each family's tokenizer files trained on Shakespeare (RoBERTa's
@@ -240,3 +240,67 @@ def test_our_workdirs_keep_their_familys_vocabulary_for_fill_mask(corpus, family
   want = inference.fill_mask(config_, params, tokenizer, [MASKED[0]], top_k=2)
   np.testing.assert_allclose([p for _, p in result["predictions"][0]],
                              [p for _, p in want[0][0]], atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def electra_dir(corpus, tmp_path_factory):
+  """An ELECTRA discriminator directory (`ElectraForPreTraining`) with its generator
+  (`ElectraForMaskedLM`, the embedding tables shared) in `generator/`, and BERT's uncased
+  WordPiece `vocab.txt` trained on Shakespeare beside it, as Google's ELECTRA releases have."""
+  torch.manual_seed(0)
+  directory = str(tmp_path_factory.mktemp("hf_electra"))
+  vocab = train_tokenizer.train_wordpiece([corpus], str(tmp_path_factory.mktemp("el") / "wp"),
+                                          vocab_size=VOCAB_SIZE)
+  shutil.copy(vocab, os.path.join(directory, "vocab.txt"))
+  size = sum(1 for _ in open(vocab, encoding="utf-8"))
+  common = dict(vocab_size=size, embedding_size=16, max_position_embeddings=128,
+                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                attn_implementation="eager")
+  disc = transformers.ElectraForPreTraining(transformers.ElectraConfig(
+      hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+      **common)).eval()
+  gen = transformers.ElectraForMaskedLM(transformers.ElectraConfig(
+      hidden_size=16, num_hidden_layers=2, num_attention_heads=1, intermediate_size=32,
+      **common)).eval()
+  gen.electra.embeddings.load_state_dict(disc.electra.embeddings.state_dict())
+  disc.save_pretrained(directory, safe_serialization=True)
+  gen.save_pretrained(os.path.join(directory, "generator"), safe_serialization=True)
+  return directory, gen, transformers.ElectraTokenizer(os.path.join(directory, "vocab.txt"))
+
+
+def test_electra_fills_masks_with_its_generator_and_fine_tunes_its_discriminator(
+    electra_dir, tmp_path):
+  """ELECTRA through the same commands: fill-mask reads the generator (probabilities equal
+  transformers' `ElectraForMaskedLM`), GLUE (with ELECTRA's layer-wise learning-rate decay)
+  and SQuAD fine-tune the discriminator."""
+  directory, gen, reference = electra_dir
+  proc = _cli("bert_jax.predict", f"--checkpoint={directory}", f"--text={MASKED[0]}",
+              "--top_k=3", "--json")
+  predicted = json.loads(proc.stdout.splitlines()[0])["predictions"][0]
+  ids = reference(MASKED[0])["input_ids"]
+  with torch.no_grad():
+    probs = torch.softmax(gen(input_ids=torch.tensor([ids])).logits[0], -1).numpy()
+  position = ids.index(reference.mask_token_id)
+  best = np.argsort(-probs[position])[:3]
+  np.testing.assert_allclose([p for _, p in predicted], probs[position][best], atol=1e-5)
+  assert [t for t, _ in predicted] == reference.convert_ids_to_tokens(best.tolist())
+
+  out = str(tmp_path / "sst2")
+  _cli("bert_jax.finetune", "--task_name=SST-2", f"--data_dir={_sst2_dir(tmp_path / 'data')}",
+       f"--init_checkpoint={directory}", f"--output_dir={out}", "--do_train", "--do_eval",
+       "--max_seq_length=32", "--train_batch_size=16", "--learning_rate=2e-3",
+       "--layerwise_lr_decay=0.8", "--num_train_epochs=60", "--seed=3")
+  results = json.load(open(os.path.join(out, "eval_results.json")))
+  assert results["dev"]["accuracy"] == 1.0, results
+
+  data = str(tmp_path / "train-v1.1.json")
+  with open(data, "w") as f:
+    json.dump(OFFICIAL, f)
+  out = str(tmp_path / "squad")
+  _cli("bert_jax.finetune", "--task_name=squad", f"--train_file={data}",
+       f"--predict_file={data}", f"--init_checkpoint={directory}", f"--output_dir={out}",
+       "--do_train", "--do_predict", "--max_seq_length=64", "--doc_stride=24",
+       "--max_query_length=16", "--train_batch_size=8", "--learning_rate=3e-3",
+       "--num_train_epochs=40")
+  scores = json.load(open(os.path.join(out, "eval_results.json")))
+  assert scores["eval"]["f1"] > 50.0, scores
