@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
+import transformers
 
 from bert_jax import objectives
 from bert_jax.interop import checkpoints
@@ -26,8 +28,6 @@ from bert_jax.training import metrics
 from bert_jax.training import step as step_lib
 from tests import pretrain_helpers as ph
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 VOCAB, HIDDEN, EMBED, GEN = 97, 48, 24, 32
 
@@ -145,7 +145,7 @@ def _original_name(hf_name: str, generator: bool) -> str | None:
 
 def test_google_tf1_electra_checkpoint_reads_through_the_name_table(tmp_path):
   disc, gen, directory = _hf_pair(tmp_path)
-  tf = pytest.importorskip("tensorflow")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   variables = {}
   for model, is_gen in ((disc, False), (gen, True)):
     for key, value in model.state_dict().items():

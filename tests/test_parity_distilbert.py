@@ -8,13 +8,13 @@ import os
 import jax
 import numpy as np
 import pytest
+import torch
+import transformers
 
 from bert_jax.interop import checkpoints
 from bert_jax.interop import hf as hf_io
 from bert_jax.model import configuration, heads
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 
 def _distilbert(tmp_path):

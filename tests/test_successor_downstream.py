@@ -50,6 +50,21 @@ def _cli(module, *args, timeout=600):
   return proc
 
 
+def _squad_cli(directory, tmp_path):
+  """SQuAD v1.1 fine-tuning and prediction on the memorised set from `directory`, through the
+  command line; returns the output directory."""
+  data = str(tmp_path / "train-v1.1.json")
+  with open(data, "w") as f:
+    json.dump(OFFICIAL, f)
+  out = str(tmp_path / "squad")
+  _cli("bert_jax.finetune", "--task_name=squad", f"--train_file={data}",
+       f"--predict_file={data}", f"--init_checkpoint={directory}", f"--output_dir={out}",
+       "--do_train", "--do_predict", "--max_seq_length=64", "--doc_stride=24",
+       "--max_query_length=16", "--train_batch_size=8", "--learning_rate=3e-3",
+       "--num_train_epochs=40")
+  return out
+
+
 @pytest.fixture(scope="module")
 def hf_dirs(corpus, tmp_path_factory):
   """family → (Hugging Face directory, transformers masked-LM model, transformers tokenizer)."""
@@ -179,15 +194,7 @@ def test_glue_fine_tunes_from_a_hf_directory_and_predict_reads_the_output(hf_dir
 
 def test_squad_fine_tunes_from_a_roberta_directory(hf_dirs, tmp_path):
   directory, _, _ = hf_dirs["roberta"]
-  data = str(tmp_path / "train-v1.1.json")
-  with open(data, "w") as f:
-    json.dump(OFFICIAL, f)
-  out = str(tmp_path / "squad")
-  _cli("bert_jax.finetune", "--task_name=squad", f"--train_file={data}",
-       f"--predict_file={data}", f"--init_checkpoint={directory}", f"--output_dir={out}",
-       "--do_train", "--do_predict", "--max_seq_length=64", "--doc_stride=24",
-       "--max_query_length=16", "--train_batch_size=8", "--learning_rate=3e-3",
-       "--num_train_epochs=40")
+  out = _squad_cli(directory, tmp_path)
   predictions = json.load(open(os.path.join(out, "predictions.json")))
   questions = [qa["id"] for article in OFFICIAL["data"] for p in article["paragraphs"]
                for qa in p["qas"]]
@@ -293,14 +300,6 @@ def test_electra_fills_masks_with_its_generator_and_fine_tunes_its_discriminator
   results = json.load(open(os.path.join(out, "eval_results.json")))
   assert results["dev"]["accuracy"] == 1.0, results
 
-  data = str(tmp_path / "train-v1.1.json")
-  with open(data, "w") as f:
-    json.dump(OFFICIAL, f)
-  out = str(tmp_path / "squad")
-  _cli("bert_jax.finetune", "--task_name=squad", f"--train_file={data}",
-       f"--predict_file={data}", f"--init_checkpoint={directory}", f"--output_dir={out}",
-       "--do_train", "--do_predict", "--max_seq_length=64", "--doc_stride=24",
-       "--max_query_length=16", "--train_batch_size=8", "--learning_rate=3e-3",
-       "--num_train_epochs=40")
+  out = _squad_cli(directory, tmp_path)
   scores = json.load(open(os.path.join(out, "eval_results.json")))
   assert scores["eval"]["f1"] > 50.0, scores
