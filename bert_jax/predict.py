@@ -11,7 +11,8 @@ r"""Inference from any of our checkpoints: fill-in-the-[MASK], classification, q
 
 `--mode` says what to do; `auto` (the default) reads it from the checkpoint: a fine-tuned
 output directory of `bert_jax.finetune` records its task in the checkpoint metadata (a SQuAD
-task → `qa`, any other task → `classify`); everything else — a pre-training workdir, an Orbax
+task → `qa`, a tagging task → `tag`, SWAG / HellaSwag → `choose`, any other task →
+`classify`); everything else — a pre-training workdir, an Orbax
 checkpoint directory, a Hugging Face BERT directory (`config.json` + `model.safetensors`, with
 the `cls.*` heads) or Google's TF1 checkpoint (`.../bert_model.ckpt`) — is a pre-training model,
 so `fill_mask`.
@@ -30,8 +31,16 @@ so `fill_mask`.
   are fine-tuning's own (sliding windows over long contexts), so an `--input_file` gets exactly
   the answers of fine-tuning's `predictions.json` (given the window flags it was trained with:
   `--max_seq_length`, `--doc_stride`, `--max_query_length`).
+- `tag`: raw `--text` (or an `--input_file`: a sentence per line, a blank line between
+  documents) split into words as CoNLL splits them, each word tagged at its first piece (with
+  the document context the tagger was trained with), the entities the tags make, and each tag's
+  probability.
+- `choose`: the most probable of the `--ending`s that continue `--context` (after a shared
+  `--start`, SWAG's sent2), with every ending's probability; or every example of an
+  `--input_file` in the SWAG CSV or HellaSwag JSONL layout.
 
-Every family works the same way: BERT, RoBERTa and ALBERT (`model_type` in the config). The
+Every family works the same way: BERT, RoBERTa, ALBERT, ELECTRA and DistilBERT (`model_type`
+in the config). The
 vocabulary is `--vocab_file` / `--spm_model_file`, else the one beside the checkpoint (in the
 directory of a TF1 prefix, a Hugging Face directory or a run directory): `vocab.txt`,
 `spiece.model` / `spm.model`, or `vocab.json` + `merges.txt` (`text/vocab_files.py`). In
@@ -52,15 +61,20 @@ from absl import app, flags, logging
 from bert_jax import cli, file_io, inference
 from bert_jax.interop import checkpoints
 from bert_jax.model import configuration, heads
-from bert_jax.tasks import glue, question_answering, sequence_classification
+from bert_jax.tasks import (conll, conlleval, glue, multiple_choice, question_answering,
+                            sequence_classification, swag, token_classification)
 from bert_jax.text import pairs, tokenization, vocab_files
 
-MODES = ("fill_mask", "classify", "qa")
+MODES = ("fill_mask", "classify", "qa", "tag", "choose")
 # What each mode needs, for messages that say why a checkpoint does not fit.
 _NEEDS = {"fill_mask": "a pre-training model (masked-LM head)",
           "classify": "a fine-tuned classifier (the --output_dir of `finetune --task_name=SST-2` "
                       "or another GLUE / custom task)",
-          "qa": "a fine-tuned SQuAD model (the --output_dir of `finetune --task_name=squad`)"}
+          "qa": "a fine-tuned SQuAD model (the --output_dir of `finetune --task_name=squad`)",
+          "tag": "a fine-tuned tagger (the --output_dir of `finetune --task_name=conll2003` or "
+                 "another tagging task)",
+          "choose": "a fine-tuned multiple-choice model (the --output_dir of `finetune "
+                    "--task_name=swag` or hellaswag)"}
 # Separates the two texts of a pair inside one --text.
 PAIR_SEPARATOR = "|||"
 # Candidates per question that post-processing searches and keeps: fine-tuning's --n_best_size
@@ -92,7 +106,14 @@ class CheckpointInfo:
     """The mode this checkpoint serves: fine-tuning records its task, pre-training none."""
     if self.task is None:
       return "fill_mask"
-    return "qa" if self.task.lower().startswith("squad") else "classify"
+    task = self.task.lower()
+    if task.startswith("squad"):
+      return "qa"
+    if task in token_classification.TASK_NAMES:
+      return "tag"
+    if task in multiple_choice.TASK_NAMES:
+      return "choose"
+    return "classify"
 
   def describe(self) -> str:
     if self.kind != "orbax":
@@ -101,6 +122,10 @@ class CheckpointInfo:
       return "a pre-training checkpoint (its metadata names no fine-tuned task)"
     if self.mode == "qa":
       return f"a fine-tuned SQuAD model (task {self.task!r})"
+    if self.mode == "tag":
+      return f"a fine-tuned tagger (task {self.task!r})"
+    if self.mode == "choose":
+      return f"a fine-tuned multiple-choice model (task {self.task!r})"
     labels = self.metadata.get("num_labels")
     return (f"a fine-tuned classifier (task {self.task!r}"
             + (f", {labels} outputs)" if labels else ")"))
@@ -140,7 +165,7 @@ class FinetunedModel:
   info: CheckpointInfo
   config: configuration.BertConfig
   params: Any
-  module: Any  # heads.BertForSequenceClassification or heads.BertForQuestionAnswering
+  module: Any  # the task's model: classifier, span, tagging or multiple-choice head
 
   @property
   def num_labels(self) -> int:
@@ -152,24 +177,47 @@ class FinetunedModel:
 
 
 def load_finetuned(info: CheckpointInfo, mode: str) -> FinetunedModel:
-  """The model behind a fine-tuned output directory, for `mode` ("classify" or "qa").
+  """The model behind a fine-tuned output directory, for `mode` ("classify", "qa", "tag" or
+  "choose").
 
   The weights are read by the same loader as every other Orbax tree (encoder + the task's head,
-  with the config it was trained with); only the head module differs by task.
+  with the config it was trained with); only the head module differs by task, and is the one
+  fine-tuning's task plug-in builds from what the run recorded.
   """
   check_mode(info, mode)
   config, params = _load(info, require_heads=False)
-  plugin = (sequence_classification.SequenceClassification if mode == "classify"
-            else question_answering.SquadSpans)
-  head = plugin.head_scopes[0]
+  if mode == "tag":
+    plugin = _tagging_plugin(info)
+    head = plugin.head_scopes[0]
+  elif mode == "choose":
+    plugin = multiple_choice.MultipleChoice(int(info.metadata.get("num_choices") or 4))
+    head = plugin.head_scopes[0]
+  else:
+    head = (sequence_classification.SequenceClassification if mode == "classify"
+            else question_answering.SquadSpans).head_scopes[0]
   if head not in params:
     raise PredictError(f"{info.path}: the checkpoint records task {info.task!r} but holds no "
                        f"'{head}' parameters (it has {sorted(params)}).")
   if mode == "classify":  # as many outputs as the stored head has
     module = heads.BertForSequenceClassification(config, int(np.shape(params[head]["kernel"])[-1]))
+  elif mode in ("tag", "choose"):
+    module = plugin.model(config)
   else:
     module = heads.BertForQuestionAnswering(config)
   return FinetunedModel(info, config, params, module)
+
+
+def _tagging_plugin(info: CheckpointInfo) -> token_classification.TokenClassification:
+  """The tagging plug-in a fine-tuned tagger was trained as (its tags and head settings)."""
+  meta = info.metadata
+  labels = meta.get("label_list")
+  if not labels:
+    raise PredictError(f"{info.path}: a tagger that records no tag list (task {info.task!r}).")
+  return token_classification.TokenClassification(
+      num_labels=len(labels), task_name=str(info.task),
+      feature_based=bool(meta.get("feature_based", False)),
+      feature_layers=tuple(int(i) for i in meta.get("feature_layers") or (-1, -2, -3, -4)),
+      lstm_size=int(meta.get("lstm_size") or 768))
 
 
 def find_vocab(info: CheckpointInfo, given: vocab_files.VocabularyFiles | None = None,
@@ -381,16 +429,111 @@ def format_answer(result: dict[str, Any], threshold: float = 0.0) -> str:
   return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------- tagging
+def sentences_from_text(texts: Sequence[str], source: str = "--text") -> list[Any]:
+  """Raw text → sentences of words (`conll.split_words`, CoNLL-style: punctuation apart), one
+  per non-empty line; a blank line starts a new document (what document context reads)."""
+  sentences, document, line_number = [], 0, 0
+  for text in texts:
+    for line in text.split("\n"):
+      line_number += 1
+      words = conll.split_words(line)
+      if not words:
+        document += bool(sentences)
+        continue
+      sentences.append(conll.Sentence(words=tuple(words), labels=None, document=document,
+                                      source=f"{source}:{line_number}", original_labels=None))
+  return sentences
+
+
+def tag(model: FinetunedModel, tokenizer: tokenization.Tokenizer, sentences: Sequence[Any],
+        max_seq_length: int = 128, batch_size: int = 32) -> list[dict[str, Any]]:
+  """Per sentence: its `words`, one `tags` entry per word (IOB2), each tag's `probability`,
+  and the `entities` (type, text, first and last word) as conlleval reads the tags. Windows and
+  document context are fine-tuning's own, so the tags equal its prediction files'."""
+  _check_length(max_seq_length, model.config)
+  if not sentences:
+    raise PredictError("No words to tag.")
+  labels = list(model.info.metadata["label_list"])
+  features = conll.convert_to_features(
+      sentences, tokenizer, labels, max_seq_length,
+      document_context=bool(model.info.metadata.get("document_context", False)), progress=False)
+  logits = np.asarray(run_model(model.module, model.params, features.arrays, batch_size,
+                                trim=False, desc="tag"), np.float64)
+  predicted = np.argmax(logits, axis=-1)
+  tags = conll.words_from_predictions(features, predicted, labels)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs = (probs / probs.sum(-1, keepdims=True)).max(-1)
+  word_probability = [[0.0] * n for n in features.num_words]
+  for row, sentence in enumerate(features.sentence_index):
+    for position in np.flatnonzero(features.word_index[row] >= 0):
+      word_probability[sentence][features.word_index[row, position]] = float(probs[row, position])
+  results = []
+  for i, sentence in enumerate(sentences):
+    entities = [{"type": kind, "text": " ".join(sentence.words[first:last + 1]),
+                 "first_word": first, "last_word": last}
+                for kind, first, last in conlleval.chunks(tags[i])]
+    results.append({"words": list(sentence.words), "tags": tags[i],
+                    "probabilities": word_probability[i], "entities": entities})
+  return results
+
+
+def format_tags(result: dict[str, Any]) -> str:
+  lines = [" ".join(f"{w}/{t}" if t != "O" else w for w, t in zip(result["words"], result["tags"]))]
+  for entity in result["entities"]:
+    lines.append(f"  {entity['type']}: {entity['text']}")
+  return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------- multiple choice
+def choose(model: FinetunedModel, tokenizer: tokenization.Tokenizer, examples: Sequence[Any],
+           max_seq_length: int = 128, batch_size: int = 32) -> list[dict[str, Any]]:
+  """Per example: the `choice` (index of the most probable ending), its `ending` and every
+  ending's `probabilities`, paired as fine-tuning pairs them (`swag.featurize`)."""
+  _check_length(max_seq_length, model.config)
+  wanted = int(model.info.metadata.get("num_choices") or 0)
+  for example in examples:
+    if wanted and len(example.endings) != wanted:
+      raise PredictError(f"{example.source}: {len(example.endings)} endings, but the model "
+                         f"{model.info.path} chooses among {wanted}.")
+  feats = swag.featurize(examples, tokenizer, max_seq_length)
+  logits = np.asarray(run_model(model.module, model.params, feats, batch_size, trim=True,
+                                desc="choose"), np.float64)
+  results = []
+  for example, row in zip(examples, logits):
+    probs = np.exp(row - row.max())
+    probs /= probs.sum()
+    best = int(np.argmax(probs))
+    out = {"id": example.example_id, "context": example.context,
+           "endings": [" ".join(p for p in (example.start, e) if p) for e in example.endings],
+           "choice": best, "probabilities": [float(p) for p in probs]}
+    out["ending"] = out["endings"][best]
+    if example.label is not None:
+      out["label"] = int(example.label)
+    results.append(out)
+  return results
+
+
+def format_choice(result: dict[str, Any]) -> str:
+  lines = [f"[{result['id']}] {result['context']}"]
+  for i, (ending, p) in enumerate(zip(result["endings"], result["probabilities"])):
+    mark = "*" if i == result["choice"] else " "
+    lines.append(f" {mark}{i}. {ending}  {p:.1%}")
+  return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------ command line
 FLAGS = flags.FLAGS
 
 # Flags that only some modes read: given with another mode they are a mistake, not a no-op.
 _MODE_FLAGS = {"text": ("fill_mask", "classify"), "top_k": ("fill_mask",),
                "text_b": ("classify",), "task_name": ("classify",), "label_list": ("classify",),
-               "question": ("qa",), "context": ("qa",), "context_file": ("qa",),
+               "question": ("qa",), "context": ("qa", "choose"), "context_file": ("qa",),
+               "ending": ("choose",), "start": ("choose",),
                "n_best": ("qa",), "null_score_diff_threshold": ("qa",), "doc_stride": ("qa",),
                "max_query_length": ("qa",), "max_answer_length": ("qa",),
-               "max_seq_length": ("classify", "qa"), "batch_size": ("classify", "qa")}
+               "max_seq_length": ("classify", "qa", "tag", "choose"),
+               "batch_size": ("classify", "qa", "tag", "choose")}
 
 
 def define_flags() -> None:
@@ -398,16 +541,20 @@ def define_flags() -> None:
   flags.DEFINE_string("checkpoint", None, "Pre-training workdir, Orbax, Hugging Face or TF1 "
                       "checkpoint (fill_mask), or a fine-tuning --output_dir (classify, qa).")
   flags.DEFINE_enum("mode", "auto", ["auto", *MODES], "auto: qa for a fine-tuned SQuAD model, "
-                    "classify for another fine-tuned task, else fill_mask.")
+                    "tag for a tagger, choose for a multiple-choice model, classify for another "
+                    "fine-tuned task, else fill_mask.")
   cli.define_vocab_flags()
   flags.DEFINE_multi_string("text", [], "fill_mask: text with [MASK] tokens; classify: a text, "
-                            f"or a pair as 'a {PAIR_SEPARATOR} b'. May be repeated.")
+                            f"or a pair as 'a {PAIR_SEPARATOR} b'; tag: raw text (a sentence "
+                            "per line). May be repeated.")
   flags.DEFINE_multi_string("text_b", [], "classify: second text of each --text, in order.")
   flags.DEFINE_string("has_header", "auto", "classify: whether --input_file starts with a "
                       "header line: auto (decided from the first line, as fine-tuning does), "
                       "true or false.")
   flags.DEFINE_string("input_file", None, "classify: TSV, text or text<TAB>text_b per line; "
-                      "qa: official SQuAD JSON; fill_mask: one text per line.")
+                      "qa: official SQuAD JSON; fill_mask: one text per line; tag: a sentence "
+                      "per line, a blank line between documents; choose: SWAG CSV (.csv) or "
+                      "HellaSwag JSONL (.jsonl).")
   flags.DEFINE_string("output_file", None, "Write one JSON object per input (JSON lines).")
   flags.DEFINE_bool("json", False, "Print JSON instead of text.")
   flags.DEFINE_integer("top_k", 5, "fill_mask: predictions per [MASK].")
@@ -416,7 +563,12 @@ def define_flags() -> None:
   flags.DEFINE_list("label_list", None, "classify: label names in the head's order (custom "
                     "tasks, whose names the checkpoint does not record).")
   flags.DEFINE_multi_string("question", [], "qa: a question about --context; may be repeated.")
-  flags.DEFINE_string("context", None, "qa: the passage to answer from.")
+  flags.DEFINE_string("context", None, "qa: the passage to answer from; choose: the sentence "
+                      "the --ending options continue.")
+  flags.DEFINE_multi_string("ending", [], "choose: a candidate ending of --context; give each "
+                            "(at least two, as many as the model was trained with).")
+  flags.DEFINE_string("start", None, "choose: the start of the continuation shared by every "
+                      "--ending (SWAG's sent2), if any.")
   flags.DEFINE_string("context_file", None, "qa: file holding the passage.")
   flags.DEFINE_integer("n_best", 5, "qa: candidates shown per question.")
   flags.DEFINE_float("null_score_diff_threshold", 0.0, "qa, SQuAD 2.0: no answer when null "
@@ -474,6 +626,40 @@ def _qa_examples() -> list[Any]:
   return examples
 
 
+def _tag_inputs() -> list[Any]:
+  texts = list(FLAGS.text)
+  sentences = sentences_from_text(texts) if texts else []
+  if FLAGS.input_file:
+    more = sentences_from_text([file_io.read_text(FLAGS.input_file)], FLAGS.input_file)
+    offset = 1 + max((s.document for s in sentences), default=-1)
+    sentences += [dataclasses.replace(s, document=s.document + offset) for s in more]
+  if not sentences:
+    raise app.UsageError("--mode=tag needs --text or --input_file (raw text).")
+  return sentences
+
+
+def _choice_inputs() -> list[Any]:
+  examples = []
+  if FLAGS.ending or FLAGS.context is not None:
+    if FLAGS.context is None or len(FLAGS.ending) < 2:
+      raise app.UsageError("--mode=choose needs --context with at least two --ending.")
+    examples.append(swag.ChoiceExample(example_id="1", context=FLAGS.context,
+                                       start=FLAGS.start or "", endings=tuple(FLAGS.ending),
+                                       label=None, source="--context/--ending"))
+  if FLAGS.input_file:
+    try:
+      if FLAGS.input_file.endswith(".jsonl"):
+        examples += swag.read_hellaswag_jsonl(FLAGS.input_file)
+      else:
+        examples += swag.read_swag_csv(FLAGS.input_file)
+    except ValueError as e:
+      raise PredictError(str(e)) from e
+  if not examples:
+    raise app.UsageError("--mode=choose needs --context with --ending, or --input_file (SWAG "
+                         "CSV or HellaSwag JSONL).")
+  return examples
+
+
 def _emit(results: list[dict[str, Any]], formatted: list[str]) -> None:
   if FLAGS.output_file:
     file_io.write_text_atomic(FLAGS.output_file, "".join(
@@ -513,6 +699,18 @@ def run_from_flags() -> None:
     # One object per input, like the other modes: `--output_file` and `--json` alike.
     _emit([{"text": t, "predictions": p} for t, p in zip(texts, predictions)],
           [inference.format_fill_mask(t, p) for t, p in zip(texts, predictions)])
+    return
+  if mode in ("tag", "choose"):
+    inputs = _tag_inputs() if mode == "tag" else _choice_inputs()
+    model = load_finetuned(info, mode)
+    tokenizer = load_tokenizer(info, model.config, files, setting["do_lower_case"])
+    length = setting["max_seq_length"] or 128
+    if mode == "tag":
+      results = tag(model, tokenizer, inputs, length, FLAGS.batch_size)
+      _emit(results, [format_tags(r) for r in results])
+    else:
+      results = choose(model, tokenizer, inputs, length, FLAGS.batch_size)
+      _emit(results, [format_choice(r) for r in results])
     return
   inputs = _classify_inputs() if mode == "classify" else _qa_examples()
   model = load_finetuned(info, mode)

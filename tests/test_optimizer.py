@@ -348,7 +348,7 @@ def test_finetuning_optimizer_applies_layerwise_decay_to_a_real_model(scan_layer
   from the BertConfig) on the parameter names of an actual classifier, unrolled and scanned."""
   from flax import linen as nn
   from bert_jax.model import configuration, heads
-  from bert_jax.runs import finetuning
+  from bert_jax.runs import finetune_job, finetuning
   cfg = configuration.get_preset("test", vocab_size=50, scan_layers=scan_layers)
   n = cfg.num_hidden_layers
   ids = jnp.zeros((2, 8), jnp.int32)
@@ -357,8 +357,8 @@ def test_finetuning_optimizer_applies_layerwise_decay_to_a_real_model(scan_layer
   config = finetuning.get_config()
   assert config.layerwise_lr_decay == 0.0  # off by default
   config.layerwise_lr_decay, config.weight_decay, config.grad_clip_norm = 0.8, 0.0, 0.0
-  tx, _ = finetuning._optimizer(config, num_steps=10, learning_rate=1e-3, warmup_proportion=0.0,
-                                num_layers=n)
+  tx, _ = finetune_job.make_optimizer(config, num_steps=10, learning_rate=1e-3,
+                                      warmup_proportion=0.0, num_layers=n)
   updates, _ = jax.jit(tx.update)(jax.tree.map(jnp.ones_like, params), tx.init(params), params)
   head = float(np.asarray(updates["classifier"]["kernel"]).flat[0])
   bert = updates["bert"]

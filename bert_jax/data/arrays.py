@@ -38,16 +38,17 @@ def trim_to_bucket(batch: dict[str, np.ndarray], min_length: int = 16) -> dict[s
   columns needed is several times faster, and rounding up to powers of two keeps the number of
   compiled shapes at a handful. Results are unchanged: padded positions are masked anyway.
   """
-  full = batch["input_ids"].shape[1]
-  used = int(batch["input_mask"].sum(axis=1).max(initial=1))
+  rows = batch["input_ids"].shape[:-1]  # (batch,) or, for multiple choice, (batch, choices)
+  full = batch["input_ids"].shape[-1]
+  used = int(batch["input_mask"].sum(axis=-1).max(initial=1))
   length = min_length
   while length < used:
     length *= 2
   length = min(length, full)
   if length == full:
     return batch
-  return {k: (v[:, :length] if v.ndim == 2 and v.shape[1] == full else v)
-          for k, v in batch.items()}
+  # Per-token arrays (ids, masks, per-token labels) end in the sequence axis.
+  return {k: (v[..., :length] if v.shape == rows + (full,) else v) for k, v in batch.items()}
 
 
 def to_global(batch: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:

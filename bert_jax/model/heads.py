@@ -355,3 +355,124 @@ def span_loss(start_logits: jax.Array, end_logits: jax.Array, start_positions: j
           & (jnp.argmax(end_logits, axis=-1) == end_positions)).astype(jnp.float32)
   return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
           "correct_sum": jnp.sum(weights * both), "weight_sum": weight_sum}
+
+
+class BertForTokenClassification(nn.Module):
+  """`BertModel` + dropout + a dense layer giving every token `num_labels` logits (the paper's
+  NER fine-tuning, Section 4.3 / 5.3: the first piece of each word is classified; which
+  positions count is the loss's business, `token_classification_loss`).
+
+  Returns float32 logits (batch, length, num_labels). No pooler: nothing reads it. The head is
+  `classifier`, as transformers' `BertForTokenClassification` names it.
+  """
+  config: BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+    cfg = self.config
+    out = BertModel(cfg, add_pooling_layer=False, name="bert")(
+        input_ids, input_mask, segment_ids, deterministic=deterministic)
+    x = nn.Dropout(cfg.hidden_dropout_prob)(out["sequence_output"],
+                                            deterministic=deterministic)
+    return dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(
+        x.astype(jnp.dtype(cfg.dtype))).astype(jnp.float32)
+
+
+class BertFeatureBasedTagger(nn.Module):
+  """The paper's feature-based NER (Section 5.3, Table 7): the encoder is frozen and only
+  *read* — the token vectors of `feature_layers` (default the last four hidden layers,
+  concatenated, the paper's best: 96.1 dev F1 against 96.4 fine-tuned) feed a randomly
+  initialised two-layer BiLSTM of 768 units per direction, then a linear classifier.
+
+  The encoder runs deterministically under `stop_gradient` (no dropout, no gradient): the
+  objective also freezes the `bert` scope in the optimizer, so the encoder's weights never move
+  and carry no Adam state. The LSTMs read each row's real tokens only (`seq_lengths` from the
+  mask), so padding changes nothing. Head parameters live under `tagger`.
+  """
+  config: BertConfig
+  num_labels: int
+  feature_layers: tuple[int, ...] = (-1, -2, -3, -4)
+  lstm_size: int = 768
+  lstm_layers: int = 2
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+    cfg = self.config
+    out = BertModel(cfg, add_pooling_layer=False, collect_hidden_states=True, name="bert")(
+        input_ids, input_mask, segment_ids, deterministic=True)
+    hidden = out["hidden_states"]
+    features = jnp.concatenate([hidden[i] for i in self.feature_layers], axis=-1)
+    return _BiLstmTagger(cfg, self.num_labels, self.lstm_size, self.lstm_layers, name="tagger")(
+        jax.lax.stop_gradient(features), input_mask, deterministic)
+
+
+def check_feature_layers(config: BertConfig, feature_layers) -> tuple[int, ...]:
+  """`feature_layers` as indices into the hidden states (0 = the embeddings' output, -1 = the
+  last layer); a clear error for a model that has fewer."""
+  total = config.num_hidden_layers + 1
+  layers = tuple(int(i) for i in feature_layers)
+  bad = [i for i in layers if not -total <= i < total]
+  if not layers or bad:
+    raise ValueError(f"feature_layers={list(layers)}: the model has {config.num_hidden_layers} "
+                     f"layers, so hidden states -{total}..{total - 1} (0 and -{total} are the "
+                     "embeddings' output); pass fewer layers with --feature_layers.")
+  return layers
+
+
+class _BiLstmTagger(nn.Module):
+  """Stacked bidirectional LSTMs (outputs of both directions concatenated) → linear."""
+  config: BertConfig
+  num_labels: int
+  lstm_size: int
+  lstm_layers: int
+
+  @nn.compact
+  def __call__(self, features, input_mask, deterministic: bool):
+    cfg = self.config
+    lengths = jnp.sum(input_mask.astype(jnp.int32), axis=-1)
+    x = features.astype(jnp.float32)
+    for i in range(self.lstm_layers):
+      x = nn.Bidirectional(nn.RNN(nn.OptimizedLSTMCell(self.lstm_size), name=f"forward_{i}"),
+                           nn.RNN(nn.OptimizedLSTMCell(self.lstm_size), name=f"backward_{i}"),
+                           name=f"lstm_{i}")(x, seq_lengths=lengths)
+      x = nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
+    return nn.Dense(self.num_labels, kernel_init=bert_initializer(cfg.initializer_range),
+                    name="classifier")(x).astype(jnp.float32)
+
+
+def token_classification_loss(logits: jax.Array, label_ids: jax.Array,
+                              label_weights: jax.Array) -> dict[str, jax.Array]:
+  """Softmax cross-entropy at the positions of weight 1 (each word's first piece); the other
+  pieces, context, special tokens and padding weigh 0. Sums over words, for exact averages."""
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  labels = label_ids.astype(jnp.int32)
+  per_token = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+  weights = label_weights.astype(jnp.float32)
+  weight_sum = jnp.sum(weights)
+  loss_sum = jnp.sum(weights * per_token)
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
+          "correct_sum": jnp.sum(weights * correct), "weight_sum": weight_sum}
+
+
+class BertForMultipleChoice(nn.Module):
+  """One score per (context, ending) pair from the pooled [CLS] vector, as the paper's SWAG
+  model (Section 4.4) and transformers' `BertForMultipleChoice`: the (batch, choices, length)
+  inputs run through the encoder as batch × choices rows, dropout, a dense layer to one output
+  (`classifier`), back to (batch, choices) float32 logits; the softmax over choices is the
+  loss's. ELECTRA, without a pooler, reads its [CLS] output, as for classification.
+  """
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+    cfg = self.config
+    batch, choices, length = input_ids.shape
+    rows = lambda x: x.reshape(batch * choices, length)
+    out = BertModel(cfg, name="bert")(rows(input_ids), rows(input_mask), rows(segment_ids),
+                                      deterministic=deterministic)
+    pooled = nn.Dropout(cfg.hidden_dropout_prob)(out["pooled_output"],
+                                                 deterministic=deterministic)
+    logits = dense(cfg, 1, ("embed", "classes"), "classifier")(pooled.astype(jnp.dtype(cfg.dtype)))
+    return logits.astype(jnp.float32).reshape(batch, choices)

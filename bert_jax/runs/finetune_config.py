@@ -22,7 +22,8 @@ from ml_collections import config_dict
 def get_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({
       # What to run (the original flags).
-      "task_name": config_dict.placeholder(str),   # GLUE name, custom, squad, squad_v2
+      # GLUE name, custom, squad, squad_v2, conll2003, tagging, swag, hellaswag
+      "task_name": config_dict.placeholder(str),
       "data_dir": config_dict.placeholder(str),
       "data_format": "auto",                       # auto | tsv | tfds
       "init_checkpoint": config_dict.placeholder(str),
@@ -31,7 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
       "do_train": False,
       "do_eval": False,
       "do_predict": False,
-      "max_seq_length": config_dict.placeholder(int),  # None: 128 (GLUE), 384 (SQuAD)
+      "max_seq_length": config_dict.placeholder(int),  # None: 128, or 384 for SQuAD
       "train_batch_size": 32,
       "eval_batch_size": 8,
       "predict_batch_size": 8,
@@ -39,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
       "num_train_epochs": 3.0,
       "warmup_proportion": 0.1,
       "seed": 12345,
-      # custom TSV tasks
+      # custom TSV tasks (and tagging tasks: their tags, or entity types)
       "label_list": config_dict.placeholder(list),
       "regression": False,
       "text_a_column": 0,
@@ -55,6 +56,12 @@ def get_config() -> ml_collections.ConfigDict:
       "n_best_size": 20,
       "max_answer_length": 30,
       "null_score_diff_threshold": 0.0,
+      # Token tagging (conll2003, or `tagging` with --label_list over files in that layout).
+      "tagging_scheme": "auto",      # auto | iob1 | iob2: how the files' tags are written
+      "document_context": False,     # fill each window with the sentences around it (paper)
+      "feature_based": False,        # frozen encoder + BiLSTM on concatenated layers (Table 7)
+      "feature_layers": (-1, -2, -3, -4),  # the hidden states it concatenates (-1: last layer)
+      "lstm_size": 768,              # units per direction of each of its two BiLSTM layers
       # Beyond the original flags.
       "mesh_shape": (-1, 1, 1),
       "logical_axis_rules": None,

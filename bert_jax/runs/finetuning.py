@@ -17,225 +17,23 @@ per example, so metrics and prediction files are read as unpacked ones are.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
-import time
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import file_io, inference
-from bert_jax.data import arrays, packed_examples
+from bert_jax import file_io
+from bert_jax.data import arrays
 from bert_jax.interop import checkpoints
-from bert_jax.model import configuration
-from bert_jax.parallel import sharding
-from bert_jax.runs import finetune_config
+from bert_jax.runs import finetune_config, finetune_job, multiple_choice, tagging
 from bert_jax.tasks import distillation as task_distillation
 from bert_jax.tasks import glue, question_answering, sequence_classification
-from bert_jax.text import vocab_files
-from bert_jax.training import loop, metrics, optimizer, workdir_lock
-from bert_jax.training import step as step_lib
+from bert_jax.training import metrics, workdir_lock
 
 get_config = finetune_config.get_config
-
-
-@dataclasses.dataclass
-class _Job:
-  """What every fine-tuning run sets up the same way."""
-  config: ml_collections.ConfigDict
-  output_dir: str
-  mesh: Any
-  rules: Any
-  batch_sh: Any
-  bert_config: configuration.BertConfig
-  checkpoints: Any
-  writer: metrics.MetricWriter
-  started: float
-
-
-def _setup(config, output_dir, tokenizer, init_checkpoint, bert_config_file, max_seq_length,
-           batch_sizes: dict[str, int]) -> _Job:
-  started = time.time()
-  file_io.makedirs(output_dir)
-  mesh, rules = sharding.mesh_from_config(config)
-  for name, size in batch_sizes.items():
-    if size % sharding.data_parallel_size(mesh):
-      raise ValueError(f"--{name}={size} is not divisible by the "
-                       f"{sharding.data_parallel_size(mesh)} data-parallel devices.")
-  ckpt = checkpoints.run_checkpoints(output_dir, max_to_keep=1)
-  if ckpt.latest_step() is not None:  # this directory's own model: its config
-    bert_config = checkpoints.read_config(output_dir, bert_config_file)
-  else:
-    bert_config = checkpoints.read_config(init_checkpoint, bert_config_file)
-  overrides = {"dtype": config.dtype}
-  if config.hidden_dropout_prob is not None:
-    overrides["hidden_dropout_prob"] = config.hidden_dropout_prob
-  bert_config = bert_config.replace(**overrides)
-  bert_config.check_sequence_length(max_seq_length, "--max_seq_length")
-  if tokenizer.vocab_size != bert_config.vocab_size:
-    raise ValueError(f"The vocabulary has {tokenizer.vocab_size} entries but the model "
-                     f"{bert_config.vocab_size}: pass the checkpoint's vocab file.")
-  return _Job(config, output_dir, mesh, rules, sharding.batch_sharding(mesh), bert_config, ckpt,
-              metrics.MetricWriter(output_dir), started)
-
-
-def num_train_steps(num_examples: int, batch_size: int, epochs: float) -> int:
-  """Steps of `epochs` passes over every example (the last batch of an epoch padded)."""
-  return max(1, math.ceil(arrays.steps_per_epoch(num_examples, batch_size) * epochs - 1e-9))
-
-
-def _optimizer(config, num_steps: int, learning_rate: float, warmup_proportion: float,
-               num_layers: int | None = None, frozen_scopes: tuple[str, ...] = ()):
-  """The fine-tuning optimizer; `num_layers` (the model's num_hidden_layers) places each layer
-  for `config.layerwise_lr_decay`, which needs it when on; `frozen_scopes` (the objective's: a
-  distillation teacher) get no update and no state."""
-  return optimizer.create_optimizer(ml_collections.ConfigDict({
-      "name": "adamw", "learning_rate": learning_rate, "total_steps": max(num_steps, 1),
-      "warmup_steps": int(num_steps * warmup_proportion), "weight_decay": config.weight_decay,
-      "eps": 1e-6, "bias_correction": config.bias_correction,
-      "grad_clip_norm": config.grad_clip_norm,
-      "layerwise_lr_decay": config.get("layerwise_lr_decay", 0.0) or 0.0,
-      "frozen_scopes": tuple(frozen_scopes)}), num_layers=num_layers)
-
-
-def max_sequences_per_row(config: ml_collections.ConfigDict, max_seq_length: int
-                          ) -> int | None:
-  """Examples per packed row when `config.packing` is on; None: one example per row."""
-  if not config.get("packing", False):
-    return None
-  return packed_examples.max_sequences_per_row(
-      config.get("packing_max_sequences_per_row", 8), max_seq_length)
-
-
-def _row_multiple(job: _Job) -> int:
-  """Packed rows of a training batch split evenly over processes, data-parallel devices and
-  gradient-accumulation micro-batches."""
-  shards = math.lcm(sharding.data_parallel_size(job.mesh), jax.process_count())
-  return shards * int(job.config.get("grad_accum_steps", 1))
-
-
-def _packer(job: _Job, objective, feats, batch_size: int, seed) -> tuple[Any, float]:
-  """The batch packer of a packed run, and the rows a step holds on average (for MFU); logs
-  how well the first epoch's batches (up to 256 of them) pack."""
-  k = objective.max_sequences_per_row
-  multiple = _row_multiple(job)
-  n = len(feats["weight"])
-  order = arrays.epoch_order(n, seed, 0)
-  batches = [order[b * batch_size:(b + 1) * batch_size]
-             for b in range(min(256, arrays.steps_per_epoch(n, batch_size)))]
-  report = packed_examples.efficiency(feats["input_mask"], batches, k, multiple=multiple,
-                                      max_rows=batch_size)
-  metrics.log(f"packing (up to {k} per row, first {len(batches)} batches): "
-              f"{report.describe()}")
-  pack = packed_examples.batch_packer(k, multiple=multiple, max_rows=batch_size,
-                                      position_columns=getattr(objective, "position_columns",
-                                                               ()))
-  return pack, report.bucketed_rows / len(batches)
-
-
-def _train(job: _Job, objective, model, tx, schedule, init, feats, num_steps: int,
-           batch_size: int, seed: int, tokenizer, metadata: dict[str, Any]):
-  """Trains through the core loop (checkpoints with the data position: an interrupted run
-  resumes), then keeps what serving the model needs beside it: its config and vocabulary."""
-  config = job.config
-  train_step = step_lib.build_train_step(objective, model, tx, schedule, init.shardings,
-                                         job.batch_sh, job.mesh, job.rules,
-                                         config.get("grad_accum_steps", 1))
-  pack, rows_per_step = None, batch_size
-  if objective.max_sequences_per_row:
-    pack, rows_per_step = _packer(job, objective, feats, batch_size,
-                                  [seed, config.shuffle_seed_offset])
-  batches = arrays.training_batches(feats, batch_size, job.batch_sh,
-                                    seed=[seed, config.shuffle_seed_offset],
-                                    trim=objective.trim_batches, position=init.position,
-                                    pack=pack)
-  meta = {"bert_config": job.bert_config.to_hf_dict(),
-          "do_lower_case": bool(tokenizer.do_lower_case), **metadata}
-  result = loop.train(
-      init.state, train_step, batches, objective=objective,
-      config=loop.LoopConfig(
-          until_step=num_steps, examples_per_step=batch_size,
-          tokens_per_example=objective.max_seq_length, log_every_steps=config.log_every_steps,
-          checkpoint_every_steps=config.checkpoint_every_steps,
-          flops_per_step=objective.flops_per_step(job.bert_config, rows_per_step)),
-      writer=job.writer, checkpoints=job.checkpoints, metadata=meta)
-  if jax.process_index() == 0:
-    job.bert_config.to_json_file(file_io.join(job.output_dir, "bert_config.json"))
-    files = vocab_files.of_tokenizer(tokenizer)
-    if files.main:
-      vocab_files.keep(files, job.output_dir)
-  return result
-
-
-def _fit(job: _Job, objective, model, tokenizer, *, feats, num_steps: int, batch_size: int,
-         learning_rate: float, warmup_proportion: float, seed: int, init_checkpoint,
-         bert_config_file, metadata: dict[str, Any], header: str,
-         results: dict[str, Any]) -> tuple[Any, Any, Any]:
-  """The init order, then (when `feats` are given) training: `(state, init, loop result or
-  None)`. Training settings and time go into `results`."""
-  tx, schedule = _optimizer(job.config, num_steps, learning_rate, warmup_proportion,
-                            num_layers=job.bert_config.num_hidden_layers,
-                            frozen_scopes=objective.frozen_scopes)
-  init = checkpoints.initial_state(objective, model, tx, job.mesh, job.rules,
-                                   batch_size=batch_size, seed=seed,
-                                   checkpoints=job.checkpoints, init_checkpoint=init_checkpoint,
-                                   bert_config_file=bert_config_file)
-  metrics.log(f"{header}: {init.origin}; {job.bert_config.num_hidden_layers} layers; mesh "
-              f"{dict(job.mesh.shape)}")
-  if feats is None:
-    return init.state, init, None
-  result = _train(job, objective, model, tx, schedule, init, feats, num_steps, batch_size, seed,
-                  tokenizer, metadata)
-  results["train_steps"] = num_steps
-  results["train_seconds"] = time.time() - job.started
-  return result.state, init, result
-
-
-def _stopped(job: _Job, result, num_steps: int, results: dict[str, Any]) -> dict[str, Any]:
-  """A stop before the last step: no evaluation of a half-trained model, and no
-  eval_results.json that could be taken for a finished run's."""
-  metrics.log(f"Stopped at step {result.step} of {num_steps}: not evaluated. Run the same "
-              "command again to resume.")
-  job.checkpoints.close()
-  job.writer.close()
-  return dict(results, stopped_early=True, seconds=time.time() - job.started)
-
-
-def _finish(job: _Job, results: dict[str, Any]) -> dict[str, Any]:
-  results["seconds"] = time.time() - job.started
-  if jax.process_index() == 0:
-    file_io.write_text_atomic(file_io.join(job.output_dir, "eval_results.json"),
-                              json.dumps(results, indent=2, default=float) + "\n")
-  job.checkpoints.close()
-  job.writer.close()
-  return results
-
-
-def _predictor(job: _Job, objective, model, init) -> inference.Predictor:
-  return inference.Predictor(model, objective.input_names, mesh=job.mesh, rules=job.rules,
-                             param_shardings=init.shardings.params)
-
-
-def _predict(predictor: inference.Predictor, objective, params, feats, batch_size: int, *,
-             desc: str, trim: bool = True):
-  """The model's outputs per example (per window), in order. A packed run packs the whole set
-  (`batch_size` rows per forward pass) and cuts the outputs back out: per-slot outputs per
-  example, per-token outputs (SQuAD's logits) into each window's own positions."""
-  k = objective.max_sequences_per_row
-  if not k:
-    return predictor(params, feats, batch_size, desc=desc, trim=trim)
-  rows, placement = packed_examples.pack_examples(feats, k)
-  length = np.shape(feats["input_mask"])[1]
-  metrics.log(f"{desc}: {len(placement.row)} examples packed in {len(rows['weight'])} rows "
-              f"(efficiency "
-              f"{placement.length.sum() / max(1, len(rows['weight']) * length):.3f})")
-  outputs = predictor(params, rows, batch_size, desc=desc, trim=trim)
-  if isinstance(outputs, tuple):  # per token: (rows, S) each
-    return tuple(packed_examples.per_window(o, placement, length) for o in outputs)
-  return packed_examples.per_example(outputs, placement)
+num_train_steps = finetune_job.num_train_steps
+max_sequences_per_row = finetune_job.max_sequences_per_row
 
 
 # ------------------------------------------------------------------------------------ GLUE
@@ -257,10 +55,11 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
         config: ml_collections.ConfigDict | None = None) -> dict[str, Any]:
   """Train / evaluate / predict a GLUE-style task; returns the evaluation results (also in
   eval_results.json)."""
-  job = _setup(config or get_config(), output_dir, tokenizer, init_checkpoint, bert_config_file,
-               max_seq_length, {"train_batch_size": train_batch_size,
-                                "eval_batch_size": eval_batch_size,
-                                "predict_batch_size": predict_batch_size})
+  job = finetune_job.setup(config or get_config(), output_dir, tokenizer, init_checkpoint,
+                           bert_config_file, max_seq_length,
+                           {"train_batch_size": train_batch_size,
+                            "eval_batch_size": eval_batch_size,
+                            "predict_batch_size": predict_batch_size})
   objective = sequence_classification.SequenceClassification(
       task, max_seq_length, max_sequences_per_row(job.config, max_seq_length))
   if job.config.get("teacher_checkpoint"):  # taught by a fine-tuned teacher
@@ -279,7 +78,7 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
                 f"({num_train_epochs} epochs of "
                 f"{arrays.steps_per_epoch(len(train_examples), train_batch_size)}), "
                 f"batch {train_batch_size}")
-  state, init, result = _fit(
+  state, init, result = finetune_job.fit(
       job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
       batch_size=train_batch_size, learning_rate=learning_rate,
       warmup_proportion=warmup_proportion, seed=seed, init_checkpoint=init_checkpoint,
@@ -289,18 +88,18 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
           "max_seq_length": max_seq_length,
           "label_list": None if task.is_regression else list(task.label_list)})
   if result is not None and result.stopped_early:
-    return _stopped(job, result, num_steps, results)
+    return finetune_job.stopped(job, result, num_steps, results)
 
   if isinstance(objective, task_distillation.TaskDistillation):  # the student alone from here
     objective, state, init = task_distillation.student_view(objective, state, init)
     model = objective.model(job.bert_config)
-  predictor = _predictor(job, objective, model, init)
+  predictor = finetune_job.predictor(job, objective, model, init)
   if do_eval:
     for split in task.eval_splits:
       examples = read_examples(task, data_dir, split, data_format)
       feats = objective.featurize(examples, tokenizer)
-      logits = _predict(predictor, objective, state.params, feats, eval_batch_size,
-                        desc=f"eval {split}")
+      logits = finetune_job.predict(predictor, objective, state.params, feats, eval_batch_size,
+                                    desc=f"eval {split}")
       preds = sequence_classification.to_predictions(task, logits)
       split_metrics = task.compute_metrics(preds, feats["label"])
       split_metrics["num_examples"] = len(examples)
@@ -316,14 +115,14 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
     for split, filename in task.predict_splits.items():
       examples = read_examples(task, data_dir, split, data_format)
       feats = objective.featurize(examples, tokenizer)
-      logits = _predict(predictor, objective, state.params, feats, predict_batch_size,
-                        desc=f"predict {split}")
+      logits = finetune_job.predict(predictor, objective, state.params, feats, predict_batch_size,
+                                    desc=f"predict {split}")
       path = file_io.join(output_dir, filename)
       if jax.process_index() == 0:
         task.write_predictions(path, sequence_classification.to_predictions(task, logits))
       results.setdefault("prediction_files", []).append(path)
       metrics.log(f"wrote {len(examples)} predictions to {path}")
-  return _finish(job, results)
+  return finetune_job.finish(job, results)
 
 
 # ----------------------------------------------------------------------------------- SQuAD
@@ -354,9 +153,10 @@ def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
   predictions.json / nbest_predictions.json / null_odds.json for `predict_file`, and, where the
   file has gold answers (a dev set), the official metrics in eval_results.json."""
   from bert_jax.tasks import squad, squad_eval  # pylint: disable=g-import-not-at-top
-  job = _setup(config or get_config(), output_dir, tokenizer, init_checkpoint, bert_config_file,
-               max_seq_length, {"train_batch_size": train_batch_size,
-                                "predict_batch_size": predict_batch_size})
+  job = finetune_job.setup(config or get_config(), output_dir, tokenizer, init_checkpoint,
+                           bert_config_file, max_seq_length,
+                           {"train_batch_size": train_batch_size,
+                            "predict_batch_size": predict_batch_size})
   objective = question_answering.SquadSpans(
       max_seq_length, version_2_with_negative, max_sequences_per_row(job.config, max_seq_length))
   model = objective.model(job.bert_config)
@@ -382,14 +182,14 @@ def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
                 f"{num_steps} steps of {train_batch_size}")
   else:
     num_steps = 1
-  state, init, result = _fit(
+  state, init, result = finetune_job.fit(
       job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
       batch_size=train_batch_size, learning_rate=learning_rate,
       warmup_proportion=warmup_proportion, seed=seed, init_checkpoint=init_checkpoint,
       bert_config_file=bert_config_file, header=f"SQuAD {version}", results=results,
       metadata={"task": f"squad {version}", **window})
   if result is not None and result.stopped_early:
-    return _stopped(job, result, num_steps, results)
+    return finetune_job.stopped(job, result, num_steps, results)
 
   if do_predict:
     examples, source = _squad_examples(predict_file, data_dir, "validation",
@@ -397,9 +197,9 @@ def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
     features = squad.convert_examples_to_features(examples, tokenizer, is_training=False,
                                                   **window)
     # Untrimmed: outputs with a sequence axis are joined across batches.
-    start_logits, end_logits = _predict(
-        _predictor(job, objective, model, init), objective, state.params, features.arrays,
-        predict_batch_size, desc="predict SQuAD", trim=False)
+    start_logits, end_logits = finetune_job.predict(
+        finetune_job.predictor(job, objective, model, init), objective, state.params,
+        features.arrays, predict_batch_size, desc="predict SQuAD", trim=False)
     predictions, nbest, null_odds = squad.postprocess(
         examples, features, start_logits, end_logits, n_best_size=n_best_size,
         max_answer_length=max_answer_length, version_2_with_negative=version_2_with_negative,
@@ -419,7 +219,7 @@ def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
                                          if isinstance(v, (int, float))})
       metrics.log("eval: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                         for k, v in scores.items()))
-  return _finish(job, results)
+  return finetune_job.finish(job, results)
 
 
 # SQuAD task names → version 2.0 or not (None: --version_2_with_negative decides).
@@ -440,8 +240,9 @@ def task_from_config(config: ml_collections.ConfigDict):
   except ValueError:
     raise ValueError(
         f"--task_name={config.task_name!r} is not a task: expected a GLUE task "
-        f"({', '.join(glue.GLUE_TASKS)}), SQuAD ({', '.join(SQUAD_TASKS)}), or 'custom' (your "
-        "own TSV files, with --label_list or --regression).") from None
+        f"({', '.join(glue.GLUE_TASKS)}), SQuAD ({', '.join(SQUAD_TASKS)}), tagging "
+        "(conll2003, or tagging with --label_list), multiple choice (swag, hellaswag), or "
+        "'custom' (your own TSV files, with --label_list or --regression).") from None
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -466,6 +267,25 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 def run_from_config(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
   """Every fine-tuning run a config describes (what `python -m bert_jax.finetune` calls)."""
   check_config(config)
+  task_name = config.task_name.lower()
+  common = dict(data_dir=config.data_dir, tokenizer=tokenizer,
+                init_checkpoint=config.init_checkpoint, output_dir=config.output_dir,
+                bert_config_file=config.bert_config_file,
+                max_seq_length=config.max_seq_length or 128,
+                train_batch_size=config.train_batch_size, eval_batch_size=config.eval_batch_size,
+                predict_batch_size=config.predict_batch_size,
+                learning_rate=config.learning_rate, num_train_epochs=config.num_train_epochs,
+                warmup_proportion=config.warmup_proportion, do_train=config.do_train,
+                do_eval=config.do_eval, do_predict=config.do_predict, seed=config.seed,
+                config=config)
+  if task_name in tagging.TAGGING_TASKS + multiple_choice.CHOICE_TASKS and not config.data_dir:
+    raise ValueError(f"--task_name={config.task_name} needs --data_dir (the task's files, or a "
+                     "prepared tensorflow-datasets directory for conll2003).")
+  if task_name in tagging.TAGGING_TASKS:
+    return tagging.run_tagging(task_name=task_name, label_list=config.label_list,
+                               data_format=config.data_format, **common)
+  if task_name in multiple_choice.CHOICE_TASKS:
+    return multiple_choice.run_multiple_choice(task_name=task_name, **common)
   squad_version = SQUAD_TASKS.get(config.task_name.lower(), "not squad")
   if squad_version != "not squad":
     if squad_version is False and config.version_2_with_negative:

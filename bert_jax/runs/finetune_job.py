@@ -1,0 +1,237 @@
+"""What every fine-tuning run does the same way, whatever its task: the output directory, mesh
+and model config (`setup`), the fine-tuning optimizer, the init order and training through the
+core loop (`fit`), a stop before the last step (`stopped`), the results file (`finish`), and the
+forward pass over a task's features (`predictor`, `predict`, packed or not).
+
+The runs (`finetuning.py` for GLUE and SQuAD, `tagging.py`, `multiple_choice.py`) differ only in
+how they read, featurize, score and write; everything here is shared by all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import json
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from bert_jax import file_io, inference
+from bert_jax.data import arrays, packed_examples
+from bert_jax.interop import checkpoints
+from bert_jax.model import configuration
+from bert_jax.parallel import sharding
+from bert_jax.text import vocab_files
+from bert_jax.training import loop, metrics, optimizer
+from bert_jax.training import step as step_lib
+
+
+@dataclasses.dataclass
+class Job:
+  """What every fine-tuning run sets up the same way."""
+  config: ml_collections.ConfigDict
+  output_dir: str
+  mesh: Any
+  rules: Any
+  batch_sh: Any
+  bert_config: configuration.BertConfig
+  checkpoints: Any
+  writer: metrics.MetricWriter
+  started: float
+
+
+def setup(config, output_dir, tokenizer, init_checkpoint, bert_config_file, max_seq_length,
+          batch_sizes: dict[str, int]) -> Job:
+  started = time.time()
+  file_io.makedirs(output_dir)
+  mesh, rules = sharding.mesh_from_config(config)
+  for name, size in batch_sizes.items():
+    if size % sharding.data_parallel_size(mesh):
+      raise ValueError(f"--{name}={size} is not divisible by the "
+                       f"{sharding.data_parallel_size(mesh)} data-parallel devices.")
+  ckpt = checkpoints.run_checkpoints(output_dir, max_to_keep=1)
+  if ckpt.latest_step() is not None:  # this directory's own model: its config
+    bert_config = checkpoints.read_config(output_dir, bert_config_file)
+  else:
+    bert_config = checkpoints.read_config(init_checkpoint, bert_config_file)
+  overrides = {"dtype": config.dtype}
+  if config.hidden_dropout_prob is not None:
+    overrides["hidden_dropout_prob"] = config.hidden_dropout_prob
+  bert_config = bert_config.replace(**overrides)
+  bert_config.check_sequence_length(max_seq_length, "--max_seq_length")
+  if tokenizer.vocab_size != bert_config.vocab_size:
+    raise ValueError(f"The vocabulary has {tokenizer.vocab_size} entries but the model "
+                     f"{bert_config.vocab_size}: pass the checkpoint's vocab file.")
+  return Job(config, output_dir, mesh, rules, sharding.batch_sharding(mesh), bert_config, ckpt,
+              metrics.MetricWriter(output_dir), started)
+
+
+def num_train_steps(num_examples: int, batch_size: int, epochs: float) -> int:
+  """Steps of `epochs` passes over every example (the last batch of an epoch padded)."""
+  return max(1, math.ceil(arrays.steps_per_epoch(num_examples, batch_size) * epochs - 1e-9))
+
+
+def make_optimizer(config, num_steps: int, learning_rate: float, warmup_proportion: float,
+                   num_layers: int | None = None, frozen_scopes: tuple[str, ...] = ()):
+  """The fine-tuning optimizer; `num_layers` (the model's num_hidden_layers) places each layer
+  for `config.layerwise_lr_decay`, which needs it when on; `frozen_scopes` (the objective's: a
+  distillation teacher) get no update and no state."""
+  return optimizer.create_optimizer(ml_collections.ConfigDict({
+      "name": "adamw", "learning_rate": learning_rate, "total_steps": max(num_steps, 1),
+      "warmup_steps": int(num_steps * warmup_proportion), "weight_decay": config.weight_decay,
+      "eps": 1e-6, "bias_correction": config.bias_correction,
+      "grad_clip_norm": config.grad_clip_norm,
+      "layerwise_lr_decay": config.get("layerwise_lr_decay", 0.0) or 0.0,
+      "frozen_scopes": tuple(frozen_scopes)}), num_layers=num_layers)
+
+
+def max_sequences_per_row(config: ml_collections.ConfigDict, max_seq_length: int
+                          ) -> int | None:
+  """Examples per packed row when `config.packing` is on; None: one example per row."""
+  if not config.get("packing", False):
+    return None
+  return packed_examples.max_sequences_per_row(
+      config.get("packing_max_sequences_per_row", 8), max_seq_length)
+
+
+def row_multiple(job: Job) -> int:
+  """Packed rows of a training batch split evenly over processes, data-parallel devices and
+  gradient-accumulation micro-batches."""
+  shards = math.lcm(sharding.data_parallel_size(job.mesh), jax.process_count())
+  return shards * int(job.config.get("grad_accum_steps", 1))
+
+
+def packer(job: Job, objective, feats, batch_size: int, seed) -> tuple[Any, float]:
+  """The batch packer of a packed run, and the rows a step holds on average (for MFU); logs
+  how well the first epoch's batches (up to 256 of them) pack."""
+  k = objective.max_sequences_per_row
+  multiple = row_multiple(job)
+  n = len(feats["weight"])
+  order = arrays.epoch_order(n, seed, 0)
+  batches = [order[b * batch_size:(b + 1) * batch_size]
+             for b in range(min(256, arrays.steps_per_epoch(n, batch_size)))]
+  report = packed_examples.efficiency(feats["input_mask"], batches, k, multiple=multiple,
+                                      max_rows=batch_size)
+  metrics.log(f"packing (up to {k} per row, first {len(batches)} batches): "
+              f"{report.describe()}")
+  pack = packed_examples.batch_packer(k, multiple=multiple, max_rows=batch_size,
+                                      position_columns=getattr(objective, "position_columns",
+                                                               ()))
+  return pack, report.bucketed_rows / len(batches)
+
+
+def run_training(job: Job, objective, model, tx, schedule, init, feats, num_steps: int,
+                 batch_size: int, seed: int, tokenizer, metadata: dict[str, Any]):
+  """Trains through the core loop (checkpoints with the data position: an interrupted run
+  resumes), then keeps what serving the model needs beside it: its config and vocabulary."""
+  config = job.config
+  train_step = step_lib.build_train_step(objective, model, tx, schedule, init.shardings,
+                                         job.batch_sh, job.mesh, job.rules,
+                                         config.get("grad_accum_steps", 1))
+  pack, rows_per_step = None, batch_size
+  if objective.max_sequences_per_row:
+    pack, rows_per_step = packer(job, objective, feats, batch_size,
+                                  [seed, config.shuffle_seed_offset])
+  batches = arrays.training_batches(feats, batch_size, job.batch_sh,
+                                    seed=[seed, config.shuffle_seed_offset],
+                                    trim=objective.trim_batches, position=init.position,
+                                    pack=pack)
+  meta = {"bert_config": job.bert_config.to_hf_dict(),
+          "do_lower_case": bool(tokenizer.do_lower_case), **metadata}
+  result = loop.train(
+      init.state, train_step, batches, objective=objective,
+      config=loop.LoopConfig(
+          until_step=num_steps, examples_per_step=batch_size,
+          tokens_per_example=objective.max_seq_length, log_every_steps=config.log_every_steps,
+          checkpoint_every_steps=config.checkpoint_every_steps,
+          flops_per_step=objective.flops_per_step(job.bert_config, rows_per_step)),
+      writer=job.writer, checkpoints=job.checkpoints, metadata=meta)
+  if jax.process_index() == 0:
+    job.bert_config.to_json_file(file_io.join(job.output_dir, "bert_config.json"))
+    files = vocab_files.of_tokenizer(tokenizer)
+    if files.main:
+      vocab_files.keep(files, job.output_dir)
+  return result
+
+
+def fit(job: Job, objective, model, tokenizer, *, feats, num_steps: int, batch_size: int,
+        learning_rate: float, warmup_proportion: float, seed: int, init_checkpoint,
+        bert_config_file, metadata: dict[str, Any], header: str,
+        results: dict[str, Any]) -> tuple[Any, Any, Any]:
+  """The init order, then (when `feats` are given) training: `(state, init, loop result or
+  None)`. Training settings and time go into `results`."""
+  tx, schedule = make_optimizer(job.config, num_steps, learning_rate, warmup_proportion,
+                            num_layers=job.bert_config.num_hidden_layers,
+                            frozen_scopes=objective.frozen_scopes)
+  init = checkpoints.initial_state(objective, model, tx, job.mesh, job.rules,
+                                   batch_size=batch_size, seed=seed,
+                                   checkpoints=job.checkpoints, init_checkpoint=init_checkpoint,
+                                   bert_config_file=bert_config_file)
+  metrics.log(f"{header}: {init.origin}; {job.bert_config.num_hidden_layers} layers; mesh "
+              f"{dict(job.mesh.shape)}")
+  if feats is None:
+    return init.state, init, None
+  result = run_training(job, objective, model, tx, schedule, init, feats, num_steps,
+                        batch_size, seed, tokenizer, metadata)
+  results["train_steps"] = num_steps
+  results["train_seconds"] = time.time() - job.started
+  return result.state, init, result
+
+
+def stopped(job: Job, result, num_steps: int, results: dict[str, Any]) -> dict[str, Any]:
+  """A stop before the last step: no evaluation of a half-trained model, and no
+  eval_results.json that could be taken for a finished run's."""
+  metrics.log(f"Stopped at step {result.step} of {num_steps}: not evaluated. Run the same "
+              "command again to resume.")
+  job.checkpoints.close()
+  job.writer.close()
+  return dict(results, stopped_early=True, seconds=time.time() - job.started)
+
+
+def finish(job: Job, results: dict[str, Any]) -> dict[str, Any]:
+  results["seconds"] = time.time() - job.started
+  if jax.process_index() == 0:
+    file_io.write_text_atomic(file_io.join(job.output_dir, "eval_results.json"),
+                              json.dumps(results, indent=2, default=float) + "\n")
+  job.checkpoints.close()
+  job.writer.close()
+  return results
+
+
+def predictor(job: Job, objective, model, init) -> inference.Predictor:
+  return inference.Predictor(model, objective.input_names, mesh=job.mesh, rules=job.rules,
+                             param_shardings=init.shardings.params)
+
+
+def predict(predictor: inference.Predictor, objective, params, feats, batch_size: int, *,
+            desc: str, trim: bool = True):
+  """The model's outputs per example (per window), in order. A packed run packs the whole set
+  (`batch_size` rows per forward pass) and cuts the outputs back out: per-slot outputs per
+  example, per-token outputs (SQuAD's logits) into each window's own positions."""
+  k = objective.max_sequences_per_row
+  if not k:
+    return predictor(params, feats, batch_size, desc=desc, trim=trim)
+  rows, placement = packed_examples.pack_examples(feats, k)
+  length = np.shape(feats["input_mask"])[1]
+  metrics.log(f"{desc}: {len(placement.row)} examples packed in {len(rows['weight'])} rows "
+              f"(efficiency "
+              f"{placement.length.sum() / max(1, len(rows['weight']) * length):.3f})")
+  outputs = predictor(params, rows, batch_size, desc=desc, trim=trim)
+  if isinstance(outputs, tuple):  # per token: (rows, S) each
+    return tuple(packed_examples.per_window(o, placement, length) for o in outputs)
+  return packed_examples.per_example(outputs, placement)
+
+
+def recorded(output_dir: str) -> dict[str, Any]:
+  """What a fine-tuning output directory's own checkpoint recorded about its task (labels,
+  endings, head settings), so that evaluating or predicting without `--do_train` builds the
+  model it holds; {} when it holds no checkpoint yet."""
+  if not file_io.exists(output_dir):
+    return {}
+  try:
+    return checkpoints.run_metadata(output_dir)
+  except (FileNotFoundError, ValueError):
+    return {}

@@ -1,0 +1,177 @@
+"""A token-tagging fine-tuning run (CoNLL-2003 named entities, or any tag set in the CoNLL
+layout): sentences → word-piece windows → the `TokenClassification` plug-in of the training core
+→ entity-level scores as `conlleval` counts them and prediction files in the CoNLL layout.
+
+The paper's setting (Section 5.3): each word is labelled and predicted at its first piece;
+`document_context` fills each window with the sentences around it (never crossing a
+`-DOCSTART-`); long sentences are split into windows of whole words, each word predicted once.
+`feature_based` trains the paper's Table 7 variant on the same data with the encoder frozen.
+
+Files written to `output_dir`: `eval_results.json` (per split: precision, recall, F1, token
+accuracy, per entity type), `<split>_predictions.txt` (word, gold, predicted: what `conlleval`
+reads, tags in the files' own scheme), beside the checkpoint, its config and vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from bert_jax import file_io
+from bert_jax.runs import finetune_config, finetune_job
+from bert_jax.tasks import conll, conlleval, token_classification
+from bert_jax.training import metrics, workdir_lock
+
+TAGGING_TASKS = token_classification.TASK_NAMES
+# Where each split's sentences come from, and the name of its prediction file.
+_PREDICTION_FILES = {"dev": "dev_predictions.txt", "test": "test_predictions.txt"}
+
+
+def labels_for(task_name: str, label_list: Sequence[str] | None) -> tuple[str, ...]:
+  """The tag set in the order of the model's outputs (IOB2)."""
+  if label_list:
+    return conll.label_list_from(label_list)
+  if task_name.lower() == "conll2003":
+    return conll.CONLL2003_LABELS
+  raise ValueError(f"--task_name={task_name} needs --label_list: the tags of your files "
+                   "(O,B-PER,I-PER,...) or their entity types (PER,LOC,...).")
+
+
+def read_sentences(task_name: str, data_dir: str, split: str, data_format: str, scheme: str,
+                   labels: Sequence[str]) -> tuple[list[conll.Sentence], str]:
+  """A split's sentences: CoNLL-layout files in `data_dir` (`eng.train`/`eng.testa`/`eng.testb`,
+  `train.txt`/`valid.txt`/`test.txt`), or tfds `conll2003` from a prepared `data_dir`."""
+  if data_format == "auto":
+    try:
+      return conll.read_split(data_dir, split, scheme=scheme, label_list=labels)
+    except FileNotFoundError as missing:
+      if task_name.lower() != "conll2003":
+        raise
+      try:
+        return read_sentences(task_name, data_dir, split, "tfds", scheme, labels)
+      except Exception as e:  # neither kind: say both
+        raise ValueError(f"{missing} Nor does it read as a prepared tensorflow-datasets "
+                         f"conll2003 directory: {e}") from None
+  if data_format == "tfds":
+    if task_name.lower() != "conll2003":
+      raise ValueError(f"--data_format=tfds reads tfds 'conll2003'; --task_name={task_name} "
+                       "reads CoNLL-layout files (--data_format=conll).")
+    return conll.read_tfds(data_dir, {"dev": "validation"}.get(split, split)), \
+        f"tfds conll2003[{split}]"
+  if data_format not in ("conll", "files"):
+    raise ValueError(f"--data_format={data_format}: tagging reads 'conll' files or 'tfds'.")
+  return conll.read_split(data_dir, split, scheme=scheme, label_list=labels)
+
+
+def score(sentences: Sequence[conll.Sentence], predicted: list[list[str]]) -> dict[str, Any]:
+  """conlleval's numbers for sentences with gold tags."""
+  scores = conlleval.evaluate([list(s.labels) for s in sentences], predicted)
+  return scores.as_dict()
+
+
+def _file_scheme(sentences: Sequence[conll.Sentence], scheme: str) -> str:
+  """The scheme predictions are written in: the files' own (IOB1 as CoNLL-2003 was released)."""
+  if scheme != "auto":
+    return scheme
+  originals = [s.original_labels for s in sentences if s.original_labels is not None]
+  return conll.detect_scheme(originals) if originals else "iob2"
+
+
+@workdir_lock.holding("output_dir")
+def run_tagging(*, task_name: str = "conll2003", data_dir: str, tokenizer,
+                init_checkpoint: str | None, output_dir: str,
+                bert_config_file: str | None = None, label_list: Sequence[str] | None = None,
+                max_seq_length: int = 128, train_batch_size: int = 32,
+                eval_batch_size: int = 8, predict_batch_size: int = 8,
+                learning_rate: float = 5e-5, num_train_epochs: float = 3.0,
+                warmup_proportion: float = 0.1, do_train: bool = False, do_eval: bool = False,
+                do_predict: bool = False, seed: int = 12345, data_format: str = "auto",
+                config: ml_collections.ConfigDict | None = None) -> dict[str, Any]:
+  """Train on the train split, score dev (`do_eval`) and test (`do_predict`; scored when it
+  has tags, as CoNLL-2003's has) and write their predictions; returns the results (also in
+  eval_results.json)."""
+  config = (config or finetune_config.get_config()).copy_and_resolve_references()
+  if config.get("packing"):
+    raise ValueError("--packing is for GLUE-style tasks and SQuAD; tagging windows are "
+                     "already filled with context (--document_context).")
+  if config.get("teacher_checkpoint"):
+    raise ValueError("--teacher_checkpoint: task-time distillation is for GLUE-style "
+                     "classification and regression tasks, not tagging.")
+  # Without training, the model is the one the output directory holds: its tags and head.
+  kept = {} if do_train else finetune_job.recorded(output_dir)
+  labels = labels_for(task_name, label_list or kept.get("label_list"))
+  for name in ("feature_based", "feature_layers", "lstm_size", "document_context"):
+    if kept.get(name) is not None:
+      config[name] = tuple(kept[name]) if name == "feature_layers" else kept[name]
+  job = finetune_job.setup(config, output_dir, tokenizer, init_checkpoint, bert_config_file,
+                           max_seq_length, {"train_batch_size": train_batch_size,
+                                            "eval_batch_size": eval_batch_size,
+                                            "predict_batch_size": predict_batch_size})
+  objective = token_classification.TokenClassification(
+      num_labels=len(labels), max_seq_length=max_seq_length, task_name=task_name,
+      feature_based=bool(config.feature_based),
+      feature_layers=tuple(int(i) for i in config.feature_layers),
+      lstm_size=int(config.lstm_size))
+  model = objective.model(job.bert_config)
+  scheme, context = config.tagging_scheme, bool(config.document_context)
+  window = {"document_context": context}
+  results: dict[str, Any] = {"task": task_name, "labels": list(labels),
+                             "feature_based": objective.feature_based, **window}
+
+  def featurize(split):
+    sentences, source = read_sentences(task_name, data_dir, split, data_format, scheme, labels)
+    features = conll.convert_to_features(sentences, tokenizer, labels, max_seq_length,
+                                         document_context=context)
+    metrics.log(f"{split}: {len(sentences)} sentences from {source} → "
+                f"{len(features.sentence_index)} windows ({features.report})")
+    return sentences, source, features
+
+  feats, num_steps = None, 1
+  if do_train:
+    _, _, train_features = featurize("train")
+    feats = train_features.arrays
+    num_steps = finetune_job.num_train_steps(len(feats["weight"]), train_batch_size,
+                                             num_train_epochs)
+    results["train_features"] = train_features.report
+  kind = ("feature-based: frozen encoder + BiLSTM" if objective.feature_based
+          else "fine-tuned")
+  header = f"{task_name} ({len(labels)} tags, {kind})"
+  state, init, result = finetune_job.fit(
+      job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
+      batch_size=train_batch_size, learning_rate=learning_rate,
+      warmup_proportion=warmup_proportion, seed=seed, init_checkpoint=init_checkpoint,
+      bert_config_file=bert_config_file, header=header, results=results,
+      metadata={"task": task_name, "num_labels": len(labels), "label_list": list(labels),
+                "max_seq_length": max_seq_length, "feature_based": objective.feature_based,
+                "feature_layers": list(objective.feature_layers),
+                "lstm_size": objective.lstm_size, **window})
+  if result is not None and result.stopped_early:
+    return finetune_job.stopped(job, result, num_steps, results)
+
+  predictor = finetune_job.predictor(job, objective, model, init)
+  splits = [s for s, wanted in (("dev", do_eval), ("test", do_predict)) if wanted]
+  for split in splits:
+    sentences, source, features = featurize(split)
+    batch_size = eval_batch_size if split == "dev" else predict_batch_size
+    # Untrimmed: per-token outputs are joined across batches.
+    logits = finetune_job.predict(predictor, objective, state.params, features.arrays,
+                                  batch_size, desc=f"{split} tags", trim=False)
+    predicted = conll.words_from_predictions(features, np.argmax(logits, axis=-1), labels)
+    path = file_io.join(output_dir, _PREDICTION_FILES[split])
+    if jax.process_index() == 0:
+      conll.write_predictions(path, sentences, predicted,
+                              scheme=_file_scheme(sentences, scheme))
+    results.setdefault("prediction_files", []).append(path)
+    metrics.log(f"wrote tags of {sum(len(p) for p in predicted)} words of {source} to {path}")
+    if all(s.labels is not None for s in sentences):
+      split_scores = score(sentences, predicted)
+      split_scores["num_sentences"] = len(sentences)
+      results[split] = split_scores
+      job.writer.write(int(state.step), {f"eval_{split}/{k}": v for k, v in split_scores.items()
+                                         if isinstance(v, (int, float))})
+      metrics.log(f"{split} ({source}), entity level as conlleval counts:\n"
+                  + conlleval.evaluate([list(s.labels) for s in sentences], predicted).report())
+  return finetune_job.finish(job, results)
