@@ -15,12 +15,12 @@ PYTEST_ARGS ?=
 
 env: $(STAMP)
 
-$(STAMP): setup.py requirements/lock.txt requirements/assets.txt
+$(STAMP): setup.py requirements/lock.txt requirements/assets.txt requirements/build.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the pinned environment into $(VENV) (first run: a few minutes)..."
 	@# torch first and on its own, so that pip takes the CPU build and no CUDA packages.
 	$(PY) -m pip install -q -c requirements/lock.txt torch $(PIP_QUIET)
-	$(PY) -m pip install -q -c requirements/lock.txt -e '.[test]' $(PIP_QUIET)
+	PIP_CONSTRAINT=$(CURDIR)/requirements/build.txt $(PY) -m pip install -q -c requirements/lock.txt -e '.[test]' $(PIP_QUIET)
 	$(PY) -m pip install -q --no-deps -r requirements/assets.txt $(PIP_QUIET)
 	$(PY) -c "import bert_jax, jax, flax, torch, transformers; print('environment ready: jax', jax.__version__, 'flax', flax.__version__)"
 	touch $@
