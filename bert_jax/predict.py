@@ -526,7 +526,7 @@ def format_choice(result: dict[str, Any]) -> str:
 FLAGS = flags.FLAGS
 
 # Flags that only some modes read: given with another mode they are a mistake, not a no-op.
-_MODE_FLAGS = {"text": ("fill_mask", "classify"), "top_k": ("fill_mask",),
+_MODE_FLAGS = {"text": ("fill_mask", "classify", "tag"), "top_k": ("fill_mask",),
                "text_b": ("classify",), "task_name": ("classify",), "label_list": ("classify",),
                "question": ("qa",), "context": ("qa", "choose"), "context_file": ("qa",),
                "ending": ("choose",), "start": ("choose",),

@@ -433,9 +433,11 @@ class _BiLstmTagger(nn.Module):
     lengths = jnp.sum(input_mask.astype(jnp.int32), axis=-1)
     x = features.astype(jnp.float32)
     for i in range(self.lstm_layers):
-      x = nn.Bidirectional(nn.RNN(nn.OptimizedLSTMCell(self.lstm_size), name=f"forward_{i}"),
-                           nn.RNN(nn.OptimizedLSTMCell(self.lstm_size), name=f"backward_{i}"),
-                           name=f"lstm_{i}")(x, seq_lengths=lengths)
+      # The cells are named here, in this scope: the parameters are `forward_<i>/...` and
+      # `backward_<i>/...` (the RNN wrappers hold none).
+      x = nn.Bidirectional(nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, name=f"forward_{i}")),
+                           nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, name=f"backward_{i}")))(
+                               x, seq_lengths=lengths)
       x = nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
     return nn.Dense(self.num_labels, kernel_init=bert_initializer(cfg.initializer_range),
                     name="classifier")(x).astype(jnp.float32)
