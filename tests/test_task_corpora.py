@@ -250,29 +250,6 @@ def test_conll_layout_and_the_fine_tuner_reads_it_as_iob1(tmp_path):
     _sentence(["New York"], []).lines()
 
 
-def test_atomic_write_never_leaves_a_partial_file(tmp_path):
-  path = tmp_path / "valid.txt"
-  sn.write_text_atomic(str(path), "old complete file\n")
-  with pytest.raises(TypeError):
-    sn.write_text_atomic(str(path), 12345)  # fails after the temporary file is open
-  assert path.read_text() == "old complete file\n"
-  assert os.listdir(tmp_path) == ["valid.txt"]
-  seen = []
-  real_replace = os.replace
-
-  def watching_replace(src, dst):
-    seen.append((os.path.exists(dst), open(src).read()))
-    real_replace(src, dst)
-
-  os.replace = watching_replace
-  try:
-    sn.write_text_atomic(str(tmp_path / "new.txt"), "whole\n")
-  finally:
-    os.replace = real_replace
-  assert seen == [(False, "whole\n")]  # the real name appears only by the rename, whole
-  assert (tmp_path / "new.txt").read_text() == "whole\n"
-
-
 PLAY = """# A Play
 
 ## ACT I
