@@ -120,3 +120,27 @@ def test_choice_mistakes_get_one_clear_line(bert_config_file, tmp_path):
               f"--bert_config_file={bert_config_file}", f"--vocab_file={VOCAB}",
               f"--output_dir={tmp_path / 'out2'}", "--do_train")
   assert proc.returncode != 0 and "train.csv" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_configs_hold_the_papers_settings():
+  """`configs/swag.py` is the paper's SWAG run (3 epochs, 2e-5, batch 16); `configs/tagging.py`
+  its NER run with document context, and the feature-based variant with the last four layers."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  def load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs",
+                                                                     f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+  swag_config = load("swag").get_config()
+  assert (swag_config.task_name, swag_config.num_train_epochs, swag_config.learning_rate,
+          swag_config.train_batch_size) == ("swag", 3.0, 2e-5, 16)
+  assert load("swag").get_config("hellaswag").task_name == "hellaswag"
+  tagging = load("tagging")
+  ner = tagging.get_config("conll2003")
+  assert ner.task_name == "conll2003" and ner.document_context and not ner.feature_based
+  features = tagging.get_config("feature_based")
+  assert features.feature_based and tuple(features.feature_layers) == (-1, -2, -3, -4)
+  assert features.lstm_size == 768
