@@ -52,6 +52,7 @@ flags.DEFINE_integer("lstm_size", 384, "BiLSTM units per direction of the featur
 flags.DEFINE_integer("choice_train_examples", 8000, "Training examples of the choice task "
                      "(the first N of train.csv; it has ~30k).")
 flags.DEFINE_float("choice_epochs", 1.0, "Fine-tuning epochs on the choice task.")
+flags.DEFINE_float("choice_learning_rate", 5e-5, "Peak learning rate on the choice task.")
 flags.DEFINE_integer("seed", 12345, "Seed of every run.")
 
 
@@ -184,12 +185,17 @@ def main(argv):
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     elif task == "choice":
       baselines = json.load(open(os.path.join(FLAGS.choice_dir, "summary.json")))["baselines"]
-      results = finetune(os.path.join(FLAGS.workdir, f"choice_{FLAGS.choice_train_examples}"),
+      name = f"choice_{FLAGS.choice_train_examples}"
+      if FLAGS.choice_learning_rate != 5e-5:
+        name += f"_lr{FLAGS.choice_learning_rate:g}"
+      results = finetune(os.path.join(FLAGS.workdir, name),
                          "--task_name=swag", f"--data_dir={choice_data()}",
-                         "--train_batch_size=16", "--learning_rate=5e-5",
+                         "--train_batch_size=16",
+                         f"--learning_rate={FLAGS.choice_learning_rate}",
                          f"--num_train_epochs={FLAGS.choice_epochs}", "--eval_batch_size=64",
                          "--predict_batch_size=64")
-      lines.append(f"\nchoice ({FLAGS.choice_train_examples} training examples, "
+      lines.append(f"\nchoice ({FLAGS.choice_train_examples} training examples, learning rate "
+                   f"{FLAGS.choice_learning_rate:g}, "
                    f"{results.get('train_steps')} steps, {results.get('seconds', 0):.0f} s):")
       lines.append("| split | examples | accuracy | chance | longest ending | word overlap |")
       lines.append("|---|---:|---:|---:|---:|---:|")

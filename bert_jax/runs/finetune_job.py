@@ -1,7 +1,7 @@
 """What every fine-tuning run does the same way, whatever its task: the output directory, mesh
 and model config (`setup`), the fine-tuning optimizer, the init order and training through the
 core loop (`fit`), a stop before the last step (`stopped`), the results file (`finish`), and the
-forward pass over a task's features (`predictor`, `predict`, packed or not).
+forward pass over a task's features (`make_predictor`, `predict`, packed or not).
 
 The runs (`finetuning.py` for GLUE and SQuAD, `tagging.py`, `multiple_choice.py`) differ only in
 how they read, featurize, score and write; everything here is shared by all of them.
@@ -10,8 +10,8 @@ how they read, featurize, score and write; everything here is shared by all of t
 from __future__ import annotations
 
 import dataclasses
-import math
 import json
+import math
 import time
 from typing import Any
 
@@ -134,7 +134,7 @@ def run_training(job: Job, objective, model, tx, schedule, init, feats, num_step
   pack, rows_per_step = None, batch_size
   if objective.max_sequences_per_row:
     pack, rows_per_step = packer(job, objective, feats, batch_size,
-                                  [seed, config.shuffle_seed_offset])
+                                 [seed, config.shuffle_seed_offset])
   batches = arrays.training_batches(feats, batch_size, job.batch_sh,
                                     seed=[seed, config.shuffle_seed_offset],
                                     trim=objective.trim_batches, position=init.position,
@@ -164,8 +164,8 @@ def fit(job: Job, objective, model, tokenizer, *, feats, num_steps: int, batch_s
   """The init order, then (when `feats` are given) training: `(state, init, loop result or
   None)`. Training settings and time go into `results`."""
   tx, schedule = make_optimizer(job.config, num_steps, learning_rate, warmup_proportion,
-                            num_layers=job.bert_config.num_hidden_layers,
-                            frozen_scopes=objective.frozen_scopes)
+                                num_layers=job.bert_config.num_hidden_layers,
+                                frozen_scopes=objective.frozen_scopes)
   init = checkpoints.initial_state(objective, model, tx, job.mesh, job.rules,
                                    batch_size=batch_size, seed=seed,
                                    checkpoints=job.checkpoints, init_checkpoint=init_checkpoint,
@@ -201,7 +201,8 @@ def finish(job: Job, results: dict[str, Any]) -> dict[str, Any]:
   return results
 
 
-def predictor(job: Job, objective, model, init) -> inference.Predictor:
+def make_predictor(job: Job, objective, model, init) -> inference.Predictor:
+  """The forward pass of `model` laid out as training laid out its parameters."""
   return inference.Predictor(model, objective.input_names, mesh=job.mesh, rules=job.rules,
                              param_shardings=init.shardings.params)
 

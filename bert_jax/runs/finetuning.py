@@ -93,7 +93,7 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
   if isinstance(objective, task_distillation.TaskDistillation):  # the student alone from here
     objective, state, init = task_distillation.student_view(objective, state, init)
     model = objective.model(job.bert_config)
-  predictor = finetune_job.predictor(job, objective, model, init)
+  predictor = finetune_job.make_predictor(job, objective, model, init)
   if do_eval:
     for split in task.eval_splits:
       examples = read_examples(task, data_dir, split, data_format)
@@ -198,7 +198,7 @@ def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
                                                   **window)
     # Untrimmed: outputs with a sequence axis are joined across batches.
     start_logits, end_logits = finetune_job.predict(
-        finetune_job.predictor(job, objective, model, init), objective, state.params,
+        finetune_job.make_predictor(job, objective, model, init), objective, state.params,
         features.arrays, predict_batch_size, desc="predict SQuAD", trim=False)
     predictions, nbest, null_odds = squad.postprocess(
         examples, features, start_logits, end_logits, n_best_size=n_best_size,

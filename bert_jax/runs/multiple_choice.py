@@ -90,7 +90,7 @@ def run_multiple_choice(*, task_name: str = "swag", data_dir: str, tokenizer,
   if result is not None and result.stopped_early:
     return finetune_job.stopped(job, result, num_steps, results)
 
-  predictor = finetune_job.predictor(job, objective, model, init)
+  predictor = finetune_job.make_predictor(job, objective, model, init)
   for split in [s for s, wanted in (("dev", do_eval), ("test", do_predict)) if wanted]:
     examples, source = swag.read_split(task_name, data_dir, split)
     if _num_choices(examples, source) != num_choices:

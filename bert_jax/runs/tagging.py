@@ -151,7 +151,7 @@ def run_tagging(*, task_name: str = "conll2003", data_dir: str, tokenizer,
   if result is not None and result.stopped_early:
     return finetune_job.stopped(job, result, num_steps, results)
 
-  predictor = finetune_job.predictor(job, objective, model, init)
+  predictor = finetune_job.make_predictor(job, objective, model, init)
   splits = [s for s, wanted in (("dev", do_eval), ("test", do_predict)) if wanted]
   for split in splits:
     sentences, source, features = featurize(split)
