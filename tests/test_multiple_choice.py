@@ -44,6 +44,11 @@ def test_swag_through_the_command_line_and_predict_chooses_as_the_run_did(bert_c
   assert results["dev"]["accuracy"] == 1.0, results
   assert results["dev"]["chance_accuracy"] == 0.25
   assert "test" not in results  # test.csv has no labels: predicted, not scored
+  with open(os.path.join(out, "swag_test_submission.csv"), newline="") as f:
+    submission = list(csv.reader(f))  # the leaderboard's form: row index, predicted ending
+  assert submission[0] == ["", "pred"] and len(submission) == 1 + len(task_helpers.SWAG_EXAMPLES)
+  with open(os.path.join(out, "test_predictions.csv"), newline="") as f:
+    assert [row[1] for row in submission[1:]] == [row[1] for row in list(csv.reader(f))[1:]]
   with open(os.path.join(out, "dev_predictions.csv"), newline="") as f:
     rows = list(csv.reader(f))
   assert rows[0][:2] == ["id", "pred"]

@@ -7,7 +7,8 @@ softmax over the four; 3 epochs, learning rate 2e-5, batch 16 (`configs/swag.py`
 
 Files written to `output_dir`: `eval_results.json` (accuracy per split beside chance and what
 always picking the most frequent answer position scores), `<split>_predictions.csv` (per
-example its predicted ending and every ending's probability), beside the checkpoint, its config
+example its predicted ending and every ending's probability), `<task>_test_submission.csv` (the
+test predictions in the form the task's leaderboard reads), beside the checkpoint, its config
 and vocabulary.
 """
 
@@ -102,9 +103,14 @@ def run_multiple_choice(*, task_name: str = "swag", data_dir: str, tokenizer,
                                                  split_feats, batch_size,
                                                  desc=f"{split} choices"))
     path = file_io.join(output_dir, _PREDICTION_FILES[split])
+    paths = [path]
+    if split == "test":  # also in the form the task's leaderboard reads
+      paths.append(file_io.join(output_dir, f"{task_name}_test_submission.csv"))
     if jax.process_index() == 0:
       swag.write_predictions(path, examples, probabilities)
-    results.setdefault("prediction_files", []).append(path)
+      if split == "test":
+        swag.write_submission(paths[1], task_name, probabilities)
+    results.setdefault("prediction_files", []).extend(paths)
     metrics.log(f"wrote predictions for {len(examples)} examples of {source} to {path}")
     if all(e.label is not None for e in examples):
       gold = np.asarray([e.label for e in examples])
