@@ -12,10 +12,9 @@ r"""Inference from any of our checkpoints: fill-in-the-[MASK], classification, q
 `--mode` says what to do; `auto` (the default) reads it from the checkpoint: a fine-tuned
 output directory of `bert_jax.finetune` records its task in the checkpoint metadata (a SQuAD
 task → `qa`, a tagging task → `tag`, SWAG / HellaSwag → `choose`, any other task →
-`classify`); everything else — a pre-training workdir, an Orbax
-checkpoint directory, a Hugging Face BERT directory (`config.json` + `model.safetensors`, with
-the `cls.*` heads) or Google's TF1 checkpoint (`.../bert_model.ckpt`) — is a pre-training model,
-so `fill_mask`.
+`classify`); everything else — a pre-training workdir, an Orbax checkpoint directory, a Hugging
+Face BERT directory (`config.json` + `model.safetensors`, with the `cls.*` heads) or Google's
+TF1 checkpoint (`.../bert_model.ckpt`) — is a pre-training model, so `fill_mask`.
 
 - `fill_mask`: the `--top_k` tokens, with probabilities, for every [MASK] of each `--text`.
 - `classify`: per input, the label with its probability and every class's probability (a
@@ -40,11 +39,11 @@ so `fill_mask`.
   `--input_file` in the SWAG CSV or HellaSwag JSONL layout.
 
 Every family works the same way: BERT, RoBERTa, ALBERT, ELECTRA and DistilBERT (`model_type`
-in the config). The
-vocabulary is `--vocab_file` / `--spm_model_file`, else the one beside the checkpoint (in the
-directory of a TF1 prefix, a Hugging Face directory or a run directory): `vocab.txt`,
-`spiece.model` / `spm.model`, or `vocab.json` + `merges.txt` (`text/vocab_files.py`). In
-fill_mask texts, `[MASK]` also stands for the family's own mask token (RoBERTa's `<mask>`).
+in the config). The vocabulary is `--vocab_file` / `--spm_model_file`, else the one beside the
+checkpoint (in the directory of a TF1 prefix, a Hugging Face directory or a run directory):
+`vocab.txt`, `spiece.model` / `spm.model`, or `vocab.json` + `merges.txt`
+(`text/vocab_files.py`). In fill_mask texts, `[MASK]` also stands for the family's own mask
+token (RoBERTa's `<mask>`).
 `--output_file` writes one JSON object per input; `--json` prints them.
 """
 
