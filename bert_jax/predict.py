@@ -212,11 +212,8 @@ def _tagging_plugin(info: CheckpointInfo) -> token_classification.TokenClassific
   labels = meta.get("label_list")
   if not labels:
     raise PredictError(f"{info.path}: a tagger that records no tag list (task {info.task!r}).")
-  return token_classification.TokenClassification(
-      num_labels=len(labels), task_name=str(info.task),
-      feature_based=bool(meta.get("feature_based", False)),
-      feature_layers=tuple(int(i) for i in meta.get("feature_layers") or (-1, -2, -3, -4)),
-      lstm_size=int(meta.get("lstm_size") or 768))
+  return token_classification.TokenClassification.with_head_of(
+      meta, num_labels=len(labels), task_name=str(info.task))
 
 
 def find_vocab(info: CheckpointInfo, given: vocab_files.VocabularyFiles | None = None,

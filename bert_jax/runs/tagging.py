@@ -66,12 +66,6 @@ def read_sentences(task_name: str, data_dir: str, split: str, data_format: str, 
   return conll.read_split(data_dir, split, scheme=scheme, label_list=labels)
 
 
-def score(sentences: Sequence[conll.Sentence], predicted: list[list[str]]) -> dict[str, Any]:
-  """conlleval's numbers for sentences with gold tags."""
-  scores = conlleval.evaluate([list(s.labels) for s in sentences], predicted)
-  return scores.as_dict()
-
-
 def _file_scheme(sentences: Sequence[conll.Sentence], scheme: str) -> str:
   """The scheme predictions are written in: the files' own (IOB1 as CoNLL-2003 was released)."""
   if scheme != "auto":
@@ -93,7 +87,7 @@ def run_tagging(*, task_name: str = "conll2003", data_dir: str, tokenizer,
   """Train on the train split, score dev (`do_eval`) and test (`do_predict`; scored when it
   has tags, as CoNLL-2003's has) and write their predictions; returns the results (also in
   eval_results.json)."""
-  config = (config or finetune_config.get_config()).copy_and_resolve_references()
+  config = config or finetune_config.get_config()
   if config.get("packing"):
     raise ValueError("--packing is for GLUE-style tasks and SQuAD; tagging windows are "
                      "already filled with context (--document_context).")
@@ -103,20 +97,16 @@ def run_tagging(*, task_name: str = "conll2003", data_dir: str, tokenizer,
   # Without training, the model is the one the output directory holds: its tags and head.
   kept = {} if do_train else finetune_job.recorded(output_dir)
   labels = labels_for(task_name, label_list or kept.get("label_list"))
-  for name in ("feature_based", "feature_layers", "lstm_size", "document_context"):
-    if kept.get(name) is not None:
-      config[name] = tuple(kept[name]) if name == "feature_layers" else kept[name]
   job = finetune_job.setup(config, output_dir, tokenizer, init_checkpoint, bert_config_file,
                            max_seq_length, {"train_batch_size": train_batch_size,
                                             "eval_batch_size": eval_batch_size,
                                             "predict_batch_size": predict_batch_size})
-  objective = token_classification.TokenClassification(
-      num_labels=len(labels), max_seq_length=max_seq_length, task_name=task_name,
-      feature_based=bool(config.feature_based),
-      feature_layers=tuple(int(i) for i in config.feature_layers),
-      lstm_size=int(config.lstm_size))
+  objective = token_classification.TokenClassification.with_head_of(
+      kept or config, num_labels=len(labels), max_seq_length=max_seq_length,
+      task_name=task_name)
   model = objective.model(job.bert_config)
-  scheme, context = config.tagging_scheme, bool(config.document_context)
+  scheme = config.tagging_scheme
+  context = bool(kept.get("document_context", config.document_context))
   window = {"document_context": context}
   results: dict[str, Any] = {"task": task_name, "labels": list(labels),
                              "feature_based": objective.feature_based, **window}
@@ -145,9 +135,7 @@ def run_tagging(*, task_name: str = "conll2003", data_dir: str, tokenizer,
       warmup_proportion=warmup_proportion, seed=seed, init_checkpoint=init_checkpoint,
       bert_config_file=bert_config_file, header=header, results=results,
       metadata={"task": task_name, "num_labels": len(labels), "label_list": list(labels),
-                "max_seq_length": max_seq_length, "feature_based": objective.feature_based,
-                "feature_layers": list(objective.feature_layers),
-                "lstm_size": objective.lstm_size, **window})
+                "max_seq_length": max_seq_length, **objective.head_settings(), **window})
   if result is not None and result.stopped_early:
     return finetune_job.stopped(job, result, num_steps, results)
 
@@ -167,11 +155,10 @@ def run_tagging(*, task_name: str = "conll2003", data_dir: str, tokenizer,
     results.setdefault("prediction_files", []).append(path)
     metrics.log(f"wrote tags of {sum(len(p) for p in predicted)} words of {source} to {path}")
     if all(s.labels is not None for s in sentences):
-      split_scores = score(sentences, predicted)
-      split_scores["num_sentences"] = len(sentences)
+      scores = conlleval.evaluate([list(s.labels) for s in sentences], predicted)
+      split_scores = dict(scores.as_dict(), num_sentences=len(sentences))
       results[split] = split_scores
       job.writer.write(int(state.step), {f"eval_{split}/{k}": v for k, v in split_scores.items()
                                          if isinstance(v, (int, float))})
-      metrics.log(f"{split} ({source}), entity level as conlleval counts:\n"
-                  + conlleval.evaluate([list(s.labels) for s in sentences], predicted).report())
+      metrics.log(f"{split} ({source}), entity level as conlleval counts:\n" + scores.report())
   return finetune_job.finish(job, results)

@@ -60,6 +60,22 @@ class TokenClassification(Objective):
   def frozen_scopes(self) -> tuple[str, ...]:
     return ("bert",) if self.feature_based else ()
 
+  def head_settings(self) -> dict[str, Any]:
+    """What builds the head beside the tag count: a run records it in its checkpoint, so that
+    evaluation without training and `predict` build the model the checkpoint holds."""
+    return {"feature_based": self.feature_based, "feature_layers": list(self.feature_layers),
+            "lstm_size": self.lstm_size}
+
+  @classmethod
+  def with_head_of(cls, settings: Mapping[str, Any], **fields) -> "TokenClassification":
+    """The objective with the head `settings` describe (`head_settings()` as a run recorded
+    them, or a fine-tuning config's fields); defaults where they name none."""
+    head = {name: settings.get(name) for name in ("feature_based", "lstm_size")
+            if settings.get(name) is not None}
+    if settings.get("feature_layers"):
+      head["feature_layers"] = tuple(int(i) for i in settings.get("feature_layers"))
+    return cls(**fields, **head)
+
   def model(self, bert_config: BertConfig):
     if self.feature_based:
       return heads.BertFeatureBasedTagger(
