@@ -22,7 +22,7 @@ from bert_jax.model import heads
 from bert_jax.model.configuration import BertConfig
 from bert_jax.parallel import sharding
 from bert_jax.text import features
-from bert_jax.training.step import with_mesh
+from bert_jax.training.step import apply_variables, with_mesh
 
 
 class Predictor:
@@ -44,8 +44,10 @@ class Predictor:
     output_fn = output_fn or (lambda outputs: outputs)
 
     def forward(params, batch):
-      outputs = module.apply({"params": params}, *(batch[k] for k in self.input_names),
-                             deterministic=True)
+      # Parameters only: a model with FP8 matmuls, whose scales are training state, is refused
+      # in words (predict with the same parameters and quantization='none').
+      outputs = apply_variables(module, {"params": params},
+                                *(batch[k] for k in self.input_names), deterministic=True)
       return output_fn(outputs)
     self._forward = forward
     self._jitted = None

@@ -75,6 +75,13 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
       "scan_layers": placeholder(bool),
       "remat_policy": "none",
       "attention_implementation": placeholder(str),
+      # Bits per dropout decision (16: two per random word) and the bfloat16 residual stream
+      # with float32 LayerNorm statistics: BertConfig's defaults unless set.
+      "dropout_bits": placeholder(int),
+      "low_precision_layer_norm": placeholder(bool),
+      # "fp8": the dense layers' matmuls in FP8 with delayed scaling (Hopper GPUs; unrolled,
+      # unshared layers). None: BertConfig's "none".
+      "quantization": placeholder(str),
       "hidden_dropout_prob": 0.1,
       "attention_probs_dropout_prob": 0.1,
   })

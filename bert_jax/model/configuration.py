@@ -35,6 +35,10 @@ MODEL_TYPES = ("bert", "albert", "roberta", "electra", "distilbert")
 # only the attention block, or only the feed-forward block.
 SHARE_PARAMETERS = ("none", "all", "attention", "ffn")
 
+# How the dense layers multiply (`modeling.dense`): in the compute dtype, or in FP8 with delayed
+# scaling (Hopper GPUs), whose scales travel in the train state beside the parameters.
+QUANTIZATIONS = ("none", "fp8")
+
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
@@ -42,7 +46,7 @@ class BertConfig:
 
   Shape fields (legacy names, exported): everything from `vocab_size` to `layer_norm_eps`.
   Compute fields (ours, not exported): `dtype`, `param_dtype`, `scan_layers`, `remat_policy`,
-  `attention_implementation`.
+  `attention_implementation`, `dropout_bits`, `low_precision_layer_norm`, `quantization`.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -88,6 +92,17 @@ class BertConfig:
   # reference path, "cudnn" the fused GPU kernel (both via jax.nn.dot_product_attention),
   # "pallas" the Pallas TPU flash-attention kernel (sequence length a multiple of 128).
   attention_implementation: str | None = None
+  # Bits per dropout keep/drop decision (`model/dropout.py`): 16 draws two decisions per random
+  # word (rate quantised to 1/65536, the scaling exact), 8 four, 32 one (as flax's Dropout).
+  dropout_bits: int = 16
+  # With a compute dtype narrower than float32: the residual stream and LayerNorm inputs and
+  # outputs in that dtype, LayerNorm statistics in float32, and one fused residual-add +
+  # LayerNorm per block with its own backward (`modeling.residual_layer_norm`). False keeps the
+  # float32 LayerNorm of flax's module at every site (the reference for A/B measurements).
+  low_precision_layer_norm: bool = True
+  # "fp8": the dense layers' matmuls in FP8 (`modeling.dense`), for Hopper GPUs. The parameters
+  # are those of "none"; the scales and amax histories are the train state's `model_state`.
+  quantization: str = "none"
 
   SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                   "intermediate_size", "hidden_act", "hidden_dropout_prob",
@@ -113,6 +128,8 @@ class BertConfig:
     if self.attention_implementation not in ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"BertConfig: attention_implementation={self.attention_implementation!r}; "
                        f"expected one of {ATTENTION_IMPLEMENTATIONS}.")
+    if self.dropout_bits not in (8, 16, 32):
+      raise ValueError(f"BertConfig: dropout_bits={self.dropout_bits}; expected 8, 16 or 32.")
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"BertConfig: remat_policy={self.remat_policy!r}; expected one of "
                        f"{', '.join(REMAT_POLICIES)}.")
@@ -147,6 +164,28 @@ class BertConfig:
         if value is not None and int(value) <= 0:
           raise ValueError(f"BertConfig: {name}={value} must be positive.")
       self.generator_config()  # its own checks (head count divides the width)
+    if (self.attention_implementation == "cudnn" and self.attention_probs_dropout_prob > 0
+        and (self.scan_layers or self.share_parameters != "none")):
+      # cuDNN's dropout counter advances per execution of a kernel call site: a scanned or
+      # shared layer runs one site for several layers, forwards then backwards in reverse, so
+      # its backward masks would not be its forward's (modeling._cudnn_attention).
+      raise ValueError(
+          f"BertConfig: attention_implementation='cudnn' with attention_probs_dropout_prob="
+          f"{self.attention_probs_dropout_prob:g} needs unrolled, unshared layers (got "
+          f"scan_layers={self.scan_layers}, share_parameters={self.share_parameters!r}): set "
+          "scan_layers=False, or attention_implementation=None (the explicit path), or "
+          "attention_probs_dropout_prob=0.")
+    if self.quantization not in QUANTIZATIONS:
+      raise ValueError(f"BertConfig: quantization={self.quantization!r}; expected one of "
+                       f"{', '.join(QUANTIZATIONS)}.")
+    if self.quantization == "fp8" and (self.scan_layers or self.share_parameters != "none"):
+      # Each FP8 dot's backward pass returns its scales' next values as their gradient, which
+      # autodiff sums over every use of a variable: a layer applied several times (shared) would
+      # get the sum of its new scales, and a scan would need the scales stacked per layer.
+      raise ValueError(
+          f"BertConfig: quantization='fp8' needs unrolled, unshared layers (got scan_layers="
+          f"{self.scan_layers}, share_parameters={self.share_parameters!r}): set "
+          "scan_layers=False and share_parameters='none', or quantization='none'.")
     if self.scan_layers and self.share_parameters in ("attention", "ffn"):
       # A scan stacks each layer's parameters; a part shared by every step would have to be
       # broadcast into the loop while the rest is stacked, which the layer does not support.

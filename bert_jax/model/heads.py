@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.model.modeling import (BATCH, LENGTH, VOCAB, BertConfig, BertModel,
+from bert_jax.model.modeling import (BATCH, LENGTH, VOCAB, BertConfig, BertModel, Dropout,
                                      activation_fn, bert_initializer, dense, layer_norm)
 
 
@@ -281,8 +281,8 @@ class BertForSequenceClassification(nn.Module):
     out = BertModel(cfg, name="bert")(input_ids, input_mask, segment_ids, position_ids,
                                       deterministic=deterministic, sequence_ids=sequence_ids,
                                       cls_positions=cls_positions)
-    pooled = nn.Dropout(cfg.hidden_dropout_prob)(out["pooled_output"],
-                                                 deterministic=deterministic)
+    pooled = Dropout(cfg.hidden_dropout_prob, cfg.dropout_bits)(out["pooled_output"],
+                                                                deterministic=deterministic)
     logits = dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(
         pooled.astype(jnp.dtype(cfg.dtype)))
     return logits.astype(jnp.float32)
@@ -373,8 +373,8 @@ class BertForTokenClassification(nn.Module):
     cfg = self.config
     out = BertModel(cfg, add_pooling_layer=False, name="bert")(
         input_ids, input_mask, segment_ids, deterministic=deterministic)
-    x = nn.Dropout(cfg.hidden_dropout_prob)(out["sequence_output"],
-                                            deterministic=deterministic)
+    x = Dropout(cfg.hidden_dropout_prob, cfg.dropout_bits)(out["sequence_output"],
+                                                           deterministic=deterministic)
     return dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(
         x.astype(jnp.dtype(cfg.dtype))).astype(jnp.float32)
 
@@ -438,7 +438,7 @@ class _BiLstmTagger(nn.Module):
       x = nn.Bidirectional(nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, name=f"forward_{i}")),
                            nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, name=f"backward_{i}")))(
                                x, seq_lengths=lengths)
-      x = nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
+      x = Dropout(cfg.hidden_dropout_prob, cfg.dropout_bits)(x, deterministic=deterministic)
     return nn.Dense(self.num_labels, kernel_init=bert_initializer(cfg.initializer_range),
                     name="classifier")(x).astype(jnp.float32)
 
@@ -474,7 +474,7 @@ class BertForMultipleChoice(nn.Module):
     rows = lambda x: x.reshape(batch * choices, length)
     out = BertModel(cfg, name="bert")(rows(input_ids), rows(input_mask), rows(segment_ids),
                                       deterministic=deterministic)
-    pooled = nn.Dropout(cfg.hidden_dropout_prob)(out["pooled_output"],
-                                                 deterministic=deterministic)
+    pooled = Dropout(cfg.hidden_dropout_prob, cfg.dropout_bits)(out["pooled_output"],
+                                                                deterministic=deterministic)
     logits = dense(cfg, 1, ("embed", "classes"), "classifier")(pooled.astype(jnp.dtype(cfg.dtype)))
     return logits.astype(jnp.float32).reshape(batch, choices)

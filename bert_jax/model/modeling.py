@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import functools
 import math
+import zlib
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.model import dropout as dropout_lib
 from bert_jax.model.configuration import BertConfig, PRESETS, get_preset  # re-exported
 
 __all__ = ["BertConfig", "PRESETS", "get_preset", "BertModel", "BertEmbeddings", "BertEncoder",
            "BertLayer", "SharedLayerParts", "dot_product_attention", "attention_mask",
-           "attention_kernel_description", "bert_initializer", "stack_layers", "unstack_layers"]
+           "attention_kernel_description", "bert_initializer", "stack_layers", "unstack_layers",
+           "LayerNorm", "residual_layer_norm", "Dropout"]
+
+Dropout = dropout_lib.Dropout
 
 # Logical axis names of activations. Parameters use: vocab, embed, embed_out, joined_kv, mlp,
 # position, token_type, norm, classes, layers.
@@ -64,22 +69,120 @@ def activation_fn(name: str) -> Callable[[jax.Array], jax.Array]:
 
 
 def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
-  """A dense layer whose kernel and bias carry logical axis names."""
+  """A dense layer whose kernel and bias carry logical axis names.
+
+  With `config.quantization == "fp8"` its matmul is Flax's `Fp8DirectDotGeneralOp`: input and
+  kernel in float8_e4m3fn, the output's gradient in float8_e5m2, each divided by a *delayed*
+  scale (the largest |value| of the last 1024 steps over the format's maximum). Scales and amax
+  histories are the `_overwrite_with_gradient` collection, whose "gradient" from the backward
+  pass is their next value: the train state's `model_state`, which the step overwrites. Flax's
+  `Fp8DotGeneralOp` scales the same way with the same variables, but quantizes and dequantizes
+  around a dot in the compute dtype and leaves it to XLA to find that pattern and call an FP8
+  GEMM; it is deprecated and warns for every layer built. The direct op gives XLA's dot the FP8
+  operands themselves. (Neither scales by the current step's values.) The op is a child module
+  of the layer, so `kernel` and `bias` keep their names and shapes: checkpoints and conversions
+  are those of "none".
+
+  Layers whose width is not a multiple of 16 (NSP's two logits, classifiers, span ends,
+  ELECTRA's one score) stay in the compute dtype: Hopper's FP8 GEMMs need dimensions in
+  multiples of 16, and these logit layers cost next to nothing and would lose most to rounding.
+  """
+  fp8 = config.quantization == "fp8" and features % 16 == 0
   return nn.Dense(
       features, dtype=_dtype(config.dtype), param_dtype=_dtype(config.param_dtype),
       kernel_init=nn.with_logical_partitioning(bert_initializer(config.initializer_range), axes),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[1:]),
-      name=name)
+      dot_general_cls=nn.Fp8DirectDotGeneralOp if fp8 else None, name=name)
 
 
-def layer_norm(config: BertConfig, name: str = "LayerNorm") -> nn.LayerNorm:
-  """LayerNorm computed in float32 with the two-pass variance, as the reference does."""
+def layer_norm(config: BertConfig, name: str = "LayerNorm",
+               out_dtype: Any = jnp.float32) -> nn.Module:
+  """LayerNorm with float32 statistics (two-pass variance, as the reference), its output in
+  `out_dtype`. With `config.low_precision_layer_norm` it is `LayerNorm` below (its input may
+  be bfloat16, the residual add fused in, one backward of its own); without, flax's module
+  computing everything in float32, as before. Both keep `scale` and `bias` under `name`."""
+  init = lambda fn: nn.with_logical_partitioning(fn, ("norm",))
+  if config.low_precision_layer_norm:
+    return LayerNorm(epsilon=config.layer_norm_eps, param_dtype=_dtype(config.param_dtype),
+                     out_dtype=out_dtype, name=name)
   return nn.LayerNorm(
       epsilon=config.layer_norm_eps, dtype=jnp.float32, param_dtype=_dtype(config.param_dtype),
-      use_fast_variance=False,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("norm",)),
-      name=name)
+      use_fast_variance=False, scale_init=init(nn.initializers.ones_init()),
+      bias_init=init(nn.initializers.zeros_init()), name=name)
+
+
+def _layer_norm_forward(x, residual, scale, bias, epsilon, out_dtype):
+  total = x.astype(jnp.float32)
+  if residual is not None:
+    total = total + residual.astype(jnp.float32)
+  mean = jnp.mean(total, axis=-1, keepdims=True)
+  centred = total - mean
+  rstd = jax.lax.rsqrt(jnp.mean(jnp.square(centred), axis=-1, keepdims=True) + epsilon)
+  y = centred * rstd * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+  # The saved input is the sum in the inputs' own dtype (bfloat16 in training: half the bytes
+  # of float32), with the float32 row statistics beside it.
+  return y.astype(out_dtype), (total.astype(x.dtype), mean, rstd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def residual_layer_norm(x: jax.Array, residual: jax.Array | None, scale: jax.Array,
+                        bias: jax.Array, epsilon: float, out_dtype: Any) -> jax.Array:
+  """LayerNorm(x + residual) · scale + bias with float32 statistics, the result in `out_dtype`.
+
+  One function for the residual add and the normalisation, with its backward written out, so
+  that XLA sees one reduction per row forward (mean, then variance of the centred sum, fused)
+  and one backward (the two row means of the standard LayerNorm gradient, plus the column sums
+  for scale and bias), and so that only the sum in the inputs' dtype and two float32 numbers per
+  row are kept for the backward pass, instead of float32 intermediates. `residual` may be None
+  (the embeddings' LayerNorm has no residual). The float32 result equals flax's LayerNorm
+  within rounding; its gradient is the analytic one.
+  """
+  return _layer_norm_forward(x, residual, scale, bias, epsilon, out_dtype)[0]
+
+
+def _residual_layer_norm_fwd(x, residual, scale, bias, epsilon, out_dtype):
+  y, (total, mean, rstd) = _layer_norm_forward(x, residual, scale, bias, epsilon, out_dtype)
+  # `residual` itself is saved only as its structure: None, or (for its dtype) an empty array.
+  marker = None if residual is None else jnp.zeros((0,), residual.dtype)
+  return y, (total, mean, rstd, scale, bias, marker)
+
+
+def _residual_layer_norm_bwd(epsilon, out_dtype, saved, grad):
+  del epsilon, out_dtype
+  total, mean, rstd, scale, bias, marker = saved
+  grad = grad.astype(jnp.float32)
+  normed = (total.astype(jnp.float32) - mean) * rstd
+  reduce_axes = tuple(range(grad.ndim - 1))
+  d_scale = jnp.sum(grad * normed, axis=reduce_axes).astype(scale.dtype)
+  d_bias = jnp.sum(grad, axis=reduce_axes).astype(bias.dtype)
+  g = grad * scale.astype(jnp.float32)
+  d_total = rstd * (g - jnp.mean(g, axis=-1, keepdims=True)
+                    - normed * jnp.mean(g * normed, axis=-1, keepdims=True))
+  d_x = d_total.astype(total.dtype)
+  d_residual = None if marker is None else d_total.astype(marker.dtype)
+  return d_x, d_residual, d_scale, d_bias
+
+
+residual_layer_norm.defvjp(_residual_layer_norm_fwd, _residual_layer_norm_bwd)
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm over the last axis with float32 statistics and output in `out_dtype`; called
+  with a `residual`, it normalises `x + residual` (the post-LN block's add, fused in).
+  Parameters `scale` and `bias`, as flax's LayerNorm names them (checkpoints read the same)."""
+  epsilon: float = 1e-12
+  param_dtype: Any = jnp.float32
+  out_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, residual: jax.Array | None = None) -> jax.Array:
+    width = x.shape[-1]
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                                             ("norm",)), (width,),
+                       self.param_dtype)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                           ("norm",)), (width,), self.param_dtype)
+    return residual_layer_norm(x, residual, scale, bias, self.epsilon, jnp.dtype(self.out_dtype))
 
 
 def attention_mask(input_mask: jax.Array, sequence_ids: jax.Array | None = None) -> jax.Array:
@@ -98,20 +201,26 @@ def attention_mask(input_mask: jax.Array, sequence_ids: jax.Array | None = None)
   return same[:, None] & (sequence_ids[:, None, None, :] != 0) & keys
 
 
-def _pallas_flash_attention(query, key, value, input_mask, sequence_ids):
-  """The Pallas TPU flash-attention kernel, masked by segment ids.
+def _pallas_attention(query, key, value, input_mask, sequence_ids, dropout_rate, dropout_rng):
+  """Pallas TPU attention, masked by segment ids.
 
-  Segment ids are what the kernel takes instead of a mask: a query attends the keys of its own
+  Segment ids are what the kernels take instead of a mask: a query attends the keys of its own
   id. Real tokens get their instance's id (packed) or 1 (unpacked) and padding gets 0, so real
   queries never see padding or another instance. Padding queries see padding keys, unlike the
-  other paths; nothing reads those rows. The kernel tiles the sequence in blocks of 128, so
-  the length must be a multiple of 128. Off TPU it runs only in interpret mode
-  (`jax.experimental.pallas.tpu.force_tpu_interpret_mode()` around the trace), as the tests do.
+  other paths; nothing reads those rows. Lengths must be multiples of 128 (the kernels' block).
+
+  Without dropout this is JAX's Pallas flash-attention kernel (online softmax over key blocks).
+  With attention-probability dropout it is `pallas_attention.flash_attention`, which draws the
+  mask inside the kernel from a seed taken from the layer's dropout key (so every step and
+  layer gets its own masks and a resumed run draws the same ones) and regenerates it in the
+  backward pass. Off TPU both run in interpret mode.
 
   Under a mesh the kernel runs in `shard_map` on each device's rows and heads: XLA cannot
   partition a Pallas kernel, and would otherwise gather the whole batch onto every device.
+  Each shard folds its index into the seed, so shards never repeat each other's masks.
   """
   from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+  from bert_jax.model import pallas_attention
   length = query.shape[1]
   if length % pallas_flash.MIN_BLOCK_SIZE:
     raise ValueError(
@@ -121,8 +230,15 @@ def _pallas_flash_attention(query, key, value, input_mask, sequence_ids):
   real = input_mask.astype(jnp.bool_)
   ids = real.astype(jnp.int32) if sequence_ids is None else jnp.where(real, sequence_ids, 0)
   ids = ids.astype(jnp.int32)
+  seed = (jnp.zeros((), jnp.int32) if dropout_rate == 0.0 else
+          jax.lax.bitcast_convert_type(jax.random.bits(dropout_rng, (), jnp.uint32), jnp.int32))
 
-  def kernel(q, k, v, ids):
+  def kernel(q, k, v, ids, seed, shard=None):
+    if dropout_rate > 0.0:
+      if shard is not None:
+        seed = seed ^ (shard * jnp.int32(-1640531535))  # 0x9E3779B1: spreads shard indices
+      return pallas_attention.flash_attention(q, k, v, ids, dropout_rate=dropout_rate,
+                                              seed=seed)
     to_heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # (b, s, n, d) <-> (b, n, s, d)
     out = pallas_flash.flash_attention(
         to_heads_first(q), to_heads_first(k), to_heads_first(v),
@@ -132,7 +248,7 @@ def _pallas_flash_attention(query, key, value, input_mask, sequence_ids):
 
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    return kernel(query, key, value, ids)
+    return kernel(query, key, value, ids, seed)
   # Batch and heads split as the rules split these activations (where they divide); every
   # device keeps whole sequences, which attention needs.
   axes = []
@@ -142,59 +258,110 @@ def _pallas_flash_attention(query, key, value, input_mask, sequence_ids):
     axes.append(names if names and size % ways == 0 else None)
   spec = jax.sharding.PartitionSpec(*axes)
   ids_spec = jax.sharding.PartitionSpec(*axes[:2])
-  return jax.shard_map(kernel, mesh=mesh, in_specs=(spec, spec, spec, ids_spec),
-                       out_specs=spec, check_vma=False)(query, key, value, ids)
+  split = tuple(n for names in (axes[0], axes[2]) if names for n in names)
+
+  def sharded(q, k, v, ids, seed):
+    shard = jax.lax.axis_index(split) if split else None
+    return kernel(q, k, v, ids, seed, shard)
+
+  return jax.shard_map(sharded, mesh=mesh,
+                       in_specs=(spec, spec, spec, ids_spec, jax.sharding.PartitionSpec()),
+                       out_specs=spec, check_vma=False)(query, key, value, ids, seed)
+
+
+def cudnn_dropout_seed(module_path: tuple[str, ...]) -> int:
+  """The static seed of cuDNN's attention dropout at one attention call site: a stable hash of
+  the module's path, so that every layer draws its own masks."""
+  return zlib.crc32("/".join(module_path).encode()) & 0x7FFFFFFF
+
+
+def _cudnn_attention(query, key, value, input_mask, sequence_ids, dropout_rate, seed):
+  """cuDNN's fused flash attention, with attention-probability dropout inside the kernel.
+
+  `jax.nn.dot_product_attention` has no dropout argument; JAX's cuDNN lowering underneath it
+  does (`jax._src.cudnn.fused_attention_stablehlo.dot_product_attention`, private: its use is
+  confined to this function). Its seed is static, written into the kernel's configuration; XLA
+  then advances a counter of that kernel call site on every execution, so masks differ from
+  step to step, and the backward kernel, whose counter runs in step with the forward's,
+  regenerates the forward's mask. Hence the rules `BertConfig` enforces for this path: one call
+  site per layer (unrolled, unshared layers: a scanned or shared layer would run one call site
+  several times per step, forwards then backwards in reverse order), and a distinct seed per
+  layer (`cudnn_dropout_seed`). The counter lives in the process: a resumed run draws new
+  masks, not the ones an uninterrupted run would have drawn (use "pallas" or the explicit path
+  where bit-exact resumption of attention masks matters).
+  """
+  if dropout_rate == 0.0:
+    if sequence_ids is None:
+      # cuDNN's fused kernel takes padding as per-row lengths, not a mask: BERT rows are always
+      # right-padded (real tokens first), so the length is the mask's sum.
+      lengths = jnp.sum(input_mask.astype(jnp.int32), axis=-1)
+      return jax.nn.dot_product_attention(query, key, value, key_value_seq_lengths=lengths,
+                                          implementation="cudnn")
+    # Packed rows: lengths cannot say "block-diagonal", so the full (b, 1, q, kv) mask goes in;
+    # `jax.nn.dot_product_attention` hands cuDNN a mask as an additive bias.
+    return jax.nn.dot_product_attention(query, key, value,
+                                        mask=attention_mask(input_mask, sequence_ids),
+                                        implementation="cudnn")
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn_fmha  # GPU only
+  common = dict(scale=1.0 / math.sqrt(query.shape[-1]), seed=int(seed),
+                dropout_rate=float(dropout_rate), qkv_layout="BTNH")
+  if sequence_ids is None:
+    lengths = jnp.sum(input_mask.astype(jnp.int32), axis=-1)
+    return cudnn_fmha.dot_product_attention(query, key, value, q_seqlen=lengths,
+                                            kv_seqlen=lengths,
+                                            mask_type=cudnn_fmha.MaskType.PADDING, **common)
+  return cudnn_fmha.dot_product_attention(query, key, value,
+                                          mask=attention_mask(input_mask, sequence_ids),
+                                          **common)
 
 
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
                           input_mask: jax.Array, *, dropout_rate: float,
                           dropout_rng: jax.Array | None, deterministic: bool,
                           implementation: str | None = None,
-                          sequence_ids: jax.Array | None = None) -> jax.Array:
+                          sequence_ids: jax.Array | None = None, dropout_bits: int = 16,
+                          cudnn_seed: int | None = None) -> jax.Array:
   """The one place attention is computed. Shapes: q/k/v (batch, length, heads, head_dim).
 
   `input_mask` is (batch, length) with 1 for real tokens: padded keys get no attention weight.
   `sequence_ids` (batch, length), given for packed rows, confines attention to each packed
   instance (`attention_mask`); every implementation honours it.
 
-  Without attention-probability dropout this calls a fused kernel chosen by `implementation`:
-  `jax.nn.dot_product_attention` (None/"xla", or "cudnn" flash attention on GPU), or "pallas",
-  the Pallas TPU flash-attention kernel. BERT's pre-training recipe drops attention
-  *probabilities* (p=0.1), which the fused kernels do not expose; then the same math runs
-  explicitly, with the softmax in float32, whatever `implementation` says. On the CPU the
-  explicit path also serves None: XLA:CPU runs it 1.2-1.4x faster than
-  `jax.nn.dot_product_attention`'s lowering (benchmarks/RESULTS.md, attention core at 4x512).
+  Kernels, by `implementation`:
+  - "cudnn": cuDNN's fused flash attention, with the paper's attention-probability dropout
+    inside the kernel (`_cudnn_attention`; `cudnn_seed` is the call site's static seed);
+  - "pallas": the Pallas TPU kernels, dropout drawn inside the kernel (`_pallas_attention`);
+  - "xla": `jax.nn.dot_product_attention`'s XLA path without dropout;
+  - None: `jax.nn.dot_product_attention` picks without dropout, except on the CPU, where XLA
+    runs the explicit path 1.2-1.4x faster (benchmarks/RESULTS.md, attention core at 4x512).
+  "xla" and None with attention dropout in training run the explicit path: the reference
+  (softmax in float32, the mask drawn with `dropout_bits` bits per decision).
   """
-  if deterministic or dropout_rate == 0.0:
-    if implementation is None and jax.default_backend() == "cpu":
-      return _explicit_attention(query, key, value, attention_mask(input_mask, sequence_ids),
-                                 0.0, None)
-    if implementation == "pallas":
-      return _pallas_flash_attention(query, key, value, input_mask, sequence_ids)
-    if implementation == "cudnn" and sequence_ids is None:
-      # cuDNN's fused kernel takes padding as per-row lengths, not a mask: BERT rows are always
-      # right-padded (real tokens first), so the length is the mask's sum.
-      lengths = jnp.sum(input_mask.astype(jnp.int32), axis=-1)
-      return jax.nn.dot_product_attention(query, key, value, key_value_seq_lengths=lengths,
-                                          implementation=implementation)
-    # Packed rows under cuDNN: lengths cannot say "block-diagonal", so the full (b, 1, q, kv)
-    # mask goes in; `jax.nn.dot_product_attention` hands cuDNN a mask as an additive bias.
-    return jax.nn.dot_product_attention(query, key, value,
-                                        mask=attention_mask(input_mask, sequence_ids),
-                                        implementation=implementation)
-  return _explicit_attention(query, key, value, attention_mask(input_mask, sequence_ids),
-                             dropout_rate, dropout_rng)
+  dropping = not deterministic and dropout_rate > 0.0
+  rate = dropout_rate if dropping else 0.0
+  if implementation == "pallas":
+    return _pallas_attention(query, key, value, input_mask, sequence_ids, rate, dropout_rng)
+  if implementation == "cudnn":
+    if dropping and cudnn_seed is None:
+      raise ValueError("cuDNN attention dropout needs the call site's static seed "
+                       "(modeling.cudnn_dropout_seed of the attention module's path).")
+    return _cudnn_attention(query, key, value, input_mask, sequence_ids, rate, cudnn_seed)
+  if dropping or (implementation is None and jax.default_backend() == "cpu"):
+    return _explicit_attention(query, key, value, attention_mask(input_mask, sequence_ids),
+                               rate, dropout_rng, dropout_bits)
+  return jax.nn.dot_product_attention(query, key, value,
+                                      mask=attention_mask(input_mask, sequence_ids),
+                                      implementation=implementation)
 
 
-def _explicit_attention(query, key, value, mask, dropout_rate, dropout_rng):
+def _explicit_attention(query, key, value, mask, dropout_rate, dropout_rng, dropout_bits=16):
   """softmax(q·k/√d) in float32, masked, with the probabilities dropped out (the paper's)."""
   scale = 1.0 / math.sqrt(query.shape[-1])
   logits = jnp.einsum("btnd,bsnd->bnts", query, key, preferred_element_type=jnp.float32) * scale
   logits = jnp.where(mask, logits, MASKED_LOGIT)
   probs = jax.nn.softmax(logits, axis=-1)
   if dropout_rate > 0.0:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+    probs = dropout_lib.dropout(probs, dropout_rate, dropout_rng, dropout_bits)
   return jnp.einsum("bnts,bsnd->btnd", probs.astype(value.dtype), value)
 
 
@@ -203,11 +370,15 @@ def attention_kernel_description(config: BertConfig) -> str:
   fused = {None: ("explicit softmax (XLA:CPU)" if jax.default_backend() == "cpu"
                   else "jax.nn.dot_product_attention (XLA)"),
            "xla": "jax.nn.dot_product_attention (XLA)",
-           "cudnn": "jax.nn.dot_product_attention (cuDNN flash attention)",
+           "cudnn": "cuDNN flash attention",
            "pallas": "Pallas TPU flash attention (segment ids)"}[config.attention_implementation]
-  if config.attention_probs_dropout_prob > 0.0:
-    return (f"attention: explicit softmax with attention-probability dropout "
-            f"p={config.attention_probs_dropout_prob:g} in training; {fused} in evaluation")
+  rate = config.attention_probs_dropout_prob
+  if rate > 0.0 and config.attention_implementation in ("cudnn", "pallas"):
+    return (f"attention: {fused} with attention-probability dropout p={rate:g} inside the "
+            "kernel in training")
+  if rate > 0.0:
+    return (f"attention: explicit softmax with attention-probability dropout p={rate:g} in "
+            f"training; {fused} in evaluation")
   return f"attention: {fused}"
 
 
@@ -237,8 +408,9 @@ class BertEmbeddings(nn.Module):
       self.token_type_embeddings = self.param(
           "token_type_embeddings", nn.with_logical_partitioning(init, ("token_type", "embed")),
           (cfg.type_vocab_size, cfg.embedding_width), pdt)
-    self.layer_norm = layer_norm(cfg)
-    self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+    # Low-precision LayerNorm: its output, and dropout on it, already in the compute dtype.
+    self.layer_norm = layer_norm(cfg, out_dtype=_dtype(cfg.dtype))
+    self.dropout = Dropout(cfg.hidden_dropout_prob, cfg.dropout_bits)
 
   def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
     if self.config.type_vocab_size == 1:
@@ -282,7 +454,8 @@ class BertSelfAttention(nn.Module):
         query, key, value, input_mask, dropout_rate=cfg.attention_probs_dropout_prob,
         dropout_rng=self.make_rng("dropout") if use_dropout else None,
         deterministic=deterministic, implementation=cfg.attention_implementation,
-        sequence_ids=sequence_ids)
+        sequence_ids=sequence_ids, dropout_bits=cfg.dropout_bits,
+        cudnn_seed=cudnn_dropout_seed(self.scope.path))
     out = nn.with_logical_constraint(out, (BATCH, LENGTH, HEADS, KV))
     return out.reshape(batch, length, cfg.hidden_size)
 
@@ -296,8 +469,13 @@ class BertResidualOutput(nn.Module):
   def __call__(self, x, residual, deterministic: bool):
     cfg = self.config
     y = dense(cfg, cfg.hidden_size, (self.in_axis, "embed"), "dense")(x)
-    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
-    y = layer_norm(cfg)(y.astype(jnp.float32) + residual.astype(jnp.float32))
+    y = Dropout(cfg.hidden_dropout_prob, cfg.dropout_bits)(y, deterministic=deterministic)
+    if cfg.low_precision_layer_norm:
+      # The add fused into the LayerNorm (`residual_layer_norm`), inputs and output in the
+      # compute dtype, statistics in float32.
+      y = layer_norm(cfg, out_dtype=_dtype(cfg.dtype))(y, residual)
+    else:
+      y = layer_norm(cfg)(y.astype(jnp.float32) + residual.astype(jnp.float32))
     return nn.with_logical_constraint(y.astype(_dtype(cfg.dtype)), (BATCH, LENGTH, EMBED))
 
 

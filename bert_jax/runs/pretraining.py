@@ -327,7 +327,7 @@ def evaluator(objective: Objective, eval_step, data: input_pipeline.PretrainingD
     for i, (batch, _) in enumerate(data.global_batches()):
       if i >= num_steps:
         break
-      sums.append(eval_step(state.params, batch))
+      sums.append(eval_step(state.params, batch, state.model_state))
       loop.limit_in_flight(sums)
     if not sums:
       return {}
@@ -399,7 +399,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: 
                                          init.shardings, batch_sh, run.mesh, run.rules,
                                          config.grad_accum_steps)
   eval_step = step_lib.jit_eval_step(step_lib.make_eval_step(run.objective, run.model),
-                                     init.shardings.params, batch_sh, run.mesh, run.rules)
+                                     init.shardings.params, batch_sh, run.mesh, run.rules,
+                                     init.shardings.model_state)
   result = loop.train(
       init.state, train_step, train_data.global_batches(init.position),
       objective=run.objective,

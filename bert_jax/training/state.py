@@ -5,6 +5,12 @@ names become shardings (optimizer moments follow their parameters), and a jitted
 every shard on its own device — no host ever holds a full copy. The abstract state
 (ShapeDtypeStructs with shardings) is also the restore target of checkpoints, so a checkpoint
 written on one mesh restores onto any other.
+
+Besides its parameters a model may keep variables that the step sets rather than trains: the
+scales and amax histories of FP8 matmuls (`BertConfig.quantization="fp8"`), Flax's
+`_overwrite_with_gradient` collection. They are the state's `model_state`, `{}` for every
+other model, and then absent from checkpoints: a state without them saves and restores as
+before they existed.
 """
 
 from __future__ import annotations
@@ -16,10 +22,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from flax.linen import fp8_ops
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bert_jax.parallel import sharding
 from bert_jax.training import optimizer
+
+
+# The collections of a model's variables that the train state carries besides `params`. Each is
+# set, not trained: the backward pass returns a variable's next value as its gradient (the step
+# applies them in `training.step.next_model_state`), and the optimizer never sees them.
+MODEL_STATE_COLLECTIONS = (fp8_ops.OVERWRITE_WITH_GRADIENT,)
 
 
 @flax.struct.dataclass
@@ -29,12 +42,48 @@ class TrainState:
   params: Any
   opt_state: Any
   rng: jax.Array  # base dropout key; step s uses fold_in(rng, s)
+  # {collection: variables} of MODEL_STATE_COLLECTIONS the model has (FP8 scales); {} if none.
+  model_state: Any = flax.struct.field(default_factory=dict)
 
 
-def _init_params_fn(model: nn.Module, batch: dict[str, Any], input_names: Sequence[str]):
-  def init_params(rng):
-    return model.init(rng, *(batch[k] for k in input_names))["params"]
-  return init_params
+_FIELDS = ("step", "params", "opt_state", "rng")
+
+
+def _state_dict(state: TrainState) -> dict[str, Any]:
+  """The checkpointed tree: `model_state` only where the model has one, so that the states of
+  models without it keep the tree (and read the checkpoints) they always had."""
+  out = {name: flax.serialization.to_state_dict(getattr(state, name)) for name in _FIELDS}
+  if state.model_state:
+    out["model_state"] = flax.serialization.to_state_dict(state.model_state)
+  return out
+
+
+def _from_state_dict(target: TrainState, tree: dict[str, Any]) -> TrainState:
+  tree = dict(tree)
+  extra = sorted(set(tree) - set(_FIELDS) - {"model_state"})
+  missing = sorted(set(_FIELDS) - set(tree))
+  if extra or missing:
+    raise ValueError(f"TrainState: the state dict has fields {sorted(tree)}; missing "
+                     f"{missing}, unknown {extra}.")
+  updates = {name: flax.serialization.from_state_dict(getattr(target, name), tree[name],
+                                                      name=name) for name in _FIELDS}
+  if target.model_state or "model_state" in tree:
+    updates["model_state"] = flax.serialization.from_state_dict(
+        target.model_state, tree.get("model_state", {}), name="model_state")
+  return target.replace(**updates)
+
+
+flax.serialization.register_serialization_state(TrainState, _state_dict, _from_state_dict,
+                                                override=True)
+
+
+def _init_variables_fn(model: nn.Module, batch: dict[str, Any], input_names: Sequence[str]):
+  """`init(rng) -> (params, model_state)`; other collections an init makes are dropped."""
+  def init_variables(rng):
+    variables = model.init(rng, *(batch[k] for k in input_names))
+    model_state = {c: variables[c] for c in MODEL_STATE_COLLECTIONS if c in variables}
+    return variables["params"], model_state
+  return init_variables
 
 
 def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
@@ -44,11 +93,13 @@ def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mes
   """`(abstract_state, state_shardings)`: shapes, dtypes and shardings, nothing allocated.
 
   Parameters take the shardings of their logical names; optimizer moments those of their
-  parameters; counters and the RNG are replicated. The abstract state (ShapeDtypeStructs with
-  shardings) is also the restore target for checkpoints.
+  parameters; counters, the RNG and the model state (a few scalars and histories per layer)
+  are replicated. The abstract state (ShapeDtypeStructs with shardings) is also the restore
+  target for checkpoints.
   """
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    boxed = jax.eval_shape(_init_params_fn(model, batch, input_names), jax.random.PRNGKey(0))
+    boxed, boxed_model_state = jax.eval_shape(_init_variables_fn(model, batch, input_names),
+                                              jax.random.PRNGKey(0))
     param_sh = sharding.param_shardings(boxed, mesh, rules)
     abstract_params = jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) else x,
                                    boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
@@ -56,10 +107,13 @@ def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mes
   replicated = NamedSharding(mesh, PartitionSpec())
   opt_sh = optimizer.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sh,
                                      transform_non_params=lambda _: replicated)
-  state_sh = TrainState(step=replicated, params=param_sh, opt_state=opt_sh, rng=replicated)
+  abstract_model_state = nn.unbox(boxed_model_state)
+  state_sh = TrainState(step=replicated, params=param_sh, opt_state=opt_sh, rng=replicated,
+                        model_state=jax.tree.map(lambda _: replicated, abstract_model_state))
   abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
                         opt_state=abstract_opt,
-                        rng=jax.eval_shape(lambda: jax.random.PRNGKey(0)))
+                        rng=jax.eval_shape(lambda: jax.random.PRNGKey(0)),
+                        model_state=abstract_model_state)
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           abstract, state_sh)
   return abstract, state_sh
@@ -75,13 +129,13 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh:
   weights depend only on the seed, never on the mesh.
   """
   _, state_sh = abstract_train_state(model, tx, mesh, rules, batch, input_names)
-  init_params = _init_params_fn(model, batch, input_names)
+  init_variables = _init_variables_fn(model, batch, input_names)
 
   def init_state(seed_array):
     param_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed_array))
-    params = nn.unbox(init_params(param_rng))
+    params, model_state = nn.unbox(init_variables(param_rng))
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=tx.init(params), rng=dropout_rng)
+                      opt_state=tx.init(params), rng=dropout_rng, model_state=model_state)
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     state = jax.jit(init_state, out_shardings=state_sh)(jnp.asarray(seed, jnp.uint32))

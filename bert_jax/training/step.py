@@ -11,6 +11,11 @@ logical-axis rules, so the model's activation constraints resolve to that mesh.
 Dropout: step `s` uses `fold_in(rng, s)` (micro-batch `i` folds in `i` as well), so a resumed
 run draws exactly the masks an uninterrupted one would; so do a model's samples ("sample"
 stream: ELECTRA's generator).
+
+A model's `model_state` (FP8 scales and amax histories, `training/state.py`) is differentiated
+with the parameters, and its "gradient" is its next value: the step *sets* it
+(`next_model_state`); it never reaches the optimizer, weight decay, clipping or the gradient
+norm. The evaluation step applies it as it stands.
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
 from bert_jax.training.objective import Objective
-from bert_jax.training.state import TrainState
+from bert_jax.training.state import MODEL_STATE_COLLECTIONS, TrainState
 
 # Step metrics that are not the objective's sums. `real_tokens` / `row_tokens`: the batch's
 # non-padding tokens (`input_mask`) and all its token slots, whatever the rows' count and length
@@ -51,15 +57,46 @@ _EVAL_SAMPLE_SEED = 0
 
 
 def apply_model(objective: Objective, model: nn.Module, params: Any, batch, *,
-                deterministic: bool, rng: jax.Array | None = None) -> Any:
+                deterministic: bool, rng: jax.Array | None = None,
+                model_state: Any = None) -> Any:
   """The model's outputs on a batch: its inputs are the objective's `input_names`. `rng`
-  (training) seeds dropout and the "sample" stream; without it, samples use a fixed key."""
+  (training) seeds dropout and the "sample" stream; without it, samples use a fixed key.
+  `model_state`: the train state's (FP8 scales), for the models that have one."""
   if rng is None:
     rngs = {"sample": jax.random.PRNGKey(_EVAL_SAMPLE_SEED)}
   else:
     rngs = {"dropout": rng, "sample": jax.random.fold_in(rng, _SAMPLE_STREAM)}
-  return model.apply({"params": params}, *(batch[k] for k in objective.input_names),
-                     deterministic=deterministic, rngs=rngs)
+  return apply_variables(model, {"params": params, **(model_state or {})},
+                         *(batch[k] for k in objective.input_names),
+                         deterministic=deterministic, rngs=rngs)
+
+
+def apply_variables(model: nn.Module, variables: dict[str, Any], *args, **kwargs) -> Any:
+  """`model.apply(variables, ...)`, with a model that needs FP8 scales it was not given
+  refused in words (Flax would only say that a collection is empty)."""
+  try:
+    return model.apply(variables, *args, **kwargs)
+  except flax.errors.ScopeCollectionNotFound as e:
+    if not any(f'collection "{c}"' in str(e) for c in MODEL_STATE_COLLECTIONS):
+      raise
+    raise ValueError(
+        "This model computes its dense layers in FP8 (BertConfig.quantization='fp8'), whose "
+        "scales are training state (TrainState.model_state), not parameters, and none were "
+        "given: pass the state's model_state, or run the same parameters with "
+        "quantization='none'.") from None
+
+
+def next_model_state(current: Any, returned: Any) -> Any:
+  """The model state after a step: what the backward pass returned as its gradient.
+
+  Where a variable came back all zeros, its dot never took part in the loss's gradient (an
+  unused pooler, a teacher behind `stop_gradient`): autodiff then gives zeros, not a value, so
+  the variable keeps its current value (zero scales would turn that layer's output into NaN
+  wherever it is used). A scale the FP8 op computes is never zero, and an amax history it
+  returns is all zeros only when every amax in its window is.
+  """
+  return jax.tree.map(lambda old, new: jnp.where(jnp.any(new != 0), new, old).astype(old.dtype),
+                      current, returned)
 
 
 def make_train_step(objective: Objective, model: nn.Module, tx: optax.GradientTransformation,
@@ -71,29 +108,41 @@ def make_train_step(objective: Objective, model: nn.Module, tx: optax.GradientTr
     dropout_rng = jax.random.fold_in(state.rng, state.step)
     denominators = objective.denominators(batch)
 
-    def loss_fn(params, micro_batch, rng):
-      outputs = apply_model(objective, model, params, micro_batch, deterministic=False, rng=rng)
+    def loss_fn(params, model_state, micro_batch, rng):
+      outputs = apply_model(objective, model, params, micro_batch, deterministic=False, rng=rng,
+                            model_state=model_state)
       return objective.loss(outputs, micro_batch, denominators)
 
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    # Gradients of the parameters, and the model state's next values (`next_model_state`).
+    grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
     if grad_accum_steps == 1:
-      (loss, sums), grads = grad_fn(state.params, batch, dropout_rng)
+      (loss, sums), (grads, returned) = grad_fn(state.params, state.model_state, batch,
+                                                dropout_rng)
     else:
       micro = _split_micro_batches(batch, grad_accum_steps)
       first = jax.tree.map(lambda x: x[0], micro)
-      loss_shape, sums_shape = jax.eval_shape(loss_fn, state.params, first, dropout_rng)
+      loss_shape, sums_shape = jax.eval_shape(loss_fn, state.params, state.model_state, first,
+                                              dropout_rng)
       zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
 
+      # Every micro-batch starts from the same model state, so each returns the same scales
+      # and the same history shifted by one, differing only in the newest amax: the elementwise
+      # maximum is the amax of the whole batch, i.e. the state one step on the whole batch
+      # gives (the gradients are scaled by the whole batch's denominators), whatever k is.
+      # A sum would be k times too large; the last micro-batch would see a k-th of the batch.
       def body(carry, inputs):
-        acc_loss, acc_sums, acc_grads = carry
+        acc_loss, acc_sums, acc_grads, acc_returned = carry
         index, micro_batch = inputs
-        (l, s), g = grad_fn(state.params, micro_batch, jax.random.fold_in(dropout_rng, index))
+        (l, s), (g, r) = grad_fn(state.params, state.model_state, micro_batch,
+                                 jax.random.fold_in(dropout_rng, index))
         return (acc_loss + l, jax.tree.map(jnp.add, acc_sums, s),
-                jax.tree.map(jnp.add, acc_grads, g)), None
+                jax.tree.map(jnp.add, acc_grads, g),
+                jax.tree.map(jnp.maximum, acc_returned, r)), None
 
-      init = (zeros(loss_shape), zeros(sums_shape), jax.tree.map(jnp.zeros_like, state.params))
-      (loss, sums, grads), _ = jax.lax.scan(body, init,
-                                            (jnp.arange(grad_accum_steps), micro))
+      init = (zeros(loss_shape), zeros(sums_shape), jax.tree.map(jnp.zeros_like, state.params),
+              jax.tree.map(jnp.zeros_like, state.model_state))
+      (loss, sums, grads, returned), _ = jax.lax.scan(body, init,
+                                                      (jnp.arange(grad_accum_steps), micro))
 
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -103,15 +152,18 @@ def make_train_step(objective: Objective, model: nn.Module, tx: optax.GradientTr
     if "input_mask" in batch:
       metrics["real_tokens"] = jnp.sum(batch["input_mask"].astype(jnp.float32))
       metrics["row_tokens"] = jnp.float32(batch["input_mask"].size)
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                         model_state=next_model_state(state.model_state, returned)), metrics
 
   return train_step
 
 
-def make_eval_step(objective: Objective, model: nn.Module) -> Callable[[Any, dict], dict]:
-  """`eval_step(params, batch) -> sums` of the deterministic model (no dropout)."""
-  def eval_step(params, batch):
-    outputs = apply_model(objective, model, params, batch, deterministic=True)
+def make_eval_step(objective: Objective, model: nn.Module) -> Callable[..., dict]:
+  """`eval_step(params, batch[, model_state]) -> sums` of the deterministic model (no
+  dropout); a model with FP8 scales needs the state's `model_state` (refused without)."""
+  def eval_step(params, batch, model_state=None):
+    outputs = apply_model(objective, model, params, batch, deterministic=True,
+                          model_state=model_state)
     _, sums = objective.loss(outputs, batch, objective.denominators(batch))
     return sums
   return eval_step
@@ -124,8 +176,14 @@ def jit_train_step(train_step: Callable, state_shardings, batch_sharding, mesh, 
   return with_mesh(jitted, mesh, rules)
 
 
-def jit_eval_step(eval_step: Callable, param_shardings, batch_sharding, mesh, rules):
-  jitted = jax.jit(eval_step, in_shardings=(param_shardings, batch_sharding), out_shardings=None)
+def jit_eval_step(eval_step: Callable, param_shardings, batch_sharding, mesh, rules,
+                  model_state_shardings=None):
+  """The eval step, jitted: `(params, batch)`, or with `model_state_shardings` (the state
+  shardings' `model_state`) `(params, batch, model_state)`."""
+  shardings = (param_shardings, batch_sharding)
+  if model_state_shardings is not None:
+    shardings += (model_state_shardings,)
+  jitted = jax.jit(eval_step, in_shardings=shardings, out_shardings=None)
   return with_mesh(jitted, mesh, rules)
 
 

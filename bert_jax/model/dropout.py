@@ -1,0 +1,84 @@
+"""Dropout, the one implementation every module uses (encoder, attention's explicit path, heads).
+
+Why not `flax.linen.Dropout`: it draws one random 32-bit word per element and compares it as a
+float, and on an accelerator those random words are a visible part of the step (about 8% of a
+BERT-base step on an H100, `benchmarks/RESULTS.md`). Here a keep/drop decision takes
+`dropout_bits` bits (16 by default: two decisions per random word, 8: four), compared as an
+unsigned integer against a threshold. The threshold quantises the rate to 1/2^bits (0.1 becomes
+6554/65536 = 0.100006 at 16 bits); kept values are scaled by the *exact* inverse of the fraction
+the threshold keeps, so the expected output equals the input exactly, whatever the quantisation.
+
+Masks come from the "dropout" RNG stream that the step folds the step number into, so a resumed
+run draws exactly the masks an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+DROPOUT_BITS = (8, 16, 32)
+
+
+def _threshold(rate: float, bits: int) -> tuple[int, float]:
+  """(integer threshold, exact keep probability): drop where the draw is below the threshold."""
+  levels = 1 << bits
+  threshold = min(levels - 1, max(0, round(rate * levels)))
+  return threshold, 1.0 - threshold / levels
+
+
+def keep_probability(rate: float, bits: int = 16) -> float:
+  """The fraction of elements a mask of `rate` at `bits` bits keeps (exactly)."""
+  return _threshold(rate, bits)[1]
+
+
+def _uniform_ints(rng: jax.Array, shape: tuple[int, ...], bits: int) -> jax.Array:
+  """`shape` unsigned integers of `bits` bits each, cut from 32-bit random words.
+
+  Words are drawn for the flattened array (32/bits decisions per word) and split with shifts,
+  which XLA fuses into the consumer; the result is uint32 holding values < 2^bits.
+  """
+  size = math.prod(shape)
+  per_word = 32 // bits
+  words = jax.random.bits(rng, (-(-size // per_word),), jnp.uint32)
+  if per_word == 1:
+    return words.reshape(shape)
+  mask = jnp.uint32((1 << bits) - 1)
+  parts = [(words >> jnp.uint32(bits * i)) & mask for i in range(per_word)]
+  return jnp.stack(parts, axis=-1).reshape(-1)[:size].reshape(shape)
+
+
+def keep_mask(rng: jax.Array, shape: tuple[int, ...], rate: float, bits: int = 16
+              ) -> tuple[jax.Array, float]:
+  """`(mask, keep_probability)`: a boolean mask keeping each element with probability
+  `keep_probability` (1 - rate, quantised to 1/2^bits)."""
+  if bits not in DROPOUT_BITS:
+    raise ValueError(f"dropout_bits={bits}; expected one of {DROPOUT_BITS}.")
+  threshold, keep = _threshold(rate, bits)
+  return _uniform_ints(rng, tuple(shape), bits) >= jnp.uint32(threshold), keep
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array, bits: int = 16) -> jax.Array:
+  """`x` with elements dropped at `rate` and the kept ones scaled by 1/keep, in x's dtype."""
+  if rate <= 0.0:
+    return x
+  if rate >= 1.0:
+    return jnp.zeros_like(x)
+  keep, keep_prob = keep_mask(rng, x.shape, rate, bits)
+  return jnp.where(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros((), x.dtype))
+
+
+class Dropout(nn.Module):
+  """`flax.linen.Dropout`'s interface (`rate`, `deterministic`, the "dropout" stream), with
+  `bits` bits per decision (see the module docstring)."""
+  rate: float
+  bits: int = 16
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    if deterministic or self.rate <= 0.0:
+      return x
+    return dropout(x, self.rate, self.make_rng("dropout"), self.bits)

@@ -1,0 +1,247 @@
+"""The cheaper elementwise work of the step, checked against the reference math.
+
+Dropout with 8/16/32 bits per decision keeps the right fraction and scales exactly; masks differ
+across steps and layers and repeat for the same step (a resumed run draws the same ones). The
+fused residual-add + LayerNorm equals flax's LayerNorm forward and backward in float32, keeps
+float32 statistics under bfloat16, and leaves the whole model's loss and gradients unchanged in
+float32. A short real run (Shakespeare records from data_prep) in bfloat16 with the low-precision
+residual stream tracks the float32 run within the spread two float32 runs of different dropout
+seeds show. cuDNN's attention dropout gets a distinct static seed per layer, and the layouts
+under which its masks could not be regenerated are refused.
+"""
+
+import glob
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.model import configuration, dropout, modeling
+from bert_jax.objectives import mlm_nsp
+from bert_jax.parallel import sharding
+from bert_jax.text import features
+from bert_jax.training import optimizer
+from bert_jax.training import state as state_lib
+from bert_jax.training import step as step_lib
+from data_prep import create_pretraining_data as cpd
+from data_prep import demo_corpus, train_tokenizer
+from tests import helpers
+
+SEQ, PRED = 64, 10
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            max_position_embeddings=128)
+
+
+# ------------------------------------------------------------------------------------ dropout
+@pytest.mark.parametrize("bits", [8, 16, 32])
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_dropout_keeps_the_quantised_fraction_and_scales_exactly(bits, rate):
+  x = jnp.full((257, 301), 3.0, jnp.float32)  # odd sizes: words split across rows
+  y = dropout.dropout(x, rate, jax.random.PRNGKey(7), bits)
+  keep = dropout.keep_probability(rate, bits)
+  assert abs(keep - (1 - rate)) <= 2.0 ** -bits
+  kept = np.asarray(y) != 0
+  n = kept.size
+  assert abs(kept.mean() - keep) <= 5 * np.sqrt(keep * (1 - keep) / n)
+  np.testing.assert_array_equal(np.asarray(y)[kept], np.float32(3.0) * np.float32(1.0 / keep))
+  # Neighbours (the parts of one random word) are independent: P(both kept) = keep².
+  both = (kept[:, :-1] & kept[:, 1:]).mean()
+  assert abs(both - keep ** 2) <= 5 * np.sqrt(keep ** 2 * (1 - keep ** 2) / n)
+
+
+def test_dropout_masks_follow_the_key_and_keep_the_dtype():
+  x = jnp.ones((64, 64), jnp.bfloat16)
+  a = dropout.dropout(x, 0.1, jax.random.PRNGKey(1))
+  b = dropout.dropout(x, 0.1, jax.random.PRNGKey(1))
+  c = dropout.dropout(x, 0.1, jax.random.PRNGKey(2))
+  assert a.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert (np.asarray(a) != np.asarray(c)).any()
+  assert dropout.dropout(x, 0.0, jax.random.PRNGKey(1)) is x
+  with pytest.raises(ValueError, match="dropout_bits=12"):
+    dropout.keep_mask(jax.random.PRNGKey(0), (4,), 0.1, 12)
+  with pytest.raises(ValueError, match="dropout_bits=12"):
+    configuration.get_preset("test", dropout_bits=12)
+
+
+def test_attention_masks_differ_across_steps_and_layers_and_repeat_for_a_step(monkeypatch):
+  """Every attention-probability mask the model draws, recorded as the explicit path draws it:
+  two layers x two steps are four different masks, and step 1 drawn again is step 1's."""
+  cfg = configuration.get_preset("test", hidden_dropout_prob=0.0, **TINY)
+  batch = helpers.random_pretraining_batch(np.random.RandomState(0), 2, 16, 3, cfg.vocab_size)
+  model = modeling.BertModel(cfg)
+  params = model.init(jax.random.PRNGKey(0), batch["input_ids"])
+  drawn = []
+  real_dropout = dropout.dropout
+
+  def recording(x, rate, rng, bits=16):
+    out = real_dropout(x, rate, rng, bits)
+    drawn.append(np.asarray(out != 0))
+    return out
+  monkeypatch.setattr(dropout, "dropout", recording)
+  base = jax.random.PRNGKey(3)
+  for step in (0, 1, 1):
+    model.apply(params, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                deterministic=False, rngs={"dropout": jax.random.fold_in(base, step)})
+  assert len(drawn) == 6 and all(m.shape == (2, 4, 16, 16) for m in drawn)
+  first_four = drawn[:4]
+  for i in range(4):
+    for j in range(i + 1, 4):
+      assert (first_four[i] != first_four[j]).any(), (i, j)
+  np.testing.assert_array_equal(drawn[2], drawn[4])
+  np.testing.assert_array_equal(drawn[3], drawn[5])
+
+
+# ------------------------------------------------------------------------------ LayerNorm
+def _flax_layer_norm(x, scale, bias):
+  return nn.LayerNorm(epsilon=1e-12, use_fast_variance=False).apply(
+      {"params": {"scale": scale, "bias": bias}}, x)
+
+
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_residual_layer_norm_equals_flax_forward_and_backward_in_float32(with_residual):
+  keys = jax.random.split(jax.random.PRNGKey(0), 5)
+  x = jax.random.normal(keys[0], (4, 9, 32)) * 3 + 1
+  residual = jax.random.normal(keys[1], (4, 9, 32)) if with_residual else None
+  scale = 1 + jax.random.normal(keys[2], (32,))
+  bias = jax.random.normal(keys[3], (32,))
+  weights = jax.random.normal(keys[4], (4, 9, 32))
+
+  def ours(x, residual, scale, bias):
+    y = modeling.residual_layer_norm(x, residual, scale, bias, 1e-12, jnp.float32)
+    return jnp.sum(jnp.tanh(y) * weights)
+
+  def reference(x, residual, scale, bias):
+    total = x if residual is None else x + residual
+    return jnp.sum(jnp.tanh(_flax_layer_norm(total, scale, bias)) * weights)
+
+  argnums = (0, 1, 2, 3) if with_residual else (0, 2, 3)
+  assert abs(float(ours(x, residual, scale, bias) - reference(x, residual, scale, bias))) <= 1e-4
+  for a, b in zip(jax.grad(ours, argnums)(x, residual, scale, bias),
+                  jax.grad(reference, argnums)(x, residual, scale, bias)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+
+
+def test_residual_layer_norm_in_bfloat16_keeps_float32_statistics():
+  """bfloat16 in and out; the statistics are those of the float32 sum (a large common offset,
+  which bfloat16 statistics would lose, does not shift the output)."""
+  x = (jax.random.normal(jax.random.PRNGKey(0), (8, 64)) + 30.0).astype(jnp.bfloat16)
+  residual = jax.random.normal(jax.random.PRNGKey(1), (8, 64)).astype(jnp.bfloat16)
+  scale, bias = jnp.ones((64,)), jnp.zeros((64,))
+  y = modeling.residual_layer_norm(x, residual, scale, bias, 1e-12, jnp.bfloat16)
+  assert y.dtype == jnp.bfloat16
+  exact = _flax_layer_norm(x.astype(jnp.float32) + residual.astype(jnp.float32), scale, bias)
+  # One bfloat16 rounding of the output (|y| < 4: 2^-8 relative, 1/64 absolute at most).
+  np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(exact), atol=2 ** -6)
+  grads = jax.grad(lambda x, r: jnp.sum(modeling.residual_layer_norm(
+      x, r, scale, bias, 1e-12, jnp.bfloat16).astype(jnp.float32) ** 2), (0, 1))(x, residual)
+  assert all(g.dtype == jnp.bfloat16 for g in grads)
+
+
+def test_low_precision_layer_norm_leaves_the_float32_model_unchanged():
+  """The pre-training loss and every gradient of the float32 model: the fused LayerNorm against
+  flax's, ≤ 1e-5 (the same parameter tree, so checkpoints read either way)."""
+  batch = helpers.random_pretraining_batch(np.random.RandomState(1), 4, 24, 4, 512)
+  outputs = {}
+  for fused in (True, False):
+    cfg = configuration.get_preset("test", low_precision_layer_norm=fused,
+                                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    objective = mlm_nsp.MaskedLmNextSentence(24, 4)
+    model = objective.model(cfg)
+    params = nn.unbox(model.init(jax.random.PRNGKey(0),
+                                 *(batch[k] for k in objective.input_names))["params"])
+
+    def loss(p, model=model, objective=objective):
+      out = step_lib.apply_model(objective, model, p, batch, deterministic=True)
+      return objective.loss(out, batch, objective.denominators(batch))[0]
+    outputs[fused] = (params, jax.jit(jax.value_and_grad(loss))(params))
+  (p_a, (l_a, g_a)), (p_b, (l_b, g_b)) = outputs[True], outputs[False]
+  assert jax.tree.structure(p_a) == jax.tree.structure(p_b)
+  assert abs(float(l_a) - float(l_b)) <= 1e-5
+  for a, b in zip(jax.tree.leaves(g_a), jax.tree.leaves(g_b)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
+
+
+# ------------------------------------------------------------- bfloat16 against float32, trained
+@pytest.fixture(scope="module")
+def shakespeare_batches(tmp_path_factory):
+  """Masked records of 60 kB of the plays, written by data_prep, as 32-row batches."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  directory = tmp_path_factory.mktemp("fused_numerics")
+  corpus = directory / "plays.txt"
+  corpus.write_text(demo_corpus.corpus_text(max_bytes=60_000), encoding="utf-8")
+  vocab_file = train_tokenizer.train_wordpiece([str(corpus)], str(directory / "wp"),
+                                               vocab_size=1000)
+  settings = cpd.make_settings(str(corpus), vocab_file, max_seq_length=SEQ,
+                               max_predictions_per_seq=PRED, dupe_factor=2)
+  cpd.create_pretraining_data(settings, output_dir=str(directory / "records"),
+                              num_output_shards=1, num_workers=1, show_progress=False)
+  spec = features.tf_feature_spec(SEQ, PRED, features.STATIC)
+  files = sorted(glob.glob(os.path.join(str(directory / "records"), "pretrain-*.tfrecord")))
+  rows = [{k: v.numpy() for k, v in b.items()} for b in
+          tf.data.TFRecordDataset(files).batch(32, drop_remainder=True).map(
+              lambda x: tf.io.parse_example(x, spec))]
+  with open(vocab_file, encoding="utf-8") as f:
+    vocab_size = sum(1 for _ in f)
+  return vocab_size, [{k: v.astype(np.int32) if v.dtype == np.int64 else v
+                       for k, v in b.items()} for b in rows]
+
+
+def _train(batches, vocab_size, steps, dtype, seed, low_precision=True):
+  cfg = configuration.get_preset("test", vocab_size=vocab_size, dtype=dtype,
+                                 low_precision_layer_norm=low_precision, **TINY)
+  objective = mlm_nsp.MaskedLmNextSentence(SEQ, PRED)
+  model = objective.model(cfg)
+  tx, schedule = optimizer.create_optimizer(
+      {"name": "adamw", "learning_rate": 2e-3, "total_steps": steps, "warmup_steps": 5,
+       "weight_decay": 0.01, "eps": 1e-6, "grad_clip_norm": 1.0})
+  mesh = sharding.create_mesh([1, 1, 1], devices=jax.devices()[:1])
+  rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
+  state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, 0, batches[0],
+                                                 objective.input_names)
+  state = state.replace(rng=jax.random.PRNGKey(seed))
+  batch_sh = sharding.batch_sharding(mesh)
+  train_step = step_lib.build_train_step(objective, model, tx, schedule, state_sh, batch_sh,
+                                         mesh, rules)
+  losses = []
+  for i in range(steps):
+    state, metrics = train_step(state, jax.device_put(batches[i % len(batches)], batch_sh))
+    losses.append(float(metrics["loss"]))
+  return np.asarray(losses)
+
+
+def test_bfloat16_run_tracks_float32_within_dropout_noise(shakespeare_batches):
+  """Same data, same initial weights: the bfloat16 run (low-precision residual stream and
+  LayerNorm) ends within 3x the gap that two float32 runs of different dropout seeds show,
+  and both learn."""
+  vocab_size, batches = shakespeare_batches
+  steps = 40
+  f32_a = _train(batches, vocab_size, steps, "float32", seed=1)
+  f32_b = _train(batches, vocab_size, steps, "float32", seed=2)
+  bf16 = _train(batches, vocab_size, steps, "bfloat16", seed=1)
+  tail = lambda losses: losses[-10:].mean()
+  assert tail(f32_a) < f32_a[:3].mean() - 1.0, f32_a   # it learns
+  assert tail(bf16) < bf16[:3].mean() - 1.0, bf16
+  noise = abs(tail(f32_a) - tail(f32_b))
+  assert abs(tail(bf16) - tail(f32_a)) <= 3 * noise + 0.05, (tail(bf16), tail(f32_a), noise)
+
+
+# ----------------------------------------------------------------------- cuDNN's dropout seeds
+def test_cudnn_dropout_gets_a_distinct_seed_per_layer():
+  paths = [("bert", "encoder", f"layer_{i}", "attention", "self") for i in range(24)]
+  seeds = [modeling.cudnn_dropout_seed(p) for p in paths]
+  assert len(set(seeds)) == 24 and all(0 <= s < 2 ** 31 for s in seeds)
+  assert seeds[3] == modeling.cudnn_dropout_seed(paths[3])  # stable across processes (crc32)
+
+
+@pytest.mark.parametrize("fields", [dict(scan_layers=True), dict(share_parameters="all")])
+def test_cudnn_attention_dropout_refuses_layouts_that_reuse_one_call_site(fields):
+  with pytest.raises(ValueError, match="needs unrolled, unshared layers"):
+    configuration.get_preset("test", attention_implementation="cudnn",
+                             attention_probs_dropout_prob=0.1, **fields)
+  # Without attention dropout any layout may use the kernel.
+  configuration.get_preset("test", attention_implementation="cudnn",
+                           attention_probs_dropout_prob=0.0, **fields)
