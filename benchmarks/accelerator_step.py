@@ -11,7 +11,10 @@ compute with float32 parameters, for each attention variant:
   explicit path (softmax in float32, a dropout mask over every probability);
 * `fast-xla` — the fast recipe (`attention_probs_dropout_prob=0`, as MosaicBERT and ModernBERT
   train) through `jax.nn.dot_product_attention(implementation="xla")`;
-* `fast-cudnn` — the same through cuDNN's fused flash-attention kernel (GPU only).
+* `fast-cudnn` — the same through cuDNN's fused flash-attention kernel (GPU only);
+* `paper-cudnn` — the paper's recipe with the attention dropout inside cuDNN's fused kernel, and
+  its A/B twins `-f32res` (float32 residual stream and LayerNorm at every site), `-bits32` (one
+  random word per dropout decision instead of 16 bits) and `-fp8` (fp8 matmuls).
 
 `--layers` picks unrolled layers, `nn.scan` over layers, or both. Shapes per preset (`SHAPES`) are
 the paper's sequence lengths; the batch is random ids at full length (every row is real tokens,
@@ -22,15 +25,27 @@ step is printed beside it as a check of the analytic count.
 
 Steps are dispatched back to back as in training and timed over `--steps` with one sync at the
 end, repeated `--repeats` times; the table gives the median. With `--out` the markdown section is
-also written to a file (for `benchmarks/RESULTS.md`).
+also written to a file (for `benchmarks/RESULTS.md`), and with `--json_out` the numbers as JSON
+(what `gpu_suite.sh` summarises). A variant that fails (a config field not there yet, cuDNN
+missing, out of memory) is reported as failed and the others still run.
+
+`--dump_hlo_dir` writes the optimized HLO of each compiled step and prints what it is made of
+(`hlo_summary`): the fusion kernels by kind, the custom calls by target (cuBLAS GEMMs, cuDNN
+attention), and how many kernels touch each LayerNorm site (embeddings, two per layer, the MLM
+transform), named from the operations' metadata and counted by shape (reduces over the hidden
+axis, rsqrt). Kernels per site is the number a fused residual-add + LayerNorm should lower; the
+dumped text shows which operations each kernel holds.
 """
 
 from __future__ import annotations
 
 import datetime
 import gc
+import json
+import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -66,6 +81,10 @@ _PROFILE = flags.DEFINE_string(
     "profile_dir", None, "Trace 5 more steps of each variant here and print the device "
     "kernels that take the most time.")
 _OUT = flags.DEFINE_string("out", None, "Also write the markdown section here.")
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the results as JSON here.")
+_DUMP_HLO = flags.DEFINE_string(
+    "dump_hlo_dir", None, "Write each compiled step's optimized HLO text here and print its "
+    "kernel counts (fusions, custom calls, kernels per LayerNorm site).")
 _BATCH_FILE = flags.DEFINE_string(
     "batch_file", None, "A real batch (.npz of the input pipeline's arrays, packed or not) "
     "instead of random full rows; its shape overrides the preset's.")
@@ -85,6 +104,17 @@ VARIANTS = {
     # No dropout at all: the bound on what dropout's random bits cost.
     "nodrop-cudnn": dict(attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0,
                          attention_implementation="cudnn"),
+    # The paper's recipe with attention dropout inside cuDNN's fused kernel.
+    "paper-cudnn": dict(attention_probs_dropout_prob=0.1, attention_implementation="cudnn"),
+    # A/B against paper-cudnn, one change each: the float32 residual stream and LayerNorm of
+    # flax's module at every site; one random 32-bit word per dropout decision (the default
+    # draws 16 bits per decision); fp8 matmuls.
+    "paper-cudnn-f32res": dict(attention_probs_dropout_prob=0.1, attention_implementation="cudnn",
+                               low_precision_layer_norm=False),
+    "paper-cudnn-bits32": dict(attention_probs_dropout_prob=0.1, attention_implementation="cudnn",
+                               dropout_bits=32),
+    "paper-cudnn-fp8": dict(attention_probs_dropout_prob=0.1, attention_implementation="cudnn",
+                            quantization="fp8"),
 }
 
 
@@ -114,6 +144,159 @@ def _xla_flops(compiled) -> float | None:
     return float(cost.get("flops")) if cost and cost.get("flops") else None
   except Exception:  # pylint: disable=broad-except
     return None
+
+
+# Optimized HLO text, as `compiled.as_text()` prints it: computations open with a header line
+# ending in "{" and close with "}"; each instruction is `[ROOT] %name = type opcode(operands),
+# attributes`; a fusion names its body with `calls=`, and `metadata={op_name=...}` keeps the
+# module path of the JAX operation an instruction came from (".../layer_0/output/LayerNorm/...").
+_HLO_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([^\s(]+)\s*\(")
+_HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(?:\w+\[([\d,]*)\])?")
+_HLO_FUSION = re.compile(r"\sfusion\(")
+_HLO_CALLS = re.compile(r"calls=%?([\w.\-]+)")
+_HLO_KIND = re.compile(r"kind=(k\w+)")
+_HLO_BACKEND_KIND = re.compile(r'"kind":"([^"]+)"')
+_HLO_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+# The first operand of a reduce: its shape printed inline, or its name.
+_HLO_REDUCE = re.compile(r"\sreduce\(\(?(?:\w+\[([\d,]*)\]\S*\s+)?%?([\w.\-]+)")
+_HLO_DIMENSIONS = re.compile(r"dimensions=\{([\d,]*)\}")
+_HLO_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_LAYER_NORM = re.compile(r"layer_?norm", re.IGNORECASE)
+
+
+def _hlo_computations(text: str) -> dict[str, list[str]]:
+  computations, current = {}, None
+  for line in text.splitlines():
+    if line and not line[0].isspace() and line.rstrip().endswith("{"):
+      match = _HLO_HEADER.match(line)
+      if match:
+        current = computations.setdefault(match.group(1), [])
+        continue
+    if line.startswith("}"):
+      current = None
+    elif current is not None:
+      current.append(line)
+  return computations
+
+
+def layer_norm_site(op_name: str) -> str | None:
+  """The module path of the LayerNorm an operation belongs to, without JAX's transformation
+  wrappers (`jvp(...)`, `transpose(...)`), so a site's forward and backward kernels agree:
+  "jit(step)/transpose(jvp(M))/bert/encoder/layer_0/output/LayerNorm/mul" gives
+  "bert/encoder/layer_0/output/LayerNorm"."""
+  parts = [p for p in op_name.split("/") if "(" not in p and ")" not in p]
+  for i, part in enumerate(parts):
+    if _LAYER_NORM.search(part):
+      return "/".join(parts[:i + 1])
+  return None
+
+
+def hlo_summary(text: str, hidden: int, rows: set[int]) -> dict:
+  """Kernel counts of an optimized HLO module.
+
+  Kernels are the fusion instructions outside fused computations (a fusion's body, with any
+  fusion nested in it, is one kernel). LayerNorm is measured two ways, so that a renamed module
+  or a rewritten pattern cannot hide it: by the LayerNorm sites named in each kernel's metadata
+  (kernels per site is what a fused residual-add + LayerNorm with its own backward should
+  lower), and by shape: a kernel with a reduce of an operand whose last dimension is `hidden`,
+  over that dimension alone, with `rows` rows (tokens, or masked positions for the MLM
+  transform) — LayerNorm's statistics forward and its input gradient backward, and nothing else
+  in BERT (softmax reduces over keys, the loss over the vocabulary, bias gradients over tokens).
+  """
+  computations = _hlo_computations(text)
+  shapes = {}
+  for lines in computations.values():
+    for line in lines:
+      match = _HLO_INSTRUCTION.match(line)
+      if match and match.group(2) is not None:
+        shapes[match.group(1)] = [int(d) for d in match.group(2).split(",") if d]
+  fused = {m.group(1) for lines in computations.values() for line in lines
+           if _HLO_FUSION.search(line) for m in [_HLO_CALLS.search(line)] if m}
+
+  def body(name: str, seen: set[str]) -> list[str]:
+    lines = computations.get(name, [])
+    out = list(lines)
+    for line in lines:
+      match = _HLO_CALLS.search(line) if _HLO_FUSION.search(line) else None
+      if match and match.group(1) not in seen:
+        seen.add(match.group(1))
+        out += body(match.group(1), seen)
+    return out
+
+  def reduces_hidden(line: str) -> bool:
+    match, dims = _HLO_REDUCE.search(line), _HLO_DIMENSIONS.search(line)
+    if not match or not dims:
+      return False
+    if match.group(1) is not None:
+      sizes = [int(d) for d in match.group(1).split(",") if d]
+    else:
+      sizes = shapes.get(match.group(2), [])
+    reduced = [int(d) for d in dims.group(1).split(",") if d]
+    return (len(sizes) >= 2 and sizes[-1] == hidden and reduced == [len(sizes) - 1]
+            and math.prod(sizes[:-1]) in rows)
+
+  kinds, backend_kinds, targets, per_site = {}, {}, {}, {}
+  kernels = ln_reduce = ln_rsqrt = ln_named = 0
+  for name, lines in computations.items():
+    for line in lines:
+      for target in _HLO_TARGET.findall(line):
+        targets[target] = targets.get(target, 0) + 1
+      if name in fused or not _HLO_FUSION.search(line):
+        continue
+      kernels += 1
+      kind = _HLO_KIND.search(line)
+      kind = kind.group(1) if kind else "?"
+      kinds[kind] = kinds.get(kind, 0) + 1
+      if kind == "kCustom":
+        backend = _HLO_BACKEND_KIND.search(line)
+        backend = backend.group(1) if backend else "?"
+        backend_kinds[backend] = backend_kinds.get(backend, 0) + 1
+      calls = _HLO_CALLS.search(line)
+      inner = [line] + (body(calls.group(1), {calls.group(1)}) if calls else [])
+      ln_reduce += any(" reduce(" in l and reduces_hidden(l) for l in inner)
+      ln_rsqrt += any(" rsqrt(" in l for l in inner)
+      sites = {layer_norm_site(m) for l in inner for m in _HLO_OP_NAME.findall(l)} - {None}
+      ln_named += bool(sites)
+      for site in sites:
+        per_site[site] = per_site.get(site, 0) + 1
+  return dict(kernels=kernels, kinds=kinds, custom_fusions=backend_kinds, custom_calls=targets,
+              ln_kernels=ln_named, ln_per_site=per_site, ln_reduce_kernels=ln_reduce,
+              ln_rsqrt_kernels=ln_rsqrt)
+
+
+def describe_hlo(h: dict, layer_norm_sites: int) -> str:
+  """One line of `hlo_summary`; `layer_norm_sites`: how many the model has (2L + 2)."""
+  count = lambda d: ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))
+  custom = f" [{count(h['custom_fusions'])}]" if h["custom_fusions"] else ""
+  per_site = sorted(h["ln_per_site"].values())
+  if per_site:
+    named = (f"{len(per_site)} sites named (model: {layer_norm_sites}), kernels per site median "
+             f"{statistics.median(per_site):g} (min {per_site[0]}, max {per_site[-1]}), "
+             f"{h['ln_kernels']} kernels touch one")
+  else:
+    named = f"no site named in the metadata (model: {layer_norm_sites})"
+  return (f"{h['kernels']} fusion kernels ({count(h['kinds'])}{custom}); custom calls: "
+          f"{count(h['custom_calls']) or 'none'}; LayerNorm: {named}; by shape "
+          f"{h['ln_reduce_kernels']} kernels reduce over the hidden axis "
+          f"({h['ln_reduce_kernels'] / max(layer_norm_sites, 1):.1f}/site), "
+          f"{h['ln_rsqrt_kernels']} compute an rsqrt")
+
+
+def _dump_hlo(compiled, name: str, variant: str, layers: str, config, shape: dict) -> str:
+  """Writes the compiled step's HLO and returns its summary line; never raises."""
+  try:
+    text = compiled.as_text()
+    os.makedirs(_DUMP_HLO.value, exist_ok=True)
+    path = os.path.join(_DUMP_HLO.value, f"{name}-{variant}-{layers}.hlo.txt")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
+    rows = {shape["batch"] * shape["length"], shape["batch"] * shape["predictions"]}
+    line = describe_hlo(hlo_summary(text, config.hidden_size, rows),
+                        2 * config.num_hidden_layers + 2)
+  except Exception as e:  # pylint: disable=broad-except
+    line = f"no summary ({type(e).__name__}: {str(e)[:200]})"
+  print(f"HLO {name} {variant} {layers}: {line}", flush=True)
+  return line
 
 
 def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
@@ -150,6 +333,7 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
   start = time.perf_counter()
   compiled = step.lower(state, batch).compile()
   compile_s = time.perf_counter() - start
+  hlo = _dump_hlo(compiled, name, variant, layers, config, shape) if _DUMP_HLO.value else None
   for _ in range(_WARMUP.value):
     state, metrics = compiled(state, batch)
   first_loss = float(metrics["loss"])
@@ -177,7 +361,7 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
                 xla=_xla_flops(compiled), peak=peak,
                 mfu=(analytic / median / peak / jax.device_count()) if peak else None,
                 losses=(first_loss, last_loss),
-                memory=_peak_memory())
+                memory=_peak_memory(), hlo=hlo, device=jax.devices()[0].device_kind)
   del state, compiled, step, batch
   gc.collect()
   return result
@@ -257,8 +441,20 @@ def report(results: list[dict], failures: list[str]) -> str:
       "| loss first → last |",
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   lines += [_row(r) for r in results]
-  lines += [""] + [f"- Failed: {f}" for f in failures] + ([""] if failures else [])
+  lines += [""] + [f"- HLO {r['name']} {r['variant']} {r['layers']}: {r['hlo']}"
+                   for r in results if r.get("hlo")]
+  lines += [f"- Failed: {f}" for f in failures] + ([""] if failures else [])
   return "\n".join(lines)
+
+
+def _write(results: list[dict], failures: list[str]) -> None:
+  if _OUT.value:
+    with open(_OUT.value, "w", encoding="utf-8") as f:
+      f.write(report(results, failures))
+  if _JSON_OUT.value:
+    with open(_JSON_OUT.value, "w", encoding="utf-8") as f:
+      json.dump({"results": [dict(r, impl="jax") for r in results], "failures": failures}, f,
+                indent=1)
 
 
 def main(argv):
@@ -277,20 +473,16 @@ def main(argv):
           # One variant failing (cuDNN missing on this device, out of memory) must not lose the
           # others' numbers.
           failures.append(f"{name} {variant} {layers}: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:300]}")
+                          f"{(str(e).splitlines() or [''])[0][:300]}")
           print(f"FAILED {failures[-1]}", flush=True)
           gc.collect()
+          _write(results, failures)
           continue
         results.append(r)
         print(_row(r), flush=True)
-        if _OUT.value:
-          with open(_OUT.value, "w", encoding="utf-8") as f:
-            f.write(report(results, failures))
-  section = report(results, failures)
-  print("\n" + section)
-  if _OUT.value:
-    with open(_OUT.value, "w", encoding="utf-8") as f:
-      f.write(section)
+        _write(results, failures)
+  print("\n" + report(results, failures), flush=True)
+  _write(results, failures)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,328 @@
+#!/usr/bin/env bash
+# The GPU measurements of one short lease on one H100/H200, in one command, most valuable first:
+#
+#   OUT=/some/dir bash benchmarks/gpu_suite.sh        (from the repository root)
+#
+# A lease is short (one call of at most ~9 minutes), so everything runs from this one script, each
+# part under `timeout` (a hang costs that part, not the rest), within a total budget
+# (SUITE_BUDGET_S, default 480 s: a part is not started with less than two thirds of its cap
+# or SUITE_MIN_PART_S = 45 s left, and is cut at what is left). All output is tee'd into $OUT/suite.log as it comes; after
+# every part $OUT/results.md (the benchmarks' markdown sections), $OUT/results.json (their rows),
+# $OUT/summary.md (ratios, MFU, what ran, failed or was skipped) and $OUT/hlo.tar.gz (the
+# optimized HLO of our steps, as much as fits in 14 MiB) are rewritten, so a call cut short still
+# returns what finished. Five files: the lease returns at most eight.
+#
+# Parts (SUITE_PARTS, default "a b c d e f g"; a later lease can run the rest, e.g. "c d e f"):
+#   (a) base 256×128: ours paper-cudnn, fast-cudnn, paper (explicit); the PyTorch peer
+#       (`peer_torch.py`, Hugging Face BertForPreTraining, SDPA) eager and compiled, paper recipe
+#   (b) large 64×512: ours paper-cudnn; the peer compiled, paper recipe; ours fast-cudnn
+#   (c) fp8: ours paper-cudnn-fp8 on large 64×512
+#   (d) A/B on base: ours paper-cudnn-f32res, paper-cudnn-bits32 (against (a)'s paper-cudnn)
+#   (e) XLA flags on base paper-cudnn, one process per setting: default; cuBLASLt on; Triton GEMM
+#       off; command buffers off (empty list); cuDNN LayerNorm on. Each flag was checked against
+#       XLA's debug_options_flags.cc and parsed by jaxlib 0.10.2 (an unknown one aborts XLA at
+#       start: the abort is recorded and the sweep goes on)
+#   (f) real rows, if .bench_batches/*.npz exist (128_* on base, 512_* on large): ours
+#       paper-cudnn and the peer compiled, paper recipe
+#   (g) the peer with the MLM head gathered at the masked positions (as ours), eager and
+#       compiled, on base
+# Every run of ours dumps its HLO and prints its kernel counts (`--dump_hlo_dir`).
+#
+# Time estimate on one H100 (a JAX process starts in ~10 s, torch+transformers in ~15 s; our
+# compiles are 15-70 s, torch.compile ~40-80 s; 2 warm-up + 2 × 10 timed steps):
+#   (a) ours 3 × ~45 s + 10 ≈ 150 s; peer eager ≈ 20 s + compiled ≈ 70 s: ≈ 240 s
+#   (b) ours paper-cudnn ≈ 85 s; peer compiled ≈ 100 s; ours fast-cudnn ≈ 70 s: ≈ 255 s
+#   (c) ≈ 90 s   (d) 2 × ~45 s + 10 ≈ 100 s
+#   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 4 × ~55 s ≈ 245 s
+#   (f) ≈ 60 s (ours) + 80 s (peer) per file present   (g) ≈ 100 s
+# All of it: ≈ 1,000 s without (f). The default budget of 480 s covers (a) and most of (b);
+# SUITE_BUDGET_S=560 with a call's timeout_s=600 gets (b) whole; (c)-(g) need another lease.
+#
+# SUITE_SMOKE=1 runs the same plumbing on the CPU with the tiny preset, one step, the peer eager
+# only (cuDNN variants fail there, which exercises the failure paths). The suite's own settings
+# come last on each command line, so they win over a part's.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-/tmp/gpu_suite_out}
+WORK=${SUITE_WORK:-$(mktemp -d /tmp/gpu_suite.XXXXXX)}
+BUDGET_S=${SUITE_BUDGET_S:-480}
+MIN_PART_S=${SUITE_MIN_PART_S:-45}
+PARTS=" ${SUITE_PARTS:-a b c d e f g} "
+PY=${PYTHON:-$(command -v python3 || command -v python)}
+mkdir -p "$OUT" "$WORK/hlo"
+LOG=$OUT/suite.log
+START=$(date +%s)
+: > "$WORK/status.tsv"
+
+export PYTHONUNBUFFERED=1
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-1}
+# Compiles are the suite's largest cost; the cache serves (e)'s default run from (a)'s
+# paper-cudnn (XLA_FLAGS are part of the key, so the other settings compile afresh).
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$WORK/jax_cache}
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
+
+BASE=base LARGE=large LARGE_BATCH=64
+OURS_ARGS=(--steps=10 --repeats=2 --warmup=2)
+PEER_ARGS=(--steps=10 --repeats=2 --warmup=3)
+if [[ ${SUITE_SMOKE:-0} == 1 ]]; then
+  BASE=tiny LARGE=tiny LARGE_BATCH=4
+  OURS_ARGS=(--steps=1 --repeats=1 --warmup=1 --batch=tiny=4)
+  PEER_ARGS=(--steps=1 --repeats=1 --warmup=1 --batch=tiny=4 --dtype=float32 --device=cpu
+             --modes=eager)
+fi
+
+note() { echo "$*" | tee -a "$LOG"; }
+elapsed() { echo $(( $(date +%s) - START )); }
+want() { [[ $PARTS == *" $1 "* ]]; }
+
+LAST_RC=0
+# run <label> <cap_s> <command...>: under timeout min(cap, budget left). The cap is about 1.5×
+# the part's usual time, so a part is skipped rather than started with less than two thirds of
+# its cap (or MIN_PART_S) left: cut mid-compile, it would cost its time and return nothing.
+run() {
+  local label=$1 cap=$2; shift 2
+  local left=$(( BUDGET_S - $(elapsed) )) need=$(( cap * 2 / 3 ))
+  (( need < MIN_PART_S )) && need=$MIN_PART_S
+  if (( left < need )); then
+    note "### SKIPPED $label: ${left}s of the ${BUDGET_S}s budget left"
+    printf '%s\tskipped\t0\t\n' "$label" >> "$WORK/status.tsv"
+    LAST_RC=skipped
+    return 0
+  fi
+  local limit=$(( cap < left ? cap : left ))
+  note "### $label (at $(elapsed)s, limit ${limit}s, XLA_FLAGS='${XLA_FLAGS:-}'): $*"
+  local t0=$(date +%s)
+  timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  LAST_RC=${PIPESTATUS[0]}
+  local took=$(( $(date +%s) - t0 )) why=""
+  case $LAST_RC in
+    0) why=ok ;; 124|137) why="timed out at ${limit}s" ;; 134) why="aborted (SIGABRT)" ;;
+    139) why="crashed (SIGSEGV)" ;; *) why="exit $LAST_RC" ;;
+  esac
+  note "### $label: $why after ${took}s"
+  printf '%s\t%s\t%s\t%s\n' "$label" "$LAST_RC" "$took" "$why" >> "$WORK/status.tsv"
+  collect
+}
+
+# ours <label> <cap_s> <config> <variants> [args...]: our step; if the process dies (an XLA
+# abort takes the whole process), the variants after the one that died run in a new process.
+ours() {
+  local label=$1 cap=$2 config=$3 variants=$4; shift 4
+  run "$label" "$cap" "$PY" benchmarks/accelerator_step.py --configs="$config" \
+    --variants="$variants" --out="$WORK/$label.md" --json_out="$WORK/$label.json" \
+    --dump_hlo_dir="$WORK/hlo/$label" "$@" "${OURS_ARGS[@]}"
+  case $LAST_RC in 0|1|124|137|skipped) return 0 ;; esac
+  local rest
+  rest=$("$PY" - "$WORK/$label.json" "$variants" <<'EOF'
+import json, sys
+try:
+  with open(sys.argv[1]) as f:
+    done = json.load(f)
+  seen = {r["variant"] for r in done["results"]} | {x.split()[1] for x in done["failures"]}
+except (OSError, ValueError, KeyError, IndexError):
+  seen = set()
+left = [v for v in sys.argv[2].split(",") if v not in seen]
+print(",".join(left[1:]))  # left[0] is the one that took the process down
+EOF
+)
+  if [[ -n $rest ]]; then
+    ours "$label-rest" "$cap" "$config" "$rest" "$@"
+  fi
+}
+
+# peer <label> <cap_s> [args...]: the PyTorch peer.
+peer() {
+  local label=$1 cap=$2; shift 2
+  run "$label" "$cap" "$PY" benchmarks/peer_torch.py --out="$WORK/$label.md" \
+    --json_out="$WORK/$label.json" "$@" "${PEER_ARGS[@]}"
+}
+
+# Rewrites $OUT's results, summary and HLO archive from what the parts wrote so far.
+collect() {
+  "$PY" - "$WORK" "$OUT" "$BUDGET_S" "$(elapsed)" <<'EOF' 2>&1 | tee -a "$LOG" | tail -n 0
+import glob, json, os, sys, tarfile
+work, out, budget, elapsed = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+order = [line.split("\t")[0] for line in open(os.path.join(work, "status.tsv")) if line.strip()]
+status = [line.rstrip("\n").split("\t") for line in open(os.path.join(work, "status.tsv"))
+          if line.strip()]
+rows, failures, sections = [], [], []
+for label in order:
+  path = os.path.join(work, label + ".json")
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        data = json.load(f)
+    except ValueError:
+      continue
+    rows += [{"impl": "jax", **r, "part": label} for r in data.get("results", [])]
+    failures += [f"{label}: {x}" for x in data.get("failures", [])]
+  md = os.path.join(work, label + ".md")
+  if os.path.exists(md):
+    sections.append(f"<!-- {label} -->\n" + open(md).read())
+with open(os.path.join(out, "results.json"), "w") as f:
+  json.dump({"results": rows, "failures": failures}, f, indent=1)
+with open(os.path.join(out, "results.md"), "w") as f:
+  f.write("\n\n".join(sections) + "\n")
+
+def ms(r):
+  return 1000 * r["step_s"]
+
+def mfu(r):
+  return f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "n/a"
+
+def tokens(r):
+  s = r["shape"]
+  return s["batch"] * s["length"] * s["real"] / r["step_s"]
+
+def what(r):
+  if r["impl"] == "jax":
+    return f"ours {r['variant']}"
+  return f"peer {r['recipe']} {r['mode']} (MLM head {r['mlm']})"
+
+lines = [f"# GPU suite summary ({elapsed}s of a {budget}s budget)", ""]
+device = next((r.get("device") for r in rows if r.get("device")), "unknown device")
+lines += [f"Device: {device}.", "", "## Ours paper-cudnn against the peer compiled, paper recipe",
+          "", "| config | rows | ours ms | ours MFU | peer ms | peer MFU "
+          "| peer / ours (step time) |", "|---|---|---|---|---|---|---|"]
+main = [r for r in rows if not r["part"].startswith(("e-", "f-"))]
+for part_rows in ([r for r in main], [r for r in rows if r["part"].startswith("f-")]):
+  keys = []
+  for r in part_rows:
+    key = (r["name"], r["shape"]["batch"], r["shape"]["length"], r["shape"]["packed"],
+           r["shape"]["real"])
+    if key not in keys:
+      keys.append(key)
+  for key in keys:
+    same = [r for r in part_rows if (r["name"], r["shape"]["batch"], r["shape"]["length"],
+                                     r["shape"]["packed"], r["shape"]["real"]) == key]
+    o = [r for r in same if r["impl"] == "jax" and r["variant"] == "paper-cudnn"]
+    p = [r for r in same if r["impl"] == "torch" and r["recipe"] == "paper"
+         and r["mode"] == "compile" and r["mlm"] == "full"]
+    if not o and not p:
+      continue
+    layout = "packed" if key[3] else f"{100 * key[4]:.0f}% real"
+    o_ms = f"{ms(o[0]):.1f}" if o else "—"
+    p_ms = f"{ms(p[0]):.1f}" if p else "—"
+    ratio = f"**{ms(p[0]) / ms(o[0]):.2f}×**" if o and p else "—"
+    lines.append(f"| {key[0]} | {key[1]} × {key[2]}, {layout} | {o_ms} | "
+                 f"{mfu(o[0]) if o else '—'} | {p_ms} | {mfu(p[0]) if p else '—'} | {ratio} |")
+if lines[-1].startswith("|---"):
+  lines.append("| (no pair measured yet) | | | | | | |")
+lines += ["", "## Every run", "", "| part | config | rows | run | compile / first step (s) | "
+          "step ms | real tokens/s | MFU | peak GiB |", "|---|---|---|---|---|---|---|---|---|"]
+for r in rows:
+  s = r["shape"]
+  first = r.get("compile_s", r.get("first_step_s"))
+  mem = f"{r['memory']:.1f}" if r.get("memory") is not None else "n/a"
+  lines.append(f"| {r['part']} | {r['name']} | {s['batch']} × {s['length']} | {what(r)} | "
+               f"{first:.1f} | {ms(r):.1f} | {tokens(r):,.0f} | {mfu(r)} | {mem} |")
+sweep = {r["part"]: r for r in rows if r["part"].startswith("e-")}
+base = sweep.get("e-default")
+flag_parts = [s for s in status if s[0].startswith("e-")]
+if flag_parts:
+  lines += ["", "## XLA flags (base paper-cudnn, one process each)", ""]
+  for s in flag_parts:
+    r = sweep.get(s[0])
+    if r is None:  # aborted at start (an unknown flag), failed, timed out or skipped
+      why = [x.split(": ", 1)[1] for x in failures if x.startswith(s[0] + ": ")]
+      why = why or [s[3] if len(s) > 3 and s[3] else s[1]]
+      lines.append(f"- {s[0]}: no result ({why[0]})")
+      continue
+    vs = f", {ms(r) / ms(base):.3f}× the default's step time" if base else ""
+    lines.append(f"- {s[0]}: {ms(r):.1f} ms, MFU {mfu(r)}, compile {r['compile_s']:.0f} s{vs}")
+hlo = [r for r in rows if r.get("hlo")]
+if hlo:
+  lines += ["", "## Kernels of our steps (`--dump_hlo_dir`)", ""]
+  lines += [f"- {r['part']} {r['name']} {r['variant']}: {r['hlo']}" for r in hlo]
+lines += ["", "## Parts", ""]
+lines += [f"- {s[0]}: {s[3] if len(s) > 3 and s[3] else s[1]}"
+          + (f" ({s[2]} s)" if len(s) > 2 and s[2] not in ("", "0") else "") for s in status]
+lines += [f"- Failed: {x}" for x in failures]
+with open(os.path.join(out, "summary.md"), "w") as f:
+  f.write("\n".join(lines) + "\n")
+
+# The HLO dumps, most valuable first, as many as fit under the 16 MiB a returned file may have
+# (HLO text compresses about tenfold; a sixth is assumed). Rebuilt only when a dump was added.
+dumps = sorted((p for p in glob.glob(os.path.join(work, "hlo", "*", "*.hlo.txt"))
+                if p.split(os.sep)[-2] in order),
+               key=lambda p: (order.index(p.split(os.sep)[-2]), p))
+archive, signature = os.path.join(out, "hlo.tar.gz"), os.path.join(work, "hlo.signature")
+listing = "\n".join(f"{p} {os.path.getsize(p)}" for p in dumps)
+if dumps and (not os.path.exists(signature) or open(signature).read() != listing):
+  with open(archive + ".tmp", "wb") as raw:
+    with tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:
+      for path in dumps:
+        if raw.tell() + os.path.getsize(path) / 6 > 14 * 2**20:
+          continue
+        tar.add(path, arcname=os.path.relpath(path, os.path.join(work, "hlo")))
+  os.replace(archive + ".tmp", archive)
+  with open(signature, "w") as f:
+    f.write(listing)
+EOF
+}
+
+note "### gpu_suite.sh: parts${PARTS}, budget ${BUDGET_S}s, out $OUT, $(date -u +%FT%TZ)"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu \
+  --format=csv,noheader 2>&1 | tee -a "$LOG"
+"$PY" - <<'EOF' 2>&1 | tee -a "$LOG"
+# Versions from the installed distributions' metadata: importing torch and JAX here would cost
+# seconds of the lease.
+import platform
+from importlib import metadata
+names = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax",
+         "orbax-checkpoint", "numpy", "torch", "transformers", "nvidia-cudnn-cu13")
+versions = []
+for name in names:
+  try:
+    versions.append(f"{name} {metadata.version(name)}")
+  except metadata.PackageNotFoundError:
+    pass
+print(f"Python {platform.python_version()}; " + ", ".join(versions))
+EOF
+
+if want a; then
+  ours a-ours 240 "$BASE" paper-cudnn,fast-cudnn,paper
+  peer a-peer 160 --configs="$BASE" --recipes=paper --modes=eager,compile --mlm=full
+fi
+if want b; then
+  ours b-ours 130 "$LARGE" paper-cudnn --batch="$LARGE=$LARGE_BATCH"
+  peer b-peer 200 --configs="$LARGE" --batch="$LARGE=$LARGE_BATCH" --recipes=paper \
+    --modes=compile --mlm=full
+  ours b-ours-fast 110 "$LARGE" fast-cudnn --batch="$LARGE=$LARGE_BATCH"
+fi
+if want c; then
+  ours c-fp8 130 "$LARGE" paper-cudnn-fp8 --batch="$LARGE=$LARGE_BATCH"
+fi
+if want d; then
+  ours d-ab 150 "$BASE" paper-cudnn-f32res,paper-cudnn-bits32
+fi
+if want e; then
+  for setting in default cublaslt=true triton_gemm=false command_buffer= cudnn_layer_norm=true; do
+    if [[ $setting == default ]]; then
+      flags=${XLA_FLAGS:-} label=e-default
+    else
+      flags="${XLA_FLAGS:-} --xla_gpu_enable_$setting"
+      label="e-${setting%%=*}"
+    fi
+    XLA_FLAGS=$flags ours "$label" 110 "$BASE" paper-cudnn
+  done
+fi
+if want f; then
+  for batch_file in .bench_batches/*.npz; do
+    [[ -e $batch_file ]] || { note "### (f): no .bench_batches/*.npz here"; break; }
+    stem=$(basename "$batch_file" .npz)
+    case $stem in 512*) config=$LARGE ;; *) config=$BASE ;; esac
+    ours "f-ours-$stem" 120 "$config" paper-cudnn --batch_file="$batch_file"
+    peer "f-peer-$stem" 150 --configs="$config" --recipes=paper --modes=compile --mlm=full \
+      --batch_file="$batch_file"
+  done
+fi
+if want g; then
+  peer g-peer-gathered 160 --configs="$BASE" --recipes=paper --modes=eager,compile --mlm=gathered
+fi
+
+collect
+note "### done at $(elapsed)s"
+cat "$OUT/summary.md"
