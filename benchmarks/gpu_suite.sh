@@ -10,9 +10,11 @@
 # every part $OUT/results.md (the benchmarks' markdown sections), $OUT/results.json (their rows),
 # $OUT/summary.md (ratios, MFU, what ran, failed or was skipped) and $OUT/hlo.tar.gz (the
 # optimized HLO of our steps, as much as fits in 14 MiB) are rewritten, so a call cut short still
-# returns what finished. Five files: the lease returns at most eight.
+# returns what finished. Six files (with attention_checks.md): the lease returns at most eight.
 #
-# Parts (SUITE_PARTS, default "a b c d e f g"; a later lease can run the rest, e.g. "c d e f"):
+# Parts (SUITE_PARTS, default "checks a b c d e f g"; a later lease can run the rest, e.g. "c d e f"):
+#   (checks) attention dropout inside cuDNN's kernel: kept fraction, scaling, masks per call and
+#       per layer, backward mask = forward mask (`attention_dropout_checks.py`, ~30 s)
 #   (a) base 256×128: ours paper-cudnn, fast-cudnn, paper (explicit); the PyTorch peer
 #       (`peer_torch.py`, Hugging Face BertForPreTraining, SDPA) eager and compiled, paper recipe
 #   (b) large 64×512: ours paper-cudnn; the peer compiled, paper recipe; ours fast-cudnn
@@ -48,7 +50,7 @@ OUT=${OUT:-/tmp/gpu_suite_out}
 WORK=${SUITE_WORK:-$(mktemp -d /tmp/gpu_suite.XXXXXX)}
 BUDGET_S=${SUITE_BUDGET_S:-480}
 MIN_PART_S=${SUITE_MIN_PART_S:-45}
-PARTS=" ${SUITE_PARTS:-a b c d e f g} "
+PARTS=" ${SUITE_PARTS:-checks a b c d e f g} "
 PY=${PYTHON:-$(command -v python3 || command -v python)}
 mkdir -p "$OUT" "$WORK/hlo"
 LOG=$OUT/suite.log
@@ -63,11 +65,11 @@ export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$WORK/jax_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
 
-BASE=base LARGE=large LARGE_BATCH=64
+BASE=base LARGE=large LARGE_BATCH=64 CHECK_IMPL=cudnn
 OURS_ARGS=(--steps=10 --repeats=2 --warmup=2)
 PEER_ARGS=(--steps=10 --repeats=2 --warmup=3)
 if [[ ${SUITE_SMOKE:-0} == 1 ]]; then
-  BASE=tiny LARGE=tiny LARGE_BATCH=4
+  BASE=tiny LARGE=tiny LARGE_BATCH=4 CHECK_IMPL=pallas
   OURS_ARGS=(--steps=1 --repeats=1 --warmup=1 --batch=tiny=4)
   PEER_ARGS=(--steps=1 --repeats=1 --warmup=1 --batch=tiny=4 --dtype=float32 --device=cpu
              --modes=eager)
@@ -282,6 +284,12 @@ for name in names:
 print(f"Python {platform.python_version()}; " + ", ".join(versions))
 EOF
 
+if want checks; then
+  # Correctness first (~30 s): cuDNN's in-kernel attention dropout keeps the right fraction,
+  # changes masks per call and per layer, and its backward regenerates the forward's mask.
+  run checks 90 "$PY" benchmarks/attention_dropout_checks.py --implementation="$CHECK_IMPL" \
+    --out="$OUT/attention_checks.md"
+fi
 if want a; then
   ours a-ours 240 "$BASE" paper-cudnn,fast-cudnn,paper
   peer a-peer 160 --configs="$BASE" --recipes=paper --modes=eager,compile --mlm=full

@@ -20,8 +20,9 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_appro
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
-# Attention kernels (`modeling.dot_product_attention`): None lets JAX pick, "xla" and "cudnn" go
-# to `jax.nn.dot_product_attention`, "pallas" is the Pallas TPU flash-attention kernel.
+# Attention kernels (`modeling.dot_product_attention`): None lets JAX pick, "xla" is
+# `jax.nn.dot_product_attention`'s XLA path, "cudnn" cuDNN's flash attention, "pallas" the Pallas
+# TPU kernels; the last two keep attention-probability dropout inside the kernel.
 ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn", "pallas")
 
 # Model families: one encoder, configured. "albert" adds factorized embeddings, shared layers and
@@ -88,9 +89,10 @@ class BertConfig:
   param_dtype: str = "float32"
   scan_layers: bool = False  # nn.scan over layers: one compiled layer, stacked parameters
   remat_policy: str = "none"  # none | full | dots | dots_no_batch (see modeling._remat_policy)
-  # The kernel used when attention dropout is off: None lets JAX pick, "xla" forces the
-  # reference path, "cudnn" the fused GPU kernel (both via jax.nn.dot_product_attention),
-  # "pallas" the Pallas TPU flash-attention kernel (sequence length a multiple of 128).
+  # The attention kernel: "cudnn" (GPU) and "pallas" (TPU; sequence length a multiple of 128)
+  # are fused with attention-probability dropout inside the kernel; None lets JAX pick and
+  # "xla" forces its reference path when dropout is off, and both run the explicit softmax
+  # with dropout in training (`modeling.dot_product_attention`).
   attention_implementation: str | None = None
   # Bits per dropout keep/drop decision (`model/dropout.py`): 16 draws two decisions per random
   # word (rate quantised to 1/65536, the scaling exact), 8 four, 32 one (as flax's Dropout).

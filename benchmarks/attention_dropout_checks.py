@@ -1,0 +1,170 @@
+"""Attention-probability dropout inside a fused kernel, checked on the hardware that runs it.
+
+    python benchmarks/attention_dropout_checks.py --implementation=cudnn [--out=checks.md]
+
+The CPU tests check the Pallas kernel in the TPU interpreter; cuDNN's kernel exists only on a
+GPU, and the Pallas kernel's hardware bits only on a TPU. This script runs the same checks through
+the one attention call site (`modeling.dot_product_attention`) on whatever device it is given
+(`--implementation=pallas` on a CPU runs them in the interpreter):
+
+1. kept fraction and scaling: with values V = identity (head_dim = length), the output *is* the
+   dropped probability matrix; the fraction kept is 1 - rate within 5 standard errors and the
+   kept entries are the probabilities × 1/(1 - rate);
+2. masks change from call to call (cuDNN: its counter advances per execution; Pallas: a new key)
+   and from call site to call site (cuDNN: one static seed per layer);
+3. the backward pass regenerates the forward's mask: dV equals P̃ᵀ·dO and dQ the explicit
+   gradient under the recovered mask, in one execution of forward and backward.
+
+Each line says PASS or FAIL with its numbers; the exit status is the number of failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.model import modeling
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+BATCH, HEADS, LENGTH = 2, 2, 128  # head_dim = LENGTH, so that V can be the identity
+RATE = 0.1
+
+
+def _inputs(dtype):
+  keys = jax.random.split(jax.random.PRNGKey(0), 3)
+  shape = (BATCH, LENGTH, HEADS, LENGTH)
+  q = jax.random.normal(keys[0], shape, jnp.float32)
+  k = jax.random.normal(keys[1], shape, jnp.float32)
+  eye = jnp.broadcast_to(jnp.eye(LENGTH)[None, :, None, :], shape)  # v[b, s, n, :] = e_s
+  cotangent = jax.random.normal(keys[2], shape, jnp.float32)
+  input_mask = jnp.ones((BATCH, LENGTH), jnp.int32)
+  return q.astype(dtype), k.astype(dtype), eye.astype(dtype), cotangent.astype(dtype), input_mask
+
+
+def _attention(implementation, seed_name):
+  """Attention with dropout at one call site; for cuDNN the site's static seed is that of a
+  layer named `seed_name`, for Pallas the key decides."""
+  def attend(q, k, v, input_mask, key):
+    return modeling.dot_product_attention(
+        q, k, v, input_mask, dropout_rate=RATE, dropout_rng=key, deterministic=False,
+        implementation=implementation,
+        cudnn_seed=modeling.cudnn_dropout_seed(("bert", "encoder", seed_name)))
+  return attend
+
+
+def _probabilities(q, k):
+  """The probabilities without dropout, (b, n, t, s), in float32 from the same inputs."""
+  logits = jnp.einsum("btnd,bsnd->bnts", q.astype(jnp.float32), k.astype(jnp.float32))
+  return jax.nn.softmax(logits / math.sqrt(q.shape[-1]), axis=-1)
+
+
+def _dropped(out):
+  """The output under V = identity, as (b, n, t, s): the dropped probability matrix."""
+  return jnp.swapaxes(out.astype(jnp.float32), 1, 2)
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--implementation", default="cudnn", choices=("cudnn", "pallas"))
+  parser.add_argument("--out", default=None, help="Also write the lines here (markdown).")
+  args = parser.parse_args()
+  dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
+  tolerance = 3e-2 if dtype == jnp.bfloat16 else 1e-4
+  q, k, v, cotangent, input_mask = _inputs(dtype)
+  probs = _probabilities(q, k)
+  lines, failures = [], 0
+
+  def report(ok: bool, text: str) -> None:
+    nonlocal failures
+    failures += not ok
+    lines.append(f"- {'PASS' if ok else 'FAIL'}: {text}")
+    print(lines[-1], flush=True)
+
+  layer_0, layer_1 = _attention(args.implementation, "layer_0"), _attention(args.implementation,
+                                                                           "layer_1")
+  key_a, key_b = jax.random.PRNGKey(1), jax.random.PRNGKey(2)
+
+  @jax.jit
+  def forward_and_backward(q, k, v, key):
+    out, vjp = jax.vjp(lambda q, k, v: layer_0(q, k, v, input_mask, key), q, k, v)
+    return (out, *vjp(cotangent))
+
+  @jax.jit
+  def two_sites(q, k, v, key):
+    # Layers' keys differ as the model's `make_rng` makes them (Pallas); cuDNN ignores the key
+    # and draws from each site's own static seed.
+    return (layer_0(q, k, v, input_mask, key),
+            layer_1(q, k, v, input_mask, jax.random.fold_in(key, 1)))
+
+  # 1. fraction and scaling
+  out, dq, _, dv = forward_and_backward(q, k, v, key_a)
+  dropped = _dropped(out)
+  kept = np.asarray(dropped != 0)
+  n = kept.size
+  fraction = kept.mean()
+  report(abs(fraction - (1 - RATE)) <= 5 * math.sqrt(RATE * (1 - RATE) / n),
+         f"kept fraction {fraction:.4f} over {n:,} probabilities (expected {1 - RATE:.4f} "
+         f"± {5 * math.sqrt(RATE * (1 - RATE) / n):.4f})")
+  ratio = np.asarray(dropped)[kept] / np.asarray(probs)[kept]
+  report(abs(np.median(ratio) * (1 - RATE) - 1) <= tolerance,
+         f"kept probabilities scaled by {np.median(ratio):.4f} (median; expected "
+         f"{1 / (1 - RATE):.4f})")
+
+  # 2. masks across calls and call sites
+  again = np.asarray(_dropped(forward_and_backward(q, k, v, key_a)[0]) != 0)
+  other = np.asarray(_dropped(forward_and_backward(q, k, v, key_b)[0]) != 0)
+  if args.implementation == "cudnn":
+    report((again != kept).mean() > 0.05,
+           f"the same call again draws another mask ({100 * (again != kept).mean():.1f}% of "
+           "decisions differ: the kernel's counter advanced)")
+  else:
+    report((again == kept).all() and (other != kept).mean() > 0.05,
+           f"the same key draws the same mask, another key another "
+           f"({100 * (other != kept).mean():.1f}% differ)")
+  site_0, site_1 = (np.asarray(_dropped(o) != 0) for o in two_sites(q, k, v, key_a))
+  report((site_0 != site_1).mean() > 0.05,
+         f"two layers draw different masks ({100 * (site_0 != site_1).mean():.1f}% of decisions "
+         "differ)")
+
+  # 3. the backward pass's mask is the forward's (same execution)
+  g = np.swapaxes(np.asarray(cotangent, np.float32), 1, 2)  # (b, n, t, d)
+  p_dropped = np.asarray(dropped)
+  dv_expected = np.swapaxes(np.einsum("bnts,bntd->bnsd", p_dropped, g), 1, 2)
+  error_v = (np.linalg.norm(np.asarray(dv, np.float32) - dv_expected)
+             / np.linalg.norm(dv_expected))
+  report(error_v <= tolerance, f"dV = P̃ᵀ·dO under the forward's mask (relative error "
+         f"{error_v:.2e})")
+  mask = p_dropped != 0
+  p = np.asarray(probs)
+  d_dropped = np.einsum("bntd,bsnd->bnts", g, np.asarray(v, np.float32))
+  d_probs = d_dropped * mask / (1 - RATE)
+  d_logits = p * (d_probs - np.sum(d_probs * p, axis=-1, keepdims=True))
+  dq_expected = np.einsum("bnts,bsnd->btnd", d_logits,
+                          np.asarray(k, np.float32)) / math.sqrt(LENGTH)
+  error_q = (np.linalg.norm(np.asarray(dq, np.float32) - dq_expected)
+             / np.linalg.norm(dq_expected))
+  report(error_q <= 2 * tolerance, f"dQ equals the explicit gradient under the forward's mask "
+         f"(relative error {error_q:.2e})")
+
+  header = (f"## Attention dropout inside the {args.implementation} kernel on "
+            f"{jax.devices()[0].device_kind} (jax {jax.__version__})\n\n"
+            f"- Command: `python benchmarks/attention_dropout_checks.py "
+            f"--implementation={args.implementation}`; {BATCH}×{LENGTH} rows, {HEADS} heads, "
+            f"rate {RATE}, {jnp.dtype(dtype).name}\n")
+  if args.out:
+    with open(args.out, "w", encoding="utf-8") as f:
+      f.write(header + "\n".join(lines) + "\n")
+  return failures
+
+
+if __name__ == "__main__":
+  sys.exit(main())
