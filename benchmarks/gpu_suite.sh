@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# The GPU measurements of one short lease on one H100/H200, in one command, most valuable first:
+# The GPU measurements on one H100/H200, in one command that fits a short rental, most valuable first:
 #
 #   OUT=/some/dir bash benchmarks/gpu_suite.sh        (from the repository root)
 #
-# A lease is short (one call of at most ~9 minutes), so everything runs from this one script, each
+# GPU time is short (one run of at most ~9 minutes), so everything runs from this one script, each
 # part under `timeout` (a hang costs that part, not the rest), within a total budget
 # (SUITE_BUDGET_S, default 480 s: a part is not started with less than two thirds of its cap
 # or SUITE_MIN_PART_S = 45 s left, and is cut at what is left). All output is tee'd into $OUT/suite.log as it comes; after
 # every part $OUT/results.md (the benchmarks' markdown sections), $OUT/results.json (their rows),
 # $OUT/summary.md (ratios, MFU, what ran, failed or was skipped) and $OUT/hlo.tar.gz (the
 # optimized HLO of our steps, as much as fits in 14 MiB) are rewritten, so a call cut short still
-# returns what finished. Six files (with attention_checks.md): the lease returns at most eight.
+# returns what finished. Six files (with attention_checks.md), small enough to copy back.
 #
-# Parts (SUITE_PARTS, default "checks a b c d e f g"; a later lease can run the rest, e.g. "c d e f"):
+# Parts (SUITE_PARTS, default "checks a b c d e f g"; a later run can take the rest, e.g. "c d e f"):
 #   (checks) attention dropout inside cuDNN's kernel: kept fraction, scaling, masks per call and
 #       per layer, backward mask = forward mask (`attention_dropout_checks.py`, ~30 s)
 #   (a) base 256×128: ours paper-cudnn, fast-cudnn, paper (explicit); the PyTorch peer
@@ -38,7 +38,7 @@
 #   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 4 × ~55 s ≈ 245 s
 #   (f) ≈ 60 s (ours) + 80 s (peer) per file present   (g) ≈ 100 s
 # All of it: ≈ 1,000 s without (f). The default budget of 480 s covers (a) and most of (b);
-# SUITE_BUDGET_S=560 with a call's timeout_s=600 gets (b) whole; (c)-(g) need another lease.
+# SUITE_BUDGET_S=560 within a 600 s limit gets (b) whole; (c)-(g) need another run.
 #
 # SUITE_SMOKE=1 runs the same plumbing on the CPU with the tiny preset, one step, the peer eager
 # only (cuDNN variants fail there, which exercises the failure paths). The suite's own settings
@@ -270,7 +270,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,
   --format=csv,noheader 2>&1 | tee -a "$LOG"
 "$PY" - <<'EOF' 2>&1 | tee -a "$LOG"
 # Versions from the installed distributions' metadata: importing torch and JAX here would cost
-# seconds of the lease.
+# seconds of GPU time.
 import platform
 from importlib import metadata
 names = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax",

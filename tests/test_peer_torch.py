@@ -1,8 +1,8 @@
 """The GPU suite's pieces, checked on the CPU: the PyTorch peer (`benchmarks/peer_torch.py`), the
 variants and HLO counts of `benchmarks/accelerator_step.py`, and `benchmarks/gpu_suite.sh`.
 
-A GPU is lent rarely and briefly, and the suite must run whole in one short call, so a mistake
-found there costs the lease. The peer runs here on the tiny preset in eager mode only:
+GPU time is scarce and the suite must run whole in one short run, so a mistake found there
+costs that run. The peer runs here on the tiny preset in eager mode only:
 `torch.compile` of even the tiny model took about three minutes on this 2-core machine, so
 compile mode is left to the GPU suite. The benchmark scripts run in subprocesses, as the suite
 runs them (they define absl flags and set JAX's platform at import).
