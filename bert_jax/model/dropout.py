@@ -23,16 +23,17 @@ import jax.numpy as jnp
 DROPOUT_BITS = (8, 16, 32)
 
 
-def _threshold(rate: float, bits: int) -> tuple[int, float]:
-  """(integer threshold, exact keep probability): drop where the draw is below the threshold."""
+def threshold(rate: float, bits: int) -> tuple[int, float]:
+  """(integer threshold, exact keep probability): drop where a uniform `bits`-bit draw is below
+  the threshold (the rule of this module and of the Pallas kernel's in-kernel draws)."""
   levels = 1 << bits
-  threshold = min(levels - 1, max(0, round(rate * levels)))
-  return threshold, 1.0 - threshold / levels
+  cut = min(levels - 1, max(0, round(rate * levels)))
+  return cut, 1.0 - cut / levels
 
 
 def keep_probability(rate: float, bits: int = 16) -> float:
   """The fraction of elements a mask of `rate` at `bits` bits keeps (exactly)."""
-  return _threshold(rate, bits)[1]
+  return threshold(rate, bits)[1]
 
 
 def _uniform_ints(rng: jax.Array, shape: tuple[int, ...], bits: int) -> jax.Array:
@@ -57,8 +58,8 @@ def keep_mask(rng: jax.Array, shape: tuple[int, ...], rate: float, bits: int = 1
   `keep_probability` (1 - rate, quantised to 1/2^bits)."""
   if bits not in DROPOUT_BITS:
     raise ValueError(f"dropout_bits={bits}; expected one of {DROPOUT_BITS}.")
-  threshold, keep = _threshold(rate, bits)
-  return _uniform_ints(rng, tuple(shape), bits) >= jnp.uint32(threshold), keep
+  cut, keep = threshold(rate, bits)
+  return _uniform_ints(rng, tuple(shape), bits) >= jnp.uint32(cut), keep
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array, bits: int = 16) -> jax.Array:

@@ -34,6 +34,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.extend.random import threefry2x32_p
 
+from bert_jax.model import dropout
+
 __all__ = ["flash_attention", "dropout_threshold", "PRNGS"]
 
 # `modeling.MASKED_LOGIT`, repeated here because modeling imports this module. Masked logits
@@ -67,8 +69,7 @@ def dropout_threshold(rate: float) -> tuple[int, float]:
   """
   if not 0.0 <= rate < 1.0:
     raise ValueError(f"dropout_rate must be in [0, 1), got {rate}.")
-  threshold = min(int(round(rate * 2.0**32)), 2**32 - 1)
-  return threshold, 1.0 - threshold / 2.0**32
+  return dropout.threshold(rate, 32)
 
 
 def _tpu_interpret_forced() -> bool:
