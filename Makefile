@@ -20,9 +20,9 @@ $(STAMP): setup.py requirements/lock.txt requirements/assets.txt requirements/bu
 	@echo "Installing the pinned environment into $(VENV) (first run: a few minutes)..."
 	@# torch first and on its own, so that pip takes the CPU build and no CUDA packages.
 	$(PY) -m pip install -q -c requirements/lock.txt torch $(PIP_QUIET)
-	PIP_CONSTRAINT=$(CURDIR)/requirements/build.txt $(PY) -m pip install -q -c requirements/lock.txt -e '.[test]' $(PIP_QUIET)
+	PIP_CONSTRAINT=$(CURDIR)/requirements/build.txt $(PY) -m pip install -q -c requirements/lock.txt -e '.[test,aot]' $(PIP_QUIET)
 	$(PY) -m pip install -q --no-deps -r requirements/assets.txt $(PIP_QUIET)
-	$(PY) -c "import bert_jax, jax, flax, torch, transformers; print('environment ready: jax', jax.__version__, 'flax', flax.__version__)"
+	$(PY) -c "import bert_jax, jax, flax, torch, transformers, libtpu; print('environment ready: jax', jax.__version__, 'flax', flax.__version__)"
 	touch $@
 
 test: $(STAMP)

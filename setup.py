@@ -27,6 +27,10 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
+    # Compiling a step for a TPU slice on a machine without one (`--compile_for=v4-32`, the
+    # launcher's check before it creates a slice): libtpu's compile-only devices. Take the
+    # version jax's own `tpu` extra names (the lock pins it).
+    "aot": ["libtpu; platform_system == 'Linux' and platform_machine == 'x86_64'"],
     # The reference implementation and the metric libraries the tests check against.
     "test": [
         "pytest>=8",

@@ -8,7 +8,11 @@ The run resumes by itself: if `workdir` holds a checkpoint, training continues f
 RNG and data position), so a preempted job is simply started again with the same command.
 Otherwise it starts from `config.init_checkpoint` (a previous phase; or, with
 `init_mode="params"`, the weights of Google's TF1 release `.../bert_model.ckpt` or a Hugging Face
-directory) or from scratch. This module only parses flags; the run is
+directory) or from scratch.
+
+Before renting a slice, `--compile_for=v4-32` compiles the same step for that slice's real
+topology on this machine and says whether it fits, what it communicates and how fast it could
+run (`runs/compile_check.py`). This module only parses flags; the run is
 `bert_jax.runs.pretraining.train_and_evaluate(config, workdir)`.
 """
 
@@ -32,13 +36,28 @@ def define_flags() -> None:
   flags.DEFINE_bool("compile_only", False,
                     "Compile the train step for the config's mesh, print its per-device memory "
                     "and FLOPs, and exit (no data needed): checks a config fits before a run.")
+  flags.DEFINE_list("compile_for", [],
+                    "TPU slices such as v4-32, v5p-64, v5litepod-16, v6e-64 (or a topology "
+                    "such as v4:4x4x12): compile the exact train step for each on this machine "
+                    "(needs the libtpu package, no TPU), print per-chip HBM against the chip's, "
+                    "FLOPs, collectives and a roofline of step time, MFU, days and cost to "
+                    "train; exit 1 if it does not fit. No data or workdir needed.")
+  flags.DEFINE_integer("start_step", 0,
+                       "With --compile_for: the step the run starts from, for the time to "
+                       "train (a phase 2 continuing phase 1: phase 1's last step).")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if FLAGS.workdir is None or FLAGS.config is None:
-    raise app.UsageError("--config and --workdir are required.")
+  if FLAGS.config is None:
+    raise app.UsageError("--config is required.")
+  if FLAGS.compile_for:
+    cli.quiet_unless_verbose()
+    compile_for_slices(FLAGS.config, FLAGS.compile_for, FLAGS.start_step)
+    return
+  if FLAGS.workdir is None:
+    raise app.UsageError("--workdir is required.")
   cli.quiet_unless_verbose()
   cli.initialize_distributed_from_flags()
   if FLAGS.compile_only:
@@ -50,6 +69,27 @@ def main(argv):
                 f"{out['analytic_flops_per_step'] / 1e12:.2f} TFLOP)")
     return
   pretraining.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+
+
+def compile_for_slices(config, accelerators, start_step: int = 0) -> None:
+  """`--compile_for`: the compile check of each slice; any that does not fit fails the run."""
+  from bert_jax.runs import compile_check  # pylint: disable=g-import-not-at-top
+  name = config_flags.get_config_filename(flags.FLAGS["config"])
+  refused = []
+  for accelerator in accelerators:
+    metrics.log(f"compiling {name} for {accelerator} (a minute or a few for a full-size "
+                f"model)...")
+    try:
+      report = compile_check.check(config, accelerator, config_name=name,
+                                   steps=int(config.train_until_step) - start_step)
+    except compile_check.DoesNotFit as e:
+      refused.append(f"{accelerator}: {e}")
+      metrics.log(f"DOES NOT FIT {accelerator}: {e}")
+      continue
+    for line in report.lines():
+      metrics.log(line)
+  if refused:
+    raise ValueError("the step does not fit " + "; ".join(refused))
 
 
 if __name__ == "__main__":

@@ -65,6 +65,9 @@ def distillation_settings() -> ml_collections.ConfigDict:
       # The teacher: a pre-training workdir, a Hugging Face BERT directory or a TF1 checkpoint
       # (required; its config is read from the same place).
       "teacher_checkpoint": placeholder(str),
+      # Without a checkpoint, the teacher's size preset ("base") for `--compile_for` checks
+      # made before the teacher exists; a run needs teacher_checkpoint.
+      "teacher_preset": "",
       "temperature": 2.0,      # T, on both the student's and the teacher's logits
       "alpha_ce": 5.0,         # x T² x soft cross-entropy at the masked positions
       "alpha_mlm": 2.0,        # x the masked-LM loss

@@ -39,6 +39,7 @@ OPT_detach=0 OPT_dry_run=0 OPT_help=0
 # shellcheck disable=SC2034  # read indirectly, as OPT_$action
 OPT_status=0 OPT_logs=0 OPT_kill=0 OPT_stop=0 OPT_delete=0
 PASSTHROUGH=()
+COMPILE_CHECK_ARGS=()
 
 # The part of --help that both launchers share.
 common_usage() {
@@ -606,6 +607,25 @@ ship_local_source() {
     --worker=all || die "copying the code to the workers failed (see above)"
 }
 
+# The step compiled for the slice on this machine, before the slice exists (scripts that set
+# COMPILE_CHECK_ARGS: the trainer's flags). Needs the checkout's environment with libtpu.
+compile_check() {
+  ((${#COMPILE_CHECK_ARGS[@]})) || return 0
+  local python=${LOCAL_PYTHON:-}
+  if [[ -z $python ]]; then
+    python=python3
+    if [[ -x $REPO_ROOT/.venv/bin/python ]]; then
+      python=$REPO_ROOT/.venv/bin/python
+    fi
+  fi
+  info "compiling the step for $OPT_accelerator on this machine (--skip_compile_check skips)"
+  run "$python" "$REPO_ROOT/launch/preflight.py" --compile_for="$OPT_accelerator" -- \
+    "${COMPILE_CHECK_ARGS[@]}" ||
+    die "the step does not fit or build for $OPT_accelerator (see above); no slice was \
+created. The check runs in this checkout's environment (make env, or LOCAL_PYTHON=...); \
+--skip_compile_check goes ahead without it"
+}
+
 preflight() {
   local checks
   checks=$(shell_join "${PREFLIGHT_ARGS[@]}")
@@ -674,6 +694,7 @@ launcher_main() {
     return
   fi
   validate_script
+  compile_check
   ensure_slice
   if ((!OPT_skip_install)); then
     install_code

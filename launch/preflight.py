@@ -3,11 +3,18 @@
     python3 launch/preflight.py --glob='gs://BUCKET/data128/*.tfrecord' \
         --exists=gs://BUCKET/vocab.txt --writable=gs://BUCKET/bert_base
 
+    python3 launch/preflight.py --compile_for=v4-32 -- --config=configs/pretrain.py:base
+
 tpu_pretrain.sh and tpu_finetune.sh run this on every worker before the trainer, because the
 commonest way to lose an hour of a pod slice is a run that compiles for minutes and then finds
 that the bucket path has a typo, or that the VMs' service account (not the user's own account,
 which may well have access) cannot read the data or write the workdir. Every problem is reported
 at once, naming the path and the account, and the exit status is 1 if there is any.
+
+With `--compile_for`, it first compiles the trainer's exact step for that slice's real topology
+on this machine (`python -m bert_jax.pretrain --compile_for`, libtpu without a TPU): the launcher
+runs that before it creates the slice, so a config that does not fit its chips, or does not
+build, costs minutes on a laptop instead of a pod.
 
 Paths go through `bert_jax.file_io`: gs:// by `tf.io.gfile` (gsutil is not on every TPU VM
 image; TensorFlow is a dependency of the package), local paths by plain Python, so TensorFlow is
@@ -20,6 +27,7 @@ import argparse
 import glob
 import os
 import socket
+import subprocess
 import sys
 import urllib.request
 import uuid
@@ -99,6 +107,25 @@ def check_writable(directory: str) -> list[str]:
   return []
 
 
+def check_compile(accelerator: str, trainer_flags: list[str]) -> list[str]:
+  """Compiles the trainer's step for the slice (output shown as it comes); a problem if the step
+  does not fit or does not build."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  command = [sys.executable, "-m", "bert_jax.pretrain", f"--compile_for={accelerator}",
+             *trainer_flags]
+  env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+  print(f"  compiling the step for {accelerator} on this machine...", flush=True)
+  proc = subprocess.run(command, cwd=repo, env=env, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True, check=False)
+  lines = [l for l in proc.stdout.splitlines() if l.strip()]
+  for line in lines:
+    print(f"    {line}")
+  if proc.returncode == 0:
+    return []
+  last = next((l for l in reversed(lines) if l.startswith("error:")), lines[-1] if lines else "")
+  return [f"the step does not fit or build for {accelerator}: {last}"]
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--glob", action="append", default=[],
@@ -107,11 +134,21 @@ def main(argv: list[str] | None = None) -> int:
                       help="a file or directory that must exist")
   parser.add_argument("--writable", action="append", default=[],
                       help="a directory that must be writable (created if missing)")
-  args = parser.parse_args(argv)
+  parser.add_argument("--compile_for", default="",
+                      help="a TPU type (v4-32, v5p-64, ...): compile the trainer's step for it "
+                           "here first; the trainer's flags follow --")
+  argv = sys.argv[1:] if argv is None else list(argv)
+  trainer_flags = argv[argv.index("--") + 1:] if "--" in argv else []
+  args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+  if args.compile_for and not trainer_flags:
+    parser.error("--compile_for needs the trainer's flags after --, e.g. -- "
+                 "--config=configs/pretrain.py:base")
 
   host = socket.gethostname()
   print(f"preflight on {host}:")
   problems = []
+  if args.compile_for:
+    problems += check_compile(args.compile_for, trainer_flags)
   for patterns in args.glob:
     problems += check_glob(patterns)
   for path in args.exists:

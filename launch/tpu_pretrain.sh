@@ -2,7 +2,9 @@
 # Pre-trains BERT on a Cloud TPU VM slice: creates the slice (or reuses it, or recreates it after
 # a preemption), installs this code with jax[tpu] on every worker, checks on every worker that
 # the data can be read and the workdir written, then runs `python -m bert_jax.pretrain` on all
-# workers at once. Re-running the same command resumes the run from the checkpoint in the
+# workers at once. Before creating the slice it compiles the run's step for the slice's topology
+# on this machine (launch/preflight.py --compile_for), so a config that does not fit its chips
+# is refused before they are paid for. Re-running the same command resumes the run from the checkpoint in the
 # workdir. See the README section "Pre-train on a TPU pod".
 set -euo pipefail
 
@@ -11,8 +13,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 JOB=pretrain
 SCRIPT_VALUE_FLAGS="config data eval_data workdir"
-SCRIPT_BOOL_FLAGS=""
-OPT_config="" OPT_data="" OPT_eval_data="" OPT_workdir=""
+SCRIPT_BOOL_FLAGS="skip_compile_check"
+OPT_config="" OPT_data="" OPT_eval_data="" OPT_workdir="" OPT_skip_compile_check=0
 
 # The devices each variant of configs/pretrain.py lays its mesh over (0: any number). The test
 # suite checks this table against the config file.
@@ -44,6 +46,9 @@ The run:
   --eval_data=GLOBS       held-out TFRecords (--config.data.eval_files)
   --workdir=DIR           checkpoints, TensorBoard and metrics; gs:// on multi-worker slices
                           (required)
+  --skip_compile_check    do not compile the step for the slice here before creating it
+                          (the check needs this checkout's environment with libtpu: make env;
+                          \$LOCAL_PYTHON, default .venv/bin/python or python3)
   -- FLAGS                passed to bert_jax.pretrain as they are, e.g.
                           -- --config.global_batch_size=512 --config.mesh_shape=-1,1,1
                           --config.init_checkpoint=gs://BUCKET/phase1_run
@@ -124,6 +129,10 @@ $OPT_accelerator share no disk; use a gs:// path"
   done
   PREFLIGHT_ARGS+=(--writable="$OPT_workdir")
   TRAINER_ARGS+=(${PASSTHROUGH[@]+"${PASSTHROUGH[@]}"})
+  # Before any chip is rented: the exact step compiled here for the slice's real topology.
+  if ((!OPT_skip_compile_check)); then
+    COMPILE_CHECK_ARGS=(--config="$config" ${PASSTHROUGH[@]+"${PASSTHROUGH[@]}"})
+  fi
 }
 
 launcher_main "$@"

@@ -174,8 +174,17 @@ def test_pretrain_creates_installs_checks_then_trains(trap_gcloud):
   cmds = dry_run(PRETRAIN, *PRETRAIN_ARGS, "--spot", "--", "--config.log_every_steps=10",
                  "--config.optimizer.learning_rate=5e-5", "--note=two words; $HOME",
                  env=trap_gcloud)
+  # Before anything exists, the run's step is compiled for the slice here, with the trainer's
+  # own flags (tests/test_tpu_compile.py runs that check for real).
+  check = cmds[0]
+  assert check[1] == str(REPO / "launch" / "preflight.py") and "--compile_for=v3-16" in check
+  assert check[check.index("--") + 1:] == [
+      "--config=configs/pretrain.py:base", "--config.log_every_steps=10",
+      "--config.optimizer.learning_rate=5e-5", "--note=two words; $HOME"]
+  assert dry_run(PRETRAIN, *PRETRAIN_ARGS, "--skip_compile_check", env=trap_gcloud)[0][0] == \
+      "gcloud"
   # The slice is looked up, found missing (a dry run's assumption) and created.
-  assert index_of(cmds, "tpu-vm", "describe") == [0]
+  assert index_of(cmds, "tpu-vm", "describe") == [1]
   [create] = gcloud(cmds, "tpu-vm", "create")
   assert create[5] == "bert-test"
   assert flag(create, "zone") == "us-central2-b"
@@ -546,7 +555,11 @@ def test_readme_examples_are_accepted(trap_gcloud):
     proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=60)
     assert proc.returncode == 0, (command, proc.stderr)
-    assert proc.stdout.startswith("+ gcloud "), command
+    first, *rest = proc.stdout.splitlines()
+    if "tpu_pretrain.sh" in command and "--config=" in command:  # the step compiled here first
+      assert "launch/preflight.py --compile_for=" in first, (command, first)
+      first = rest[0]
+    assert first.startswith("+ gcloud "), command
 
 
 # --- on the workers ---------------------------------------------------------------------------
@@ -723,9 +736,13 @@ def test_launch_end_to_end_with_fake_gcloud(fake_cloud):
   script = str(checkout / "launch" / PRETRAIN)
   args = ["--tpu=bert-test", "--zone=us-central2-b", "--accelerator=v3-8", "--config=tiny",
           f"--data={data}/*.tfrecord", f"--workdir={workdir}",
-          f"--python={fake_cloud['python']}", "--", "--config.total_steps=5"]
-  proc = launch(script, *args, env=fake_cloud["env"], cwd=tmp)
+          f"--python={fake_cloud['python']}", "--", "--config.total_steps=50000"]
+  # First, on this machine, the step compiled for the slice (libtpu, no TPU).
+  proc = launch(script, *args, env={**fake_cloud["env"], "LOCAL_PYTHON": sys.executable},
+                cwd=tmp)
   assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "compiled for v3-8: 4 TPU v3 chips, 8 devices" in proc.stdout
+  assert proc.stdout.index("compiled for v3-8") < proc.stdout.index("fake pip install")
 
   calls = fake_cloud["gcloud_log"].read_text().splitlines()
   verbs = [" ".join(c.split()[2:4]) for c in calls]
@@ -738,7 +755,7 @@ def test_launch_end_to_end_with_fake_gcloud(fake_cloud):
   assert "1 files match" in proc.stdout and f"{workdir} is writable" in proc.stdout
   trainer = (f"fake trainer bert_jax.pretrain --config=configs/pretrain.py:tiny "
              f"--workdir={workdir} --config.data.train_files={data}/*.tfrecord "
-             "--config.total_steps=5")
+             "--config.total_steps=50000")
   assert trainer in proc.stdout
   log = (home / "bert_jax_runs" / "pretrain.log").read_text()
   assert trainer in log and "exited with status 0" in log
@@ -748,7 +765,9 @@ def test_launch_end_to_end_with_fake_gcloud(fake_cloud):
   # Missing data: the pre-flight check on the worker stops the launch before the trainer.
   for f in data.iterdir():
     f.unlink()
-  proc = launch(script, *args, "--skip_install", env=fake_cloud["env"], cwd=tmp)
+  split = args.index("--")
+  proc = launch(script, *args[:split], "--skip_install", "--skip_compile_check", *args[split:],
+                env=fake_cloud["env"], cwd=tmp)
   assert proc.returncode == 1
   assert f"no files match {data}/*.tfrecord" in proc.stderr
   assert "pre-flight check failed" in proc.stderr
@@ -763,7 +782,8 @@ def test_queued_launch_waits_for_active_with_fake_gcloud(fake_cloud):
   (home / "bert_jax" / "launch" / "preflight.py").write_text("print('preflight ok')\n")
   (home / "bert_jax" / "launch" / "remote_run.sh").write_text('echo "remote_run $*"\n')
   proc = launch(str(fake_cloud["checkout"] / "launch" / PRETRAIN), *PRETRAIN_ARGS, "--queued",
-                "--spot", "--skip_install", "--poll_seconds=1", f"--python={sys.executable}",
+                "--spot", "--skip_install", "--skip_compile_check", "--poll_seconds=1",
+                f"--python={sys.executable}",
                 env=fake_cloud["env"], cwd=fake_cloud["tmp"])
   assert proc.returncode == 0, proc.stdout + proc.stderr
   calls = fake_cloud["gcloud_log"].read_text().splitlines()

@@ -75,7 +75,7 @@ def test_distributed_initialisation_is_called_where_there_is_a_slice(monkeypatch
   calls = []
   monkeypatch.setattr(distributed.jax.distributed, "initialize",
                       lambda **kwargs: calls.append(kwargs))
-  monkeypatch.setattr(distributed, "_on_tpu_vm", lambda: tpu_vm)
+  monkeypatch.setattr(distributed, "on_tpu_vm", lambda: tpu_vm)
   monkeypatch.setenv("TPU_WORKER_HOSTNAMES", hostnames)
   distributed.initialize_distributed(coordinator, 2 if coordinator else None,
                                    1 if coordinator else None)

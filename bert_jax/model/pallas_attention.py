@@ -72,6 +72,13 @@ def dropout_threshold(rate: float) -> tuple[int, float]:
   return dropout.threshold(rate, 32)
 
 
+def target_platform() -> str:
+  """The platform the kernel is built for: the devices of the mesh in context (a TPU topology
+  compiled for ahead of time from a CPU machine is "tpu"), else the default backend."""
+  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+  return device.platform if device is not None else jax.default_backend()
+
+
 def _tpu_interpret_forced() -> bool:
   """Whether `pltpu.force_tpu_interpret_mode()` is in effect: it overrides a pallas_call's own
   `interpret`, so the kernels then run interpreted whatever this module passes."""
@@ -82,8 +89,8 @@ def _tpu_interpret_forced() -> bool:
     return False
 
 
-def _random_bits(seed, batch_idx, head_idx, q_block, *, num_heads: int, shape: tuple[int, int],
-                 prng: str) -> jax.Array:
+def _random_bits(seed, batch_idx, head_idx, q_block, *, num_heads, num_q_blocks,
+                 shape: tuple[int, int], prng: str) -> jax.Array:
   """The uniform 32-bit draws of one grid step's (block_q, length) probabilities, as int32.
 
   A pure function of (seed, batch, head, query block) and the static shape: the forward and the
@@ -92,7 +99,8 @@ def _random_bits(seed, batch_idx, head_idx, q_block, *, num_heads: int, shape: t
   and the caller's seed differs for every step and layer.
   """
   if prng == "hardware":
-    pltpu.prng_seed(seed, batch_idx, head_idx, q_block)
+    # Mosaic seeds the core's generator with at most two words: the seed, and the grid step.
+    pltpu.prng_seed(seed, (batch_idx * num_heads + head_idx) * num_q_blocks + q_block)
     return pltpu.prng_random_bits(shape)
   if prng != "threefry":
     raise ValueError(f"prng must be one of {PRNGS}, got {prng!r}.")
@@ -141,6 +149,7 @@ def _probabilities(seed_ref, q_ref, k_ref, q_ids_ref, kv_ids_ref, static: _Stati
   if not static.threshold:
     return probs, None, None, lse
   bits = _random_bits(seed_ref[0], b, h, i, num_heads=pl.num_programs(1),
+                      num_q_blocks=pl.num_programs(2),
                       shape=(block_q, length), prng=static.prng)
   keep = _keep(bits, static.threshold)
   return probs, jnp.where(keep, probs * static.keep_scale, 0.0), keep, lse
@@ -298,7 +307,8 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_
 
   `block_q` query rows per grid step (default 128; a multiple of 128 dividing the length):
   larger blocks mean fewer grid steps and more VMEM, (block_q, length) float32 temporaries.
-  `interpret` None runs the kernels in the TPU interpreter off a TPU, compiled on one;
+  `interpret` None runs the kernels in the TPU interpreter off a TPU, compiled for one (also
+  ahead of time from another machine, under a mesh of TPU topology devices);
   False compiles for a TPU wherever the trace is (to lower for a TPU from another host).
   """
   batch, length, heads, head_dim = query.shape
@@ -317,7 +327,7 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_
     raise ValueError(f"block_q must be a multiple of {MIN_BLOCK} that divides the length "
                      f"{length}, got {block_q}.")
   if interpret is None:
-    interpret = jax.default_backend() != "tpu"
+    interpret = target_platform() != "tpu"
   interpreted = interpret or _tpu_interpret_forced()
   if prng is None:
     prng = "threefry" if interpreted else "hardware"

@@ -42,7 +42,7 @@ from absl import logging
 from flax import traverse_util
 
 from bert_jax.model import modeling
-from bert_jax.model.configuration import BertConfig
+from bert_jax.model.configuration import BertConfig, get_preset
 from bert_jax.objectives.mlm import MaskedLm, MaskedLmModel
 from bert_jax.text import features
 from bert_jax.training import perf
@@ -180,11 +180,14 @@ class Distillation(MaskedLm):
   """DistilBERT's triple loss (module docstring) on masked-LM records, packed or not.
 
   Settings (`config.distillation`): `teacher_checkpoint`, `temperature`, `alpha_ce`,
-  `alpha_mlm`, `alpha_cos`, `student_init` ("scratch" or "teacher_every_other_layer").
+  `alpha_mlm`, `alpha_cos`, `student_init` ("scratch" or "teacher_every_other_layer");
+  `teacher_preset` (a size preset) stands in for the checkpoint's config where only the step's
+  shape is needed (`--compile_for` before the teacher exists).
   `teacher_config` and `load_teacher` are filled in by `with_checkpoints`.
   """
   name: str = "distill"
   teacher_checkpoint: str = ""
+  teacher_preset: str = ""
   temperature: float = 2.0
   alpha_ce: float = 5.0
   alpha_mlm: float = 2.0
@@ -215,6 +218,10 @@ class Distillation(MaskedLm):
 
   # ---------------------------------------------------------------------------- the teacher
   def with_checkpoints(self, reader) -> "Distillation":
+    if not str(self.teacher_checkpoint or "").strip() and self.teacher_preset:
+      # Only the teacher's shape: enough to build and compile the step ahead of time; a run
+      # still needs the checkpoint (initialize_params refuses without it).
+      return dataclasses.replace(self, teacher_config=get_preset(self.teacher_preset))
     if not str(self.teacher_checkpoint or "").strip():
       raise ValueError("config.distillation.teacher_checkpoint is not set: name the teacher (a "
                        "pre-training workdir, a Hugging Face BERT directory or a TF1 "

@@ -11,7 +11,7 @@ import os
 import jax
 
 
-def _on_tpu_vm() -> bool:
+def on_tpu_vm() -> bool:
   """TPU chips attached to this machine (the device nodes the TPU runtime itself looks for)."""
   return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
 
@@ -32,5 +32,5 @@ def initialize_distributed(coordinator_address: str | None = None,
                                num_processes=num_processes, process_id=process_id)
     return
   hostnames = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
-  if len(hostnames) > 1 or _on_tpu_vm():
+  if len(hostnames) > 1 or on_tpu_vm():
     jax.distributed.initialize()

@@ -233,7 +233,9 @@ def keep_vocabulary(config: ml_collections.ConfigDict, files: list[str], workdir
 def build(config: ml_collections.ConfigDict, devices=None,
           max_sequences_per_row: int | None = None) -> Run:
   check_config(config)
-  bert_config = bert_config_from(config)
+  # Scanned or unrolled layers by the platform the step is built for, which for an
+  # ahead-of-time compile (a TPU topology from a CPU machine) is not the local one.
+  bert_config = bert_config_from(config, devices[0].platform if devices else None)
   mesh, rules = sharding.mesh_from_config(config, devices)
   sharding.check_batch_divisible(config.global_batch_size, mesh)
   bert_config.check_sequence_length(config.data.max_seq_length, "data.max_seq_length")
@@ -253,13 +255,17 @@ def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_
 
   Catches a config that does not fit its pod before any chip time is spent: shapes, shardings,
   and (when compiled) per-device memory and FLOPs. `devices` defaults to all; fake CPU devices
-  (`--xla_force_host_platform_device_count`) stand in for a slice.
+  (`--xla_force_host_platform_device_count`) stand in for a slice, and the compile-only devices
+  of a real TPU topology (`parallel.tpu_slices.topology_devices`) give the TPU executable itself
+  (`runs.compile_check` reads it). The step is the production one: the config's objective, over
+  packed rows when `data.packing` is set, its rules, accumulation and attention kernel.
   """
   devices = list(jax.devices() if devices is None else devices)
   shape = [int(s) for s in config.mesh_shape]
   if -1 not in shape:  # a slice's worth of the given devices
     devices = devices[:int(np.prod(shape))]
-  run = build(config, devices)
+  packed_rows = config.data.max_sequences_per_row if config.data.get("packing") else None
+  run = build(config, devices, max_sequences_per_row=packed_rows)
   example = run.objective.example_batch(config.global_batch_size)
   abstract, state_sh = state_lib.abstract_train_state(run.model, run.tx, run.mesh, run.rules,
                                                       example, run.objective.input_names)
@@ -270,6 +276,7 @@ def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_
                                    batch_sh, run.mesh, run.rules, config.grad_accum_steps)
   lowered = step.lower(abstract, abstract_batch)
   out = {"mesh": dict(run.mesh.shape), "lowered": lowered, "state_shardings": state_sh,
+         "bert_config": run.bert_config,
          "num_parameters": sum(int(np.prod(p.shape)) for p in jax.tree.leaves(abstract.params)),
          "analytic_flops_per_step": run.objective.flops_per_step(run.bert_config,
                                                                  config.global_batch_size)}
@@ -279,8 +286,10 @@ def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     out["compiled"] = compiled
     out["compiled_flops_per_device"] = float(cost.get("flops", float("nan")))
+    out["bytes_accessed_per_device"] = float(cost.get("bytes accessed", float("nan")))
     memory = compiled.memory_analysis()
     if memory is not None:
+      out["memory"] = memory
       out["bytes_per_device"] = int(memory.argument_size_in_bytes + memory.output_size_in_bytes
                                     + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
   return out

@@ -98,8 +98,10 @@ def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mes
   target for checkpoints.
   """
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    boxed, boxed_model_state = jax.eval_shape(_init_variables_fn(model, batch, input_names),
-                                              jax.random.PRNGKey(0))
+    # The key is made inside the trace too: nothing here may run concretely, because the mesh
+    # may be of compile-only devices (a TPU topology compiled for from another machine).
+    init_variables = _init_variables_fn(model, batch, input_names)
+    boxed, boxed_model_state = jax.eval_shape(lambda: init_variables(jax.random.PRNGKey(0)))
     param_sh = sharding.param_shardings(boxed, mesh, rules)
     abstract_params = jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) else x,
                                    boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))

@@ -1,0 +1,357 @@
+"""What a compiled step does per step, read from its optimized HLO text: matmul FLOPs, HBM
+traffic, and each collective (which, how often, how many bytes, over how many devices).
+
+Why not `Compiled.cost_analysis()` alone: on TPUs it counts the body of a loop once, so a step
+with scanned layers (the TPU default) reports about one layer's FLOPs and bytes, and it says
+nothing about communication. Here every instruction is weighted by how many times a step runs
+its computation: while loops' trip counts (XLA's `known_trip_count`, or the bound of the
+`i < N` compare in the loop condition) multiplied down the call graph. FLOPs are those of the
+dot and convolution instructions (inside fusions too); HBM bytes are the operands and results
+of the instructions the program runs (fusions, not what they fuse), which is how XLA's own
+analysis counts them; collectives are the gradient all-reduce of data parallelism, FSDP's
+all-gathers and reduce-scatters, and whatever else a sharding adds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Iterable
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
+                "f8e5m2fnuz": 1, "f8e4m3fnuz": 1, "s4": 0.5, "u4": 0.5,
+                "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
+                "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8,
+                "c128": 16}
+_ARRAY = re.compile(r"\b(" + "|".join(sorted(_DTYPE_BYTES, key=len, reverse=True))
+                    + r")\[([0-9,]*)\]")
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.*?)\s+([a-z][a-z0-9\-]*)\((.*)$")
+_CALLEES = re.compile(r"\b(?:to_apply|calls|body|condition|true_computation|"
+                      r"false_computation)=%?([\w.\-]+)|"
+                      r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+
+
+@dataclasses.dataclass
+class Collective:
+  """One collective instruction: `bytes` is the size of its result (per device), `group` the
+  number of devices it spans, `count` how many times a step runs it."""
+  kind: str
+  bytes: float
+  group: int
+  count: int
+  name: str
+
+  @property
+  def wire_bytes(self) -> float:
+    """Bytes each device sends per execution with ring algorithms (the bandwidth term)."""
+    n = max(self.group, 1)
+    if n == 1:
+      return 0.0
+    if self.kind == "all-reduce":
+      return 2 * (n - 1) / n * self.bytes
+    if self.kind == "all-gather":
+      return (n - 1) / n * self.bytes
+    if self.kind == "reduce-scatter":
+      return (n - 1) * self.bytes
+    if self.kind == "all-to-all":
+      return (n - 1) / n * self.bytes
+    return self.bytes  # collective-permute: each device sends its operand once
+
+
+def _array_bytes(shape_text: str) -> float:
+  total = 0.0
+  for dtype, dims in _ARRAY.findall(shape_text):
+    total += _elements(dims) * _DTYPE_BYTES[dtype]
+  return total
+
+
+def _elements(dims: str) -> int:
+  size = 1
+  for d in dims.split(","):
+    if d:
+      size *= int(d)
+  return size
+
+
+def _dims(shape_text: str) -> list[int]:
+  match = _ARRAY.search(shape_text)
+  return [int(d) for d in match.group(2).split(",") if d] if match else []
+
+
+@dataclasses.dataclass
+class Instruction:
+  name: str
+  shape: str   # the result's shape text
+  op: str
+  rest: str    # operands and attributes
+
+
+@dataclasses.dataclass
+class Module:
+  """An HLO module's computations, and how many times a step runs each of them."""
+  computations: dict[str, list[Instruction]]
+  entry: str
+  multipliers: dict[str, int]
+  fused: set[str]       # computations that run inside an instruction (fusions, reducers)
+
+  def shapes(self, computation: str) -> dict[str, str]:
+    return {i.name: i.shape for i in self.computations[computation]}
+
+  def instructions(self):
+    """Every instruction of the computations a step runs."""
+    for name, instrs in self.computations.items():
+      if self.multipliers.get(name):
+        yield from instrs
+
+
+def parse(hlo_text: str) -> Module:
+  comps: dict[str, list[Instruction]] = {}
+  entry, current = "", None
+  for line in hlo_text.splitlines():
+    if current is None:
+      header = _HEADER.match(line)
+      if header and not line.startswith((" ", "\t")):
+        current = header.group(1)
+        comps[current] = []
+        if line.startswith("ENTRY"):
+          entry = current
+      continue
+    if line.strip() == "}":
+      current = None
+      continue
+    instr = _INSTR.match(line)
+    if instr:
+      name = line.split("=", 1)[0].replace("ROOT", "").strip().lstrip("%")
+      comps[current].append(Instruction(name, instr.group(1), instr.group(2), instr.group(3)))
+  fused = set()
+  for instrs in comps.values():
+    for i in instrs:
+      if i.op == "fusion" or i.op.endswith("-start") or i.op in KINDS or i.op in (
+          "reduce", "reduce-window", "scatter", "select-and-scatter", "sort", "map"):
+        fused.update(c for c in _callees(i.rest) if c in comps)
+  return Module(comps, entry, _multipliers(comps, entry), fused)
+
+
+def _callees(rest: str) -> list[str]:
+  out = []
+  for single, many in _CALLEES.findall(rest):
+    out += [single] if single else [c.strip().lstrip("%") for c in many.split(",")]
+  return out
+
+
+def _trip_count(instr: Instruction, comps: dict[str, list[Instruction]]) -> int:
+  """A while loop's iterations: XLA's annotation, else N of the condition's `i < N`."""
+  known = _TRIP.search(instr.rest)
+  if known:
+    return int(known.group(1))
+  condition = re.search(r"\bcondition=%?([\w.\-]+)", instr.rest)
+  lines = comps.get(condition.group(1), []) if condition else []
+  constants = {i.name: re.match(r"(-?\d+)\)", i.rest) for i in lines if i.op == "constant"}
+  for i in lines:
+    if i.op == "compare" and "direction=LT" in i.rest:
+      for operand in re.findall(r"%([\w.\-]+)", i.rest.split(")")[0]):
+        if constants.get(operand):
+          return int(constants[operand].group(1))
+  return 1
+
+
+def _multipliers(comps: dict[str, list[Instruction]], entry: str) -> dict[str, int]:
+  """How many times a step runs each computation (trip counts multiplied down the call graph;
+  a computation called from several places takes the largest)."""
+  mult: dict[str, int] = {}
+  stack = [(entry, 1)] if entry else []
+  while stack:
+    name, m = stack.pop()
+    if mult.get(name, 0) >= m or name not in comps:
+      continue
+    mult[name] = m
+    for instr in comps[name]:
+      body = re.search(r"\bbody=%?([\w.\-]+)", instr.rest) if instr.op == "while" else None
+      trips = _trip_count(instr, comps) if body else 1
+      for callee in _callees(instr.rest):
+        stack.append((callee, m * (trips if body and callee == body.group(1) else 1)))
+  return mult
+
+
+def matmul_flops(module: Module) -> float:
+  """2 x multiply-adds of every dot and convolution a step runs."""
+  total = 0.0
+  for comp, instrs in module.computations.items():
+    times = module.multipliers.get(comp, 0)
+    if not times:
+      continue
+    shapes = None
+    for i in instrs:
+      if i.op not in ("dot", "convolution"):
+        continue
+      shapes = shapes or module.shapes(comp)
+      out = _elements(",".join(map(str, _dims(i.shape))))
+      operands = re.findall(r"%([\w.\-]+)", i.rest.split("),")[0])
+      if i.op == "dot":
+        contracting = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", i.rest)
+        lhs = _dims(shapes.get(operands[0], "")) if operands else []
+        inner = 1
+        for d in (contracting.group(1).split(",") if contracting else []):
+          if d and int(d) < len(lhs):
+            inner *= lhs[int(d)]
+      else:
+        # Each output element takes (kernel elements / output features) x (taps that meet
+        # data / window) multiply-adds. TPU layouts write matmuls as convolutions whose windows
+        # run over a batch dim of a dilated or padded input: there one tap per window meets
+        # data (taps = min(window, input extent, window / dilation) per spatial dim).
+        labels = re.search(r"dim_labels=(\w+)_(\w+)->", i.rest)
+        lhs = _dims(shapes.get(operands[0], "")) if operands else []
+        rhs = _dims(shapes.get(operands[1], "")) if len(operands) > 1 else []
+        if not labels or len(rhs) != len(labels.group(2)) or "o" not in labels.group(2) \
+            or len(lhs) != len(labels.group(1)):
+          continue
+        lhs_labels, rhs_labels = labels.groups()
+        inner = _elements(",".join(map(str, rhs))) / rhs[rhs_labels.index("o")]
+        window = re.search(r"window=\{size=([0-9x]+)", i.rest)
+        dilate = re.search(r"lhs_dilate=([0-9x]+)", i.rest)
+        sizes = [int(w) for w in window.group(1).split("x")] if window else []
+        dilations = [int(d) for d in dilate.group(1).split("x")] if dilate else [1] * len(sizes)
+        for d, (size, dilation) in enumerate(zip(sizes, dilations)):
+          extent = lhs[lhs_labels.index(str(d))] if str(d) in lhs_labels else size
+          inner *= min(size, extent, -(-size // dilation)) / size
+      total += 2.0 * out * inner * times
+  return total
+
+
+_NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
+               "conditional", "after-all", "partition-id", "replica-id", "opt-barrier",
+               "iota"}
+
+
+def hbm_bytes(module: Module) -> float:
+  """Operand and result bytes of every instruction the program runs (not inside fusions).
+
+  A fusion that only slices one layer out of a stacked parameter (a scanned loop's
+  dynamic-slice) reads that slice, and one that writes a layer into a stacked buffer in place
+  (dynamic-update-slice) writes that layer: both count what they touch, not the whole stack.
+  """
+  total = 0.0
+  touched = {}
+  for comp, instrs in module.computations.items():
+    times = module.multipliers.get(comp, 0)
+    if not times or comp in module.fused:
+      continue
+    shapes = module.shapes(comp)
+    for i in instrs:
+      if i.op in _NO_TRAFFIC or i.op.endswith("-done"):
+        continue
+      operands = re.findall(r"%([\w.\-]+)", i.rest.split("), ")[0])
+      sizes = [_array_bytes(shapes.get(o, "")) for o in operands]
+      result = _array_bytes(i.shape)
+      fused = _callees(i.rest)[:1] if i.op == "fusion" else []
+      if fused and fused[0] in module.computations:
+        if fused[0] not in touched:
+          touched[fused[0]] = _sliced_parameters(module.computations[fused[0]])
+        reads, written = touched[fused[0]]
+        sizes = [reads.get(k, size) for k, size in enumerate(sizes)]
+        result = written if written is not None else result
+      total += (result + sum(sizes)) * times
+  return total
+
+
+def _sliced_parameters(instrs: list[Instruction]) -> tuple[dict[int, float], float | None]:
+  """For a fused computation: {parameter index: bytes read} for parameters used only by
+  dynamic-slices (or as the in-place target of a dynamic-update-slice: 0), and the bytes
+  written when its root updates a slice in place (else None)."""
+  params = {i.name: int(re.match(r"(\d+)", i.rest).group(1)) for i in instrs
+            if i.op == "parameter" and re.match(r"\d+", i.rest)}
+  shapes = {i.name: i.shape for i in instrs}
+  uses: dict[str, list[tuple[Instruction, int]]] = {}
+  for i in instrs:
+    for position, o in enumerate(re.findall(r"%([\w.\-]+)", i.rest.split("), ")[0])):
+      uses.setdefault(o, []).append((i, position))
+  reads = {}
+  for name, index in params.items():
+    users = uses.get(name, [])
+    if users and all(u.op == "dynamic-slice" and pos == 0 for u, pos in users):
+      reads[index] = sum(_array_bytes(u.shape) for u, _ in users)
+    elif users and all(u.op == "dynamic-update-slice" and pos == 0 for u, pos in users):
+      reads[index] = 0.0
+  written = None
+  root = instrs[-1] if instrs else None
+  if root is not None and root.op == "dynamic-update-slice":
+    operands = re.findall(r"%([\w.\-]+)", root.rest.split("), ")[0])
+    if len(operands) > 1:
+      written = _array_bytes(shapes.get(operands[1], ""))
+  return reads, written
+
+
+def _group_size(line: str, num_devices: int) -> int:
+  """Devices per replica group, from any of XLA's spellings of `replica_groups`."""
+  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+  if mesh:  # mesh['axis_0'=4,'axis_1'=2] {'axis_0'}: the named axes form a group
+    sizes = dict(re.findall(r"'([^']+)'=(\d+)", mesh.group(1)))
+    size = 1
+    for name in re.findall(r"'([^']+)'", mesh.group(2)):
+      size *= int(sizes.get(name, 1))
+    return size
+  iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
+  if iota:  # [groups,size]<=[...]
+    return int(iota.group(2))
+  explicit = re.search(r"replica_groups=\{\{([^}]*)\}", line)
+  if explicit:
+    return len([x for x in explicit.group(1).split(",") if x.strip()])
+  if "source_target_pairs=" in line:
+    return 2
+  return num_devices  # replica_groups={} : every device
+
+
+def collectives(module: Module, num_devices: int) -> list[Collective]:
+  """Every collective a step runs, async pairs counted once (at their `-start`)."""
+  found = []
+  for comp, instrs in module.computations.items():
+    times = module.multipliers.get(comp, 0)
+    if not times:
+      continue
+    for i in instrs:
+      base = i.op[:-len("-start")] if i.op.endswith("-start") else i.op
+      if base not in KINDS:
+        continue
+      shape = i.shape
+      if i.op.endswith("-start"):
+        # An async start's result holds (operands, results, ...): take the results.
+        parts = _top_level(shape)
+        shape = parts[1] if len(parts) > 1 and base != "all-reduce" else parts[0]
+      found.append(Collective(base, _array_bytes(shape), _group_size(i.rest, num_devices),
+                              times, i.name))
+  return found
+
+
+def _top_level(shape: str) -> list[str]:
+  """The elements of a tuple shape `(a, (b, c), d)` at depth one."""
+  text = shape.strip()
+  if not text.startswith("("):
+    return [text]
+  parts, depth, start = [], 0, 1
+  for i, ch in enumerate(text):
+    if ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      depth -= 1
+    if ch == "," and depth == 1:
+      parts.append(text[start:i])
+      start = i + 1
+  parts.append(text[start:-1])
+  return [p.strip() for p in parts if p.strip()]
+
+
+def summarize(found: Iterable[Collective]) -> dict[str, dict[str, float]]:
+  """Per kind: executions per step, result bytes per step, wire bytes per step (per device)."""
+  out: dict[str, dict[str, float]] = {}
+  for c in found:
+    entry = out.setdefault(c.kind, {"count": 0, "bytes": 0.0, "wire_bytes": 0.0,
+                                    "max_group": 0})
+    entry["count"] += c.count
+    entry["bytes"] += c.count * c.bytes
+    entry["wire_bytes"] += c.count * c.wire_bytes
+    entry["max_group"] = max(entry["max_group"], c.group)
+  return out
