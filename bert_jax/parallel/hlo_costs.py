@@ -69,6 +69,20 @@ def _array_bytes(shape_text: str) -> float:
   return total
 
 
+_LAID_OUT = re.compile(r"\b(" + "|".join(sorted(_DTYPE_BYTES, key=len, reverse=True))
+                       + r")\[([0-9,]*)\](\{[^}]*\})?")
+
+
+def _hbm_array_bytes(shape_text: str) -> float:
+  """Bytes of the arrays that live in HBM: memory space 0. XLA's memory-space assignment marks
+  arrays it placed elsewhere (on-chip memories, host) with `S(n)` in their layout."""
+  total = 0.0
+  for dtype, dims, layout in _LAID_OUT.findall(shape_text):
+    if not (layout and re.search(r"S\([1-9]\d*\)", layout)):
+      total += _elements(dims) * _DTYPE_BYTES[dtype]
+  return total
+
+
 def _elements(dims: str) -> int:
   size = 1
   for d in dims.split(","):
@@ -228,9 +242,11 @@ _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
 
 
 def hbm_bytes(module: Module) -> float:
-  """Operand and result bytes of every instruction the program runs (not inside fusions).
+  """HBM bytes read and written by the instructions the program runs (not inside fusions).
 
-  A fusion that only slices one layer out of a stacked parameter (a scanned loop's
+  Only arrays in HBM count (memory space 0): what XLA placed on chip moves at on-chip speed. A
+  slice reads its result's worth of its operand; an async start moves its operand into its
+  result. A fusion that only slices one layer out of a stacked parameter (a scanned loop's
   dynamic-slice) reads that slice, and one that writes a layer into a stacked buffer in place
   (dynamic-update-slice) writes that layer: both count what they touch, not the whole stack.
   """
@@ -245,16 +261,24 @@ def hbm_bytes(module: Module) -> float:
       if i.op in _NO_TRAFFIC or i.op.endswith("-done"):
         continue
       operands = re.findall(r"%([\w.\-]+)", i.rest.split("), ")[0])
-      sizes = [_array_bytes(shapes.get(o, "")) for o in operands]
-      result = _array_bytes(i.shape)
+      base = i.op[:-len("-start")] if i.op.endswith("-start") else i.op
+      result = _top_level(i.shape)[1] if i.op.endswith("-start") and \
+          len(_top_level(i.shape)) > 1 else i.shape
+      if base in ("slice", "dynamic-slice"):
+        source = shapes.get(operands[0], "") if operands else ""
+        read = _array_bytes(result) if _hbm_array_bytes(source) else 0.0
+        total += (read + _hbm_array_bytes(result)) * times
+        continue
+      sizes = [_hbm_array_bytes(shapes.get(o, "")) for o in operands]
+      written = _hbm_array_bytes(result)
       fused = _callees(i.rest)[:1] if i.op == "fusion" else []
       if fused and fused[0] in module.computations:
         if fused[0] not in touched:
           touched[fused[0]] = _sliced_parameters(module.computations[fused[0]])
-        reads, written = touched[fused[0]]
-        sizes = [reads.get(k, size) for k, size in enumerate(sizes)]
-        result = written if written is not None else result
-      total += (result + sum(sizes)) * times
+        reads, update = touched[fused[0]]
+        sizes = [min(reads.get(k, size), size) for k, size in enumerate(sizes)]
+        written = min(update, written) if update is not None else written
+      total += (written + sum(sizes)) * times
   return total
 
 
