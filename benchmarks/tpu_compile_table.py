@@ -7,8 +7,8 @@ time, MFU, days and cost to train. The table in benchmarks/RESULTS.md comes from
 
 Each compile appends one JSON line as it finishes, so a run that is stopped resumes where it
 was (finished rows are skipped). The first pass compiles each recipe for its paper pod (BERT:
-16 chips for base, 64 for large, on v3, which the paper does not name) and v4-32, then the rest
-of today's slices. Every recipe runs data parallel over the whole slice (`mesh_shape=-1,1,1`)
+16 chips for base, 64 for large, on v3, which the paper does not name) and v4-32, and the
+notebooks' models on Colab's TPUs, then the rest of today's slices. Every recipe runs data parallel over the whole slice (`mesh_shape=-1,1,1`)
 at its own global batch; a step that does not fit is compiled again with the gradient
 accumulation the refusal names (the same step in micro-batches), and both rows are kept.
 """
@@ -44,8 +44,8 @@ def jobs(recipes: list[str], slices: list[str] | None) -> list[tuple[str, str]]:
     targets = slices or ([PAPER_POD[recipe]] if recipe in PAPER_POD else []) + TODAY
     first += [(recipe, t) for t in targets[:2]]
     rest += [(recipe, t) for t in targets[2:]]
-  if not slices:
-    rest += [(r, t) for r, ts in COLAB.items() if r in recipes or not recipes for t in ts]
+  if not slices:  # small and quick: with the first pass
+    first += [(r, t) for r, ts in COLAB.items() if r in recipes for t in ts]
   return first + rest
 
 

@@ -178,13 +178,18 @@ def _child(code):
 
 
 def test_full_disk_is_one_line_naming_the_step_and_the_last_complete_one(base, tmp_path):
-  """A real run resuming at step 8 whose files may not exceed 200 kB (RLIMIT_FSIZE: writes
-  beyond it fail with EFBIG, as on a full disk with ENOSPC): the save of step 12 fails."""
+  """A real run resuming at step 8 whose files may not exceed 64 kB (RLIMIT_FSIZE: writes
+  beyond it fail with EFBIG, as on a full disk with ENOSPC): the save of step 12 fails.
+
+  The limit sits below the smallest file any save must write: the word embeddings and their
+  two Adam moments are 128 kB arrays, each written whole into one data file. (At 200 kB the
+  outcome depended on how the checkpointer's threads happened to group arrays into files: a
+  save under load could pass and the next one fail.)"""
   workdir, ckpts = _copy(base, tmp_path)
   proc = _child(f"""
       import resource, signal, sys
       signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-      resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+      resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, 64_000))
       from bert_jax.runs import pretraining
       from bert_jax.training import checkpointing
       from tests import pretrain_helpers as ph
