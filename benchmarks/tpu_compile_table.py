@@ -146,30 +146,51 @@ def _find(path: str, recipe: str, accelerator: str, accum: int) -> dict:
   raise KeyError((recipe, accelerator, accum))
 
 
+def bounds(row: dict) -> dict:
+  """The row's compute and interconnect times from its stored counts and the chip's figures:
+  step >= compute + collectives (no HBM term, whose estimate overstates scanned steps), MFU,
+  days and cost at that step time."""
+  from bert_jax.parallel import tpu_slices  # pylint: disable=g-import-not-at-top
+  s = tpu_slices.parse(row["slice"])
+  chip = s.chip
+  flops = max(row["matmul_flops"], row["analytic_flops"] / s.devices)
+  compute = flops / (chip.peak_flops / chip.devices_per_chip)
+  wire = sum(c["wire_bytes"] for c in row["collectives"].values())
+  ici = wire / (chip.ici_bandwidth / 2 / chip.devices_per_chip)
+  step = compute + ici
+  days = row["steps"] * step / 86400
+  return {"compute_ms": compute * 1e3, "ici_ms": ici * 1e3, "step_ms": step * 1e3,
+          "mfu": row["analytic_flops"] / (s.chips * chip.peak_flops * step),
+          "hbm_gb": row["hbm_traffic"] / 1e9, "days": days,
+          "cost": days * 24 * s.chips * chip.price}
+
+
 def render(path: str) -> str:
   rows = [json.loads(l) for l in open(path) if l.strip()]
   out = ["| recipe | slice (chips) | batch x length, accum | compiles | HBM per device (of usable) "
-         "| largest batch per device | collectives per step | roofline step | MFU <= "
-         "| days >= | cost (on demand) |", "|" + "---|" * 11]
+         "| largest batch per device | collectives per step | compute + ICI per step (ms) "
+         "| MFU <= | days >= | cost >= | HBM traffic estimate per device |",
+         "|" + "---|" * 12]
   for row in rows:
     chips = row.get("chips", "")
     batch = f"{row['global_batch']} x {row['seq_length']}" + (
         f", accum {row['grad_accum_steps']}" if row["grad_accum_steps"] > 1 else "")
     if row["status"] != "fits":
-      why = row.get("error", "")
-      short = why.split(". Try")[0][:120]
+      short = row.get("error", "").split(" (state and")[0].split(", which has")[0][:110]
       out.append(f"| {row['recipe']} | {row['slice']} | {batch} | {row['status']}: {short} "
-                 "| | | | | | | |")
+                 "| | | | | | | | |")
       continue
     gib = 2**30
+    b = bounds(row)
     coll = "; ".join(f"{k} x{int(v['count'])} {v['bytes'] / 2**20:.0f} MiB"
                      for k, v in sorted(row["collectives"].items())) or "none"
     out.append(
         f"| {row['recipe']} | {row['slice']} ({chips}) | {batch} | yes, "
         f"{row['compile_seconds']:.0f} s | {row['hbm_bytes'] / gib:.1f} of "
         f"{row['hbm_capacity'] / gib:.1f} GiB | ~{row['largest_batch_per_device']} "
-        f"(now {row['batch_per_device']}) | {coll} | {row['step_seconds'] * 1e3:.0f} ms "
-        f"| {row['mfu']:.0%} | {row['days']:.1f} | ${row['cost']:,.0f} |")
+        f"(now {row['batch_per_device'] // row['grad_accum_steps']}) | {coll} "
+        f"| {b['compute_ms']:.1f} + {b['ici_ms']:.1f} | {b['mfu']:.0%} | {b['days']:.2f} "
+        f"| ${b['cost']:,.0f} | {b['hbm_gb']:.1f} GB |")
   return "\n".join(out)
 
 

@@ -243,6 +243,8 @@ _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
 
 def hbm_bytes(module: Module) -> float:
   """HBM bytes read and written by the instructions the program runs (not inside fusions).
+  An estimate: for a step with scanned layers it still counts loop-carried buffers a compiled
+  TPU program keeps on chip or aliases (BERT-base: 14.7 GB scanned against 6.1 GB unrolled).
 
   Only arrays in HBM count (memory space 0): what XLA placed on chip moves at on-chip speed. A
   slice reads its result's worth of its operand; an async start moves its operand into its
@@ -274,39 +276,75 @@ def hbm_bytes(module: Module) -> float:
       fused = _callees(i.rest)[:1] if i.op == "fusion" else []
       if fused and fused[0] in module.computations:
         if fused[0] not in touched:
-          touched[fused[0]] = _sliced_parameters(module.computations[fused[0]])
-        reads, update = touched[fused[0]]
+          touched[fused[0]] = _sliced_parameters(module, fused[0])
+        reads, updates = touched[fused[0]]
         sizes = [min(reads.get(k, size), size) for k, size in enumerate(sizes)]
-        written = min(update, written) if update is not None else written
+        outputs = _top_level(result)
+        if len(updates) == len(outputs):  # outputs updated in place write only the update
+          written = sum(_hbm_array_bytes(out) if update is None else
+                        min(update, _hbm_array_bytes(out))
+                        for out, update in zip(outputs, updates))
       total += (written + sum(sizes)) * times
   return total
 
 
-def _sliced_parameters(instrs: list[Instruction]) -> tuple[dict[int, float], float | None]:
-  """For a fused computation: {parameter index: bytes read} for parameters used only by
-  dynamic-slices (or as the in-place target of a dynamic-update-slice: 0), and the bytes
-  written when its root updates a slice in place (else None)."""
-  params = {i.name: int(re.match(r"(\d+)", i.rest).group(1)) for i in instrs
-            if i.op == "parameter" and re.match(r"\d+", i.rest)}
-  shapes = {i.name: i.shape for i in instrs}
-  uses: dict[str, list[tuple[Instruction, int]]] = {}
-  for i in instrs:
-    for position, o in enumerate(re.findall(r"%([\w.\-]+)", i.rest.split("), ")[0])):
-      uses.setdefault(o, []).append((i, position))
+def _sliced_parameters(module: Module, computation: str
+                       ) -> tuple[dict[int, float], list[float | None]]:
+  """For a fused computation: {parameter index: bytes read} for parameters that are only
+  dynamic-sliced (directly or inside nested fusions) or only the in-place target of a
+  dynamic-update-slice (0), and per output (the root, or each element of a tuple root) the
+  bytes an in-place dynamic-update-slice writes (None: the whole output)."""
+  instrs = module.computations[computation]
+  by_name = {i.name: i for i in instrs}
   reads = {}
-  for name, index in params.items():
-    users = uses.get(name, [])
-    if users and all(u.op == "dynamic-slice" and pos == 0 for u, pos in users):
-      reads[index] = sum(_array_bytes(u.shape) for u, _ in users)
-    elif users and all(u.op == "dynamic-update-slice" and pos == 0 for u, pos in users):
-      reads[index] = 0.0
-  written = None
+  for i in instrs:
+    if i.op == "parameter" and re.match(r"\d+", i.rest):
+      read = _parameter_read(module, computation, i.name)
+      if read is not None:
+        reads[int(re.match(r"(\d+)", i.rest).group(1))] = read
+
+  def update_bytes(instr: Instruction | None) -> float | None:
+    if instr is None or instr.op != "dynamic-update-slice":
+      return None
+    operands = _operands(instr)
+    return _array_bytes(by_name[operands[1]].shape) if len(operands) > 1 and \
+        operands[1] in by_name else None
+
   root = instrs[-1] if instrs else None
-  if root is not None and root.op == "dynamic-update-slice":
-    operands = re.findall(r"%([\w.\-]+)", root.rest.split("), ")[0])
-    if len(operands) > 1:
-      written = _array_bytes(shapes.get(operands[1], ""))
-  return reads, written
+  if root is not None and root.op == "tuple":
+    return reads, [update_bytes(by_name.get(o)) for o in _operands(root)]
+  return reads, [update_bytes(root)]
+
+
+def _parameter_read(module: Module, computation: str, name: str, depth: int = 0
+                    ) -> float | None:
+  """Bytes of parameter `name` that `computation` reads when it only slices it; None when it
+  may read all of it."""
+  total = 0.0
+  users = [(i, pos) for i in module.computations[computation]
+           for pos, o in enumerate(_operands(i)) if o == name]
+  if not users or depth > 8:
+    return None
+  for user, pos in users:
+    if user.op == "dynamic-slice" and pos == 0:
+      total += _array_bytes(user.shape)
+    elif user.op == "dynamic-update-slice" and pos == 0:
+      continue
+    elif user.op == "fusion" and _callees(user.rest):
+      inner = _callees(user.rest)[0]
+      param = next((i.name for i in module.computations.get(inner, [])
+                    if i.op == "parameter" and re.match(rf"{pos}\)", i.rest)), None)
+      read = _parameter_read(module, inner, param, depth + 1) if param else None
+      if read is None:
+        return None
+      total += read
+    else:
+      return None
+  return total
+
+
+def _operands(instr: Instruction) -> list[str]:
+  return re.findall(r"%([\w.\-]+)", instr.rest.split("), ")[0])
 
 
 def _group_size(line: str, num_devices: int) -> int:
