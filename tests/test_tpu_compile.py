@@ -148,7 +148,7 @@ def test_each_objective_compiles_and_fits_a_tpu_slice(compiled, case):
   per_device = row["analytic_flops"] / row["devices"]
   ratio = row["matmul_flops"] / per_device
   assert (0.5 < ratio < 1.0) if "pallas" in case else abs(ratio - 1) < 0.1, ratio
-  assert row["step_seconds"] > 0 and 0 < row["mfu"] <= 1
+  assert 0 < row["mfu"] <= 1  # the roofline bound never exceeds the chip's peak
   assert row["largest_batch_per_device"] >= row["batch_per_device"]
   kinds = set(row["collectives"])
   if case == "mlm_nsp_fsdp":

@@ -25,8 +25,9 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3
                 "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
                 "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8,
                 "c128": 16}
+# dtype[dims]{layout}: the layout (optional) carries the memory space, `S(n)`.
 _ARRAY = re.compile(r"\b(" + "|".join(sorted(_DTYPE_BYTES, key=len, reverse=True))
-                    + r")\[([0-9,]*)\]")
+                    + r")\[([0-9,]*)\](\{[^}]*\})?")
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.*?)\s+([a-z][a-z0-9\-]*)\((.*)$")
 _CALLEES = re.compile(r"\b(?:to_apply|calls|body|condition|true_computation|"
@@ -64,20 +65,16 @@ class Collective:
 
 def _array_bytes(shape_text: str) -> float:
   total = 0.0
-  for dtype, dims in _ARRAY.findall(shape_text):
+  for dtype, dims, _ in _ARRAY.findall(shape_text):
     total += _elements(dims) * _DTYPE_BYTES[dtype]
   return total
-
-
-_LAID_OUT = re.compile(r"\b(" + "|".join(sorted(_DTYPE_BYTES, key=len, reverse=True))
-                       + r")\[([0-9,]*)\](\{[^}]*\})?")
 
 
 def _hbm_array_bytes(shape_text: str) -> float:
   """Bytes of the arrays that live in HBM: memory space 0. XLA's memory-space assignment marks
   arrays it placed elsewhere (on-chip memories, host) with `S(n)` in their layout."""
   total = 0.0
-  for dtype, dims, layout in _LAID_OUT.findall(shape_text):
+  for dtype, dims, layout in _ARRAY.findall(shape_text):
     if not (layout and re.search(r"S\([1-9]\d*\)", layout)):
       total += _elements(dims) * _DTYPE_BYTES[dtype]
   return total
@@ -204,7 +201,7 @@ def matmul_flops(module: Module) -> float:
         continue
       shapes = shapes or module.shapes(comp)
       out = _elements(",".join(map(str, _dims(i.shape))))
-      operands = re.findall(r"%([\w.\-]+)", i.rest.split("),")[0])
+      operands = _operands(i)
       if i.op == "dot":
         contracting = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", i.rest)
         lhs = _dims(shapes.get(operands[0], "")) if operands else []
@@ -262,10 +259,10 @@ def hbm_bytes(module: Module) -> float:
     for i in instrs:
       if i.op in _NO_TRAFFIC or i.op.endswith("-done"):
         continue
-      operands = re.findall(r"%([\w.\-]+)", i.rest.split("), ")[0])
+      operands = _operands(i)
       base = i.op[:-len("-start")] if i.op.endswith("-start") else i.op
-      result = _top_level(i.shape)[1] if i.op.endswith("-start") and \
-          len(_top_level(i.shape)) > 1 else i.shape
+      parts = _top_level(i.shape)
+      result = parts[1] if i.op.endswith("-start") and len(parts) > 1 else i.shape
       if base in ("slice", "dynamic-slice"):
         source = shapes.get(operands[0], "") if operands else ""
         read = _array_bytes(result) if _hbm_array_bytes(source) else 0.0

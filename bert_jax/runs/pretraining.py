@@ -276,7 +276,6 @@ def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_
                                    batch_sh, run.mesh, run.rules, config.grad_accum_steps)
   lowered = step.lower(abstract, abstract_batch)
   out = {"mesh": dict(run.mesh.shape), "lowered": lowered, "state_shardings": state_sh,
-         "bert_config": run.bert_config,
          "num_parameters": sum(int(np.prod(p.shape)) for p in jax.tree.leaves(abstract.params)),
          "analytic_flops_per_step": run.objective.flops_per_step(run.bert_config,
                                                                  config.global_batch_size)}
@@ -286,7 +285,6 @@ def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     out["compiled"] = compiled
     out["compiled_flops_per_device"] = float(cost.get("flops", float("nan")))
-    out["bytes_accessed_per_device"] = float(cost.get("bytes accessed", float("nan")))
     memory = compiled.memory_analysis()
     if memory is not None:
       out["memory"] = memory
