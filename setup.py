@@ -34,6 +34,8 @@ EXTRAS_REQUIRE = {
     # The reference implementation and the metric libraries the tests check against.
     "test": [
         "pytest>=8",
+        # `make test` runs the suite on two workers, one test file each at a time.
+        "pytest-xdist>=3.5",
         "torch>=2.2",
         "transformers>=4.40",
         "safetensors>=0.4",

@@ -47,7 +47,8 @@ def examples_per_second(setup: dict, checkpoint: str, repeats: int = 5, batch: i
   import jax
   from bert_jax import inference
   from bert_jax.interop import checkpoints
-  from bert_jax.tasks import glue, sequence_classification
+  from bert_jax.tasks.classification import data as glue
+  from bert_jax.tasks.classification import objective as sequence_classification
   from bert_jax.text import tokenization
   # pylint: enable=g-import-not-at-top
   task = glue.get_task("SST-2")

@@ -116,7 +116,8 @@ def recall_by_novelty(sentences, train_file: str) -> dict[str, tuple[int, int]]:
   that never were ("unseen"), for (words, gold, predicted) sentences: a lookup of training
   entities finds none of the unseen ones, so what a tagger finds there it learned from context
   and word shape. Returns {kind: (found, total)}."""
-  from bert_jax.tasks import conll, conlleval  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks.tagging import data as conll  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks.tagging import metrics as conlleval  # pylint: disable=g-import-not-at-top
   seen = set()
   for sentence in conll.read_conll(train_file):
     for kind, first, last in conlleval.chunks(list(sentence.labels)):
@@ -134,7 +135,7 @@ def recall_by_novelty(sentences, train_file: str) -> dict[str, tuple[int, int]]:
 
 def word_majority_predictions(split_file: str, train_file: str):
   """The word-majority baseline's tags for a split, as (words, gold, predicted) sentences."""
-  from bert_jax.tasks import conll  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks.tagging import data as conll  # pylint: disable=g-import-not-at-top
   from data_prep import silver_ner  # pylint: disable=g-import-not-at-top
   train = [(s.words, s.labels) for s in conll.read_conll(train_file)]
   lexicon = silver_ner.word_majority_lexicon(train)

@@ -144,17 +144,18 @@ def finetune(setup: dict, name: str, init_checkpoint: str, seed: int, **distill)
   identical settings for every model; `distill`: a teacher (task-time distillation). Returns
   the dev accuracy."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from bert_jax.runs import finetuning  # pylint: disable=g-import-not-at-top
-  from bert_jax.tasks import glue  # pylint: disable=g-import-not-at-top
+  from bert_jax.runs import finetune_config  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks.classification import run as classification_run  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks.classification import data as glue  # pylint: disable=g-import-not-at-top
   from bert_jax.text import tokenization  # pylint: disable=g-import-not-at-top
   out_dir = os.path.join(setup["work"], f"finetune_{name}_seed{seed}")
   result_file = os.path.join(out_dir, "benchmark_result.json")
   if not os.path.exists(result_file):
     print(f"\n=== {name}: fine-tuning on {setup['data_dir']}, seed {seed}", flush=True)
-    config = ml_collections.ConfigDict(finetuning.get_config())
+    config = ml_collections.ConfigDict(finetune_config.get_config())
     config.update(distill)
     start = time.time()
-    out = finetuning.run(
+    out = classification_run.run(
         glue.get_task("SST-2"), data_dir=setup["data_dir"], init_checkpoint=init_checkpoint,
         tokenizer=tokenization.load_tokenizer(vocab_file=setup["vocab"], do_lower_case=True),
         bert_config_file=None, output_dir=out_dir, max_seq_length=setup["seq"],

@@ -67,14 +67,15 @@ def child(args) -> int:
     import resource
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize, args.fsize))
+  from bert_jax.interop import checkpoint_errors
   from bert_jax.runs import pretraining
-  from bert_jax.training import checkpointing, workdir_lock
+  from bert_jax.training import workdir_lock
   from tests import pretrain_helpers as ph
   overrides = json.loads(args.overrides)
   try:
     with workdir_lock.hold(args.workdir):
       pretraining.train_and_evaluate(ph.run_config(args.records, **overrides), args.workdir)
-  except (checkpointing.CheckpointError, workdir_lock.WorkdirInUseError) as e:
+  except (checkpoint_errors.CheckpointError, workdir_lock.WorkdirInUseError) as e:
     print(f"error: {e}", flush=True)
     return CHILD_ERROR
   return 0
@@ -298,6 +299,7 @@ def damage_trials(tally, records, base, abstract, clean, rng, scratch):
       shutil.rmtree(target)
 
   # Both steps damaged: one error naming both, not a fresh start.
+  from bert_jax.interop import checkpoint_errors
   from bert_jax.training import checkpointing
   target = os.path.join(scratch, "damage-all")
   shutil.copytree(base, target)
@@ -308,7 +310,7 @@ def damage_trials(tally, records, base, abstract, clean, rng, scratch):
   try:
     manager.restore(abstract)
     tally.add("every step damaged", False, "restored something")
-  except checkpointing.CheckpointError as e:
+  except checkpoint_errors.CheckpointError as e:
     text = str(e)
     ok = "\n" not in text and "step 8:" in text and "step 4:" in text and ckpts in text
     tally.add("every step damaged", ok, text[:220])
@@ -475,7 +477,9 @@ def two_runs_trial(tally, records, scratch):
 
 def checksum_cost(records) -> str:
   """What fingerprints add to a save (blocking part) and to a restore, on the tiny model."""
+  import flax.serialization
   import jax
+  from bert_jax.interop import checkpoint_fingerprints
   from bert_jax.runs import pretraining
   from bert_jax.training import checkpointing
   from bert_jax.training import state as state_lib
@@ -485,19 +489,20 @@ def checksum_cost(records) -> str:
   state, _ = state_lib.create_train_state(run.model, run.tx, run.mesh, run.rules, 0,
                                           run.objective.example_batch(16),
                                           run.objective.input_names)
-  tree = checkpointing._state_dict(state)  # pylint: disable=protected-access
+  tree = flax.serialization.to_state_dict(state)
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
   # What the first save of a run pays once (this process compiled it already: a fresh copy).
   fresh = jax.jit(lambda leaves: jax.numpy.stack(
-      [checkpointing._leaf_fingerprint(x) for x in leaves]))  # pylint: disable=protected-access
+      [checkpoint_fingerprints._leaf_fingerprint(x)  # pylint: disable=protected-access
+       for x in leaves]))
   start = time.perf_counter()
   jax.block_until_ready(fresh(jax.tree.leaves(tree)))
   compile_s = time.perf_counter() - start
-  checkpointing.checksum_record(tree, {}, {})
+  checkpoint_fingerprints.checksum_record(tree, {}, {})
   record_s = []
   for _ in range(20):
     start = time.perf_counter()
-    checkpointing.checksum_record(tree, {}, {})
+    checkpoint_fingerprints.checksum_record(tree, {}, {})
     record_s.append(time.perf_counter() - start)
   directory = tempfile.mkdtemp(prefix="ckpt-cost-")
   manager = checkpointing.CheckpointManager(directory, max_to_keep=2)

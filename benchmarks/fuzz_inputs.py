@@ -65,9 +65,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 from absl import logging as absl_logging
 
-from bert_jax.tasks import glue, squad
-from bert_jax.tasks import sequence_classification
-from bert_jax.text import tokenization
+from bert_jax.tasks.classification import data as glue
+from bert_jax.tasks.squad import data as squad
+from bert_jax.tasks.classification import objective as sequence_classification
+from bert_jax.text import tokenization, unknown_tokens
 from data_prep import demo_corpus, demo_squad
 from tests.helpers import minilm_dir
 
@@ -113,8 +114,8 @@ def reference_tokenizer():
 def load_vocab_file(path: str) -> dict:
   tokenizer = tokenization.load_tokenizer(vocab_file=path)
   ids = tokenizer.encode(paragraph())
-  unknown, pieces = tokenization.count_unknown(tokenizer, [ids])
-  rate = tokenization.check_unknown_rate(tokenizer, unknown, pieces, "the fuzz paragraph")
+  unknown, pieces = unknown_tokens.count_unknown(tokenizer, [ids])
+  rate = unknown_tokens.check_unknown_rate(tokenizer, unknown, pieces, "the fuzz paragraph")
   return {"ids": ids, "rate": rate,
           "vocab_size": tokenizer.vocab_size, "special_ids": tokenizer.special_ids,
           "id_to_token": tokenizer.id_to_token}
@@ -237,8 +238,8 @@ def vocab_mutations(rng: np.random.RandomState) -> list[Mutation]:
       return True, f"ids equal the clean vocabulary's ([UNK] rate {result['rate']:.2%})"
     return False, (f"ids differ from the clean vocabulary's ({len(result['ids'])} pieces, clean "
                    f"{len(ref['ids'])}); [UNK] rate {result['rate']:.2%} "
-                   f"(refused above {tokenization.MAX_UNKNOWN_RATE:.0%}, warned above "
-                   f"{tokenization.WARN_UNKNOWN_RATE:.0%})")
+                   f"(refused above {unknown_tokens.MAX_UNKNOWN_RATE:.0%}, warned above "
+                   f"{unknown_tokens.WARN_UNKNOWN_RATE:.0%})")
 
   add("control-clean", raw, same_ids)
   for size in (5, 100, 1000, 5000, 13645):

@@ -45,6 +45,7 @@ import numpy as np
 import optax
 
 from bert_jax.interop import hf as hf_io
+from bert_jax.interop import hf_config as hf_config_io
 from bert_jax.objectives import mlm_nsp
 from bert_jax.model import configuration, heads
 
@@ -145,7 +146,7 @@ def build_peer(config: configuration.BertConfig, our_params, length: int):
   from transformers.modeling_flax_pytorch_utils import convert_pytorch_state_dict_to_flax
   from flax.traverse_util import flatten_dict
 
-  hf_config = transformers.BertConfig(**config.to_hf_dict())
+  hf_config = transformers.BertConfig(**hf_config_io.to_hf_dict(config))
   hf_config.tie_word_embeddings = True  # the MLM decoder is the word-embedding table, as ours
   model = transformers.FlaxBertForPreTraining(hf_config, input_shape=(1, length),
                                               seed=0, dtype=jnp.float32)

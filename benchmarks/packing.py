@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from bert_jax.data import input_pipeline
-from bert_jax.text import masking, tokenization
+from bert_jax.text import masking, wordpiece
 from data_prep import create_pretraining_data as cpd
 from data_prep import demo_corpus
 from tests.helpers import minilm_dir
@@ -52,7 +52,7 @@ def prepare(corpus: str, vocab: str, out: str, **settings) -> dict:
 
 def read_rate(files: list[str], vocab: str, max_seq_length: int, max_predictions: int,
               batches: int) -> dict:
-  config = masking.MaskingConfig.from_tokenizer(tokenization.WordPieceTokenizer(vocab))
+  config = masking.MaskingConfig.from_tokenizer(wordpiece.WordPieceTokenizer(vocab))
   data = input_pipeline.PretrainingData(
       None, files=files, global_batch_size=64, max_seq_length=max_seq_length,
       max_predictions_per_seq=max_predictions, sharding=None, masking_config=config,

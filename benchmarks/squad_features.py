@@ -43,7 +43,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 from bert_jax.text import tokenization  # pylint: disable=g-import-not-at-top
-from bert_jax.tasks import squad  # pylint: disable=g-import-not-at-top
+from bert_jax.tasks.squad import data as squad  # pylint: disable=g-import-not-at-top
 from data_prep import demo_squad  # pylint: disable=g-import-not-at-top
 
 SETTINGS = {"max_seq_length": 384, "doc_stride": 128, "max_query_length": 64}

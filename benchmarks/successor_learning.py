@@ -193,7 +193,7 @@ def main(argv):
           f"--output_prefix={vocab_prefix}"])
 
   # pylint: disable=g-import-not-at-top
-  from bert_jax import demo
+  from bert_jax.data import baselines
   from bert_jax.training import metrics
   import jax
   # pylint: enable=g-import-not-at-top
@@ -245,7 +245,7 @@ def main(argv):
     train = [r for r in logged if "train/mlm_loss" in r]
     evals = [r for r in logged if "eval/mlm_loss" in r]
     head = {"mlm_sop": "sop", "mlm_sbo": "sbo", "mlm": None}[name]
-    base = demo.baselines(sorted(glob.glob(heldout_glob)), seq, pred)
+    base = baselines.guessing(sorted(glob.glob(heldout_glob)), seq, pred)
     row = dict(objective=name, model=recipe["model"], steps=train[-1]["step"], seconds=seconds,
                lr=lr, mlm_first=train[0]["train/mlm_loss"], mlm_last=train[-1]["train/mlm_loss"],
                first_step=train[0]["step"], eval_first_step=evals[0]["step"],

@@ -98,8 +98,9 @@ def tokenizer_from_flags(model: str | None = None, bert_config_file: str | None 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
   # pylint: disable=g-import-not-at-top
-  from bert_jax.training import checkpointing, workdir_lock
-  return USER_ERRORS + (checkpointing.CheckpointError, workdir_lock.WorkdirInUseError)
+  from bert_jax.interop import checkpoint_errors
+  from bert_jax.training import workdir_lock
+  return USER_ERRORS + (checkpoint_errors.CheckpointError, workdir_lock.WorkdirInUseError)
 
 
 def one_line_errors(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:

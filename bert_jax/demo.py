@@ -17,7 +17,6 @@ not redone when the demo is started again.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import subprocess
@@ -57,33 +56,6 @@ def _run(step: str, args: list[str]) -> None:
   env = dict(os.environ)
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   subprocess.run(args, check=True, env=env, cwd=REPO)
-
-
-def baselines(files: list[str], max_seq_length: int, max_predictions: int) -> dict[str, float]:
-  """What guessing alone scores on these records (packed or not): always the most frequent
-  masked token (`mlm`), always the more frequent second-sentence label (`nsp`; for an objective
-  that has one)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from bert_jax import file_io  # pylint: disable=g-import-not-at-top
-  from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
-  from bert_jax.text import features  # pylint: disable=g-import-not-at-top
-  tf = file_io.tensorflow()
-  per_row = input_pipeline.detect_packing(files[0])
-  spec = features.tf_feature_spec(max_seq_length, max_predictions, features.STATIC, per_row)
-  tokens: collections.Counter = collections.Counter()
-  labels: collections.Counter = collections.Counter()
-  for batch in tf.data.TFRecordDataset(files).batch(1024).map(
-      lambda s: tf.io.parse_example(s, spec)).as_numpy_iterator():
-    tokens.update(np.asarray(batch["masked_lm_ids"][batch["masked_lm_weights"] > 0]).tolist())
-    nsp = np.asarray(batch["next_sentence_labels"])
-    if per_row:  # the instances' labels, not the empty slots'
-      nsp = nsp[np.asarray(batch["next_sentence_weights"]) > 0]
-    labels.update(nsp.ravel().tolist())
-
-  def majority(counts):
-    total = sum(counts.values())
-    return counts.most_common(1)[0][1] / total if total else 0.0
-  return {"mlm": majority(tokens), "nsp": majority(labels)}
 
 
 def _verdict(result: dict, base: dict[str, float]) -> list[str]:
@@ -139,7 +111,7 @@ def main(argv):
   # pylint: disable=g-import-not-at-top
   import importlib.util
   from bert_jax import configs_dir, inference
-  from bert_jax.data import input_pipeline
+  from bert_jax.data import baselines, input_pipeline
   from bert_jax.interop import checkpoints
   from bert_jax.runs import pretraining
   from bert_jax.text import tokenization
@@ -174,7 +146,7 @@ def main(argv):
 
   _, eval_files = input_pipeline.split_train_eval(
       input_pipeline.list_files(config.data.train_files), None)
-  base = baselines(eval_files, config.data.max_seq_length, config.data.max_predictions_per_seq)
+  base = baselines.guessing(eval_files, config.data.max_seq_length, config.data.max_predictions_per_seq)
   with open(os.path.join(data_dir, "summary.json"), encoding="utf-8") as f:
     packing_efficiency = json.load(f).get("packing_efficiency")
   logged = [r for r in metrics.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))

@@ -20,48 +20,8 @@ from absl import app, flags
 
 from bert_jax import cli, file_io, inference
 from bert_jax.interop import checkpoints
-from bert_jax.model import modeling
-from bert_jax.text import pairs
 
 FLAGS = flags.FLAGS
-
-
-def read_lines(path: str) -> tuple[list[str], list[str | None]]:
-  texts_a, texts_b = [], []
-  for number, line in enumerate(file_io.read_text(path).splitlines(), start=1):
-    line = line.strip()
-    if not line:
-      continue
-    if line.count("|||") > 1:
-      raise ValueError(f"{path}:{number}: more than one '|||' separator (expected 'a' or "
-                       "'a ||| b').")
-    a, _, b = line.partition("|||")
-    texts_a.append(a.strip())
-    texts_b.append(b.strip() if b else None)
-  if not texts_a:
-    raise ValueError(f"{path}: no non-empty lines.")
-  return texts_a, texts_b
-
-
-def extract(config: modeling.BertConfig, encoder_params, tokenizer, texts_a, texts_b,
-            layers: list[int], max_seq_length: int, batch_size: int = 32
-            ) -> dict[str, np.ndarray]:
-  """`{"layer_<i>": (n, length, hidden), "input_ids": ..., ...}` for the given layer indices."""
-  total = config.num_hidden_layers + 1  # embeddings output + every layer
-  for layer in layers:
-    if not -total <= layer < total:
-      raise ValueError(f"--layers: {layer} is out of range for {config.num_hidden_layers} "
-                       f"layers (use -{total}..{total - 1}).")
-  feats = pairs.encode_examples(tokenizer, texts_a, texts_b, max_seq_length)
-  model = modeling.BertModel(config, add_pooling_layer=False, collect_hidden_states=True)
-  predictor = inference.Predictor(
-      model, output_fn=lambda out: tuple(out["hidden_states"][layer] for layer in layers))
-  params = {k: v for k, v in encoder_params.items() if k != "pooler"}
-  hidden = predictor(predictor.place(params), feats, batch_size, trim=False, desc="extract")
-  outputs = dict(zip(layers, hidden))
-  out = {f"layer_{layer}": np.asarray(v) for layer, v in outputs.items()}
-  out.update(feats)
-  return out
 
 
 def main(argv):
@@ -71,10 +31,10 @@ def main(argv):
                                                     FLAGS.bert_config_file)
   config = config.replace(scan_layers=False)
   tokenizer = cli.tokenizer_from_flags(FLAGS.init_checkpoint, FLAGS.bert_config_file)
-  texts_a, texts_b = read_lines(FLAGS.input_file)
+  texts_a, texts_b = inference.read_text_pairs(FLAGS.input_file)
   layers = [int(x) for x in FLAGS.layers]
-  arrays = extract(config, encoder, tokenizer, texts_a, texts_b, layers, FLAGS.max_seq_length,
-                   FLAGS.batch_size)
+  arrays = inference.extract_layers(config, encoder, tokenizer, texts_a, texts_b, layers,
+                                   FLAGS.max_seq_length, FLAGS.batch_size)
   buffer = io.BytesIO()
   np.savez(buffer, **arrays)
   file_io.write_bytes_atomic(FLAGS.output_file, buffer.getvalue())

@@ -135,3 +135,23 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
 
 def write_text_atomic(path: str, text: str) -> None:
   write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def pid_alive(pid: int) -> bool:
+  """Whether process `pid` of this machine is running (a zombie is not; another user's is):
+  whether the owner of a lock or of a temporary output is still there to finish it."""
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
+        return False  # exited, not yet reaped by its parent
+  except (OSError, IndexError):
+    pass
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process: alive
+    return True
+  except OSError:
+    return False
+  return True

@@ -31,8 +31,8 @@ pre-training workdirs (or its `checkpoints/`), a Hugging Face BERT directory or 
 checkpoint (`bert_config.json` beside it is read unless `--bert_config_file` is given); the
 encoder is loaded and the task's head starts from its initialisation. A run whose
 `--output_dir` already holds its checkpoint resumes it (or, finished, evaluates it).
-This module only parses flags; the runs are `bert_jax.runs` (`finetuning`, `tagging`,
-`multiple_choice`).
+This module only parses flags; `bert_jax.tasks.registry` names the task's kind, whose
+`run.py` is the run (`tasks/classification`, `squad`, `tagging`, `multiple_choice`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from bert_jax import cli
-from bert_jax.runs import finetune_config, finetuning
+from bert_jax.runs import finetune_config
+from bert_jax.tasks import registry
 
 FLAGS = flags.FLAGS
 
@@ -157,7 +158,7 @@ def main(argv):
     raise app.UsageError("At least one of --do_train, --do_eval, --do_predict.")
   cli.quiet_unless_verbose()
   cli.initialize_distributed_from_flags()
-  finetuning.run_from_config(
+  registry.run_from_config(
       config, cli.tokenizer_from_flags(config.init_checkpoint, config.bert_config_file))
 
 

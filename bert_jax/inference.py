@@ -17,11 +17,12 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from bert_jax import file_io
 from bert_jax.data import arrays
-from bert_jax.model import heads
+from bert_jax.model import heads, modeling
 from bert_jax.model.configuration import BertConfig
 from bert_jax.parallel import sharding
-from bert_jax.text import features
+from bert_jax.text import features, pairs
 from bert_jax.training.step import apply_variables, with_mesh
 
 
@@ -97,6 +98,13 @@ class Predictor:
                         *outputs)
 
 
+def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
+  """Probabilities of logits in float64, as prediction files and `predict` show them."""
+  logits = np.asarray(logits, np.float64)
+  e = np.exp(logits - logits.max(axis=axis, keepdims=True))
+  return e / e.sum(axis=axis, keepdims=True)
+
+
 # -------------------------------------------------------------------------------- fill-mask
 def mask_text(text: str, mask_token: str, strip_left: bool = False) -> str:
   """`text` with "[MASK]" written as the family's mask token (RoBERTa's "<mask>"). With
@@ -160,3 +168,48 @@ def format_fill_mask(text: str, predictions: list[list[tuple[str, float]]]) -> s
     shown = ", ".join(f"{tok} {p:.1%}" for tok, p in preds)
     lines.append(f"  [MASK] #{i + 1}: {shown}")
   return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ layer features
+# Separates the two texts of a pair inside one line or one --text.
+PAIR_SEPARATOR = "|||"
+
+
+def read_text_pairs(path: str) -> tuple[list[str], list[str | None]]:
+  """One example per non-empty line: `text`, or a pair as `text a ||| text b` (the original
+  `extract_features.py` input)."""
+  texts_a, texts_b = [], []
+  for number, line in enumerate(file_io.read_text(path).splitlines(), start=1):
+    line = line.strip()
+    if not line:
+      continue
+    if line.count(PAIR_SEPARATOR) > 1:
+      raise ValueError(f"{path}:{number}: more than one '|||' separator (expected 'a' or "
+                       "'a ||| b').")
+    a, _, b = line.partition(PAIR_SEPARATOR)
+    texts_a.append(a.strip())
+    texts_b.append(b.strip() if b else None)
+  if not texts_a:
+    raise ValueError(f"{path}: no non-empty lines.")
+  return texts_a, texts_b
+
+
+def extract_layers(config: BertConfig, encoder_params, tokenizer, texts_a, texts_b,
+                   layers: list[int], max_seq_length: int, batch_size: int = 32
+                   ) -> dict[str, np.ndarray]:
+  """`{"layer_<i>": (n, length, hidden), "input_ids": ..., ...}` for the given layer indices."""
+  total = config.num_hidden_layers + 1  # embeddings output + every layer
+  for layer in layers:
+    if not -total <= layer < total:
+      raise ValueError(f"--layers: {layer} is out of range for {config.num_hidden_layers} "
+                       f"layers (use -{total}..{total - 1}).")
+  feats = pairs.encode_examples(tokenizer, texts_a, texts_b, max_seq_length)
+  model = modeling.BertModel(config, add_pooling_layer=False, collect_hidden_states=True)
+  predictor = Predictor(
+      model, output_fn=lambda out: tuple(out["hidden_states"][layer] for layer in layers))
+  params = {k: v for k, v in encoder_params.items() if k != "pooler"}
+  hidden = predictor(predictor.place(params), feats, batch_size, trim=False, desc="extract")
+  outputs = dict(zip(layers, hidden))
+  out = {f"layer_{layer}": np.asarray(v) for layer, v in outputs.items()}
+  out.update(feats)
+  return out

@@ -51,475 +51,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-from typing import Any, Sequence
+from typing import Any
 
-import numpy as np
-from absl import app, flags, logging
+from absl import app, flags
 
 from bert_jax import cli, file_io, inference
-from bert_jax.interop import checkpoints
-from bert_jax.model import configuration, heads
-from bert_jax.tasks import (conll, conlleval, glue, multiple_choice, question_answering,
-                            sequence_classification, swag, token_classification)
-from bert_jax.text import pairs, tokenization, vocab_files
+from bert_jax.tasks import finetuned, registry
+from bert_jax.tasks.classification import predict as classification
+from bert_jax.tasks.multiple_choice import data as swag
+from bert_jax.tasks.multiple_choice import predict as multiple_choice
+from bert_jax.tasks.squad import data as squad
+from bert_jax.tasks.squad import predict as squad_predict
+from bert_jax.tasks.tagging import predict as tagging
 
-MODES = ("fill_mask", "classify", "qa", "tag", "choose")
-# What each mode needs, for messages that say why a checkpoint does not fit.
-_NEEDS = {"fill_mask": "a pre-training model (masked-LM head)",
-          "classify": "a fine-tuned classifier (the --output_dir of `finetune --task_name=SST-2` "
-                      "or another GLUE / custom task)",
-          "qa": "a fine-tuned SQuAD model (the --output_dir of `finetune --task_name=squad`)",
-          "tag": "a fine-tuned tagger (the --output_dir of `finetune --task_name=conll2003` or "
-                 "another tagging task)",
-          "choose": "a fine-tuned multiple-choice model (the --output_dir of `finetune "
-                    "--task_name=swag` or hellaswag)"}
-# Separates the two texts of a pair inside one --text.
-PAIR_SEPARATOR = "|||"
-# Candidates per question that post-processing searches and keeps: fine-tuning's --n_best_size
-# default, so that the answer (and its probability) is the one in fine-tuning's files however
-# few candidates are shown.
-_SQUAD_CANDIDATES = 20
-
-
-class PredictError(ValueError):
-  """A checkpoint, vocabulary or input that does not fit the request; the message says why."""
-
-
-# ------------------------------------------------------------------------------ checkpoints
-@dataclasses.dataclass
-class CheckpointInfo:
-  """What `--checkpoint` is, read without loading any weights."""
-  path: str
-  kind: str                 # "tf1", "hf" or "orbax" (`checkpoints.checkpoint_kind`)
-  where: str                # the TF1 prefix, or the directory
-  metadata: dict[str, Any]  # an Orbax checkpoint's metadata; {} for the other kinds
-
-  @property
-  def task(self) -> str | None:
-    task = self.metadata.get("task")
-    return str(task) if task else None
-
-  @property
-  def mode(self) -> str:
-    """The mode this checkpoint serves: fine-tuning records its task, pre-training none."""
-    if self.task is None:
-      return "fill_mask"
-    task = self.task.lower()
-    if task.startswith("squad"):
-      return "qa"
-    if task in token_classification.TASK_NAMES:
-      return "tag"
-    if task in multiple_choice.TASK_NAMES:
-      return "choose"
-    return "classify"
-
-  def describe(self) -> str:
-    if self.kind != "orbax":
-      return f"{checkpoints.KIND_NAMES[self.kind]} ({self.where}), a pre-training model"
-    if self.mode == "fill_mask":
-      return "a pre-training checkpoint (its metadata names no fine-tuned task)"
-    if self.mode == "qa":
-      return f"a fine-tuned SQuAD model (task {self.task!r})"
-    if self.mode == "tag":
-      return f"a fine-tuned tagger (task {self.task!r})"
-    if self.mode == "choose":
-      return f"a fine-tuned multiple-choice model (task {self.task!r})"
-    labels = self.metadata.get("num_labels")
-    return (f"a fine-tuned classifier (task {self.task!r}"
-            + (f", {labels} outputs)" if labels else ")"))
-
-
-def inspect_checkpoint(path: str) -> CheckpointInfo:
-  """The kind of `path` and, for an Orbax checkpoint, its metadata (a small JSON item)."""
-  try:
-    kind, where = checkpoints.checkpoint_kind(path)
-    metadata: dict[str, Any] = checkpoints.run_metadata(where) if kind == "orbax" else {}
-  except (ValueError, FileNotFoundError) as e:
-    raise PredictError(str(e)) from e
-  return CheckpointInfo(path, kind, where, metadata)
-
-
-def check_mode(info: CheckpointInfo, mode: str) -> None:
-  """Refuses a checkpoint of another kind, naming the path, what it is and what would fit."""
-  if info.mode == mode:
-    return
-  hint = f" Use --mode={info.mode} (or --mode=auto) for this checkpoint."
-  raise PredictError(f"--mode={mode} needs {_NEEDS[mode]}, but {info.path} is "
-                     f"{info.describe()}.{hint}")
-
-
-def _load(info: CheckpointInfo, require_heads: bool) -> tuple[configuration.BertConfig, Any]:
-  """`checkpoints.load_pretraining_model`, whose errors (no heads, shapes that do not fit the
-  config, no config beside a TF1 checkpoint) are about the checkpoint, so are reported as such."""
-  try:
-    return checkpoints.load_pretraining_model(info.where, require_heads=require_heads)
-  except (ValueError, FileNotFoundError) as e:
-    raise PredictError(str(e)) from e
-
-
-@dataclasses.dataclass
-class FinetunedModel:
-  """A fine-tuning output directory, loaded: the head, its weights and what fine-tuning saved."""
-  info: CheckpointInfo
-  config: configuration.BertConfig
-  params: Any
-  module: Any  # the task's model: classifier, span, tagging or multiple-choice head
-
-  @property
-  def num_labels(self) -> int:
-    return int(np.shape(self.params["classifier"]["kernel"])[-1])
-
-  @property
-  def version_2_with_negative(self) -> bool:
-    return "v2" in (self.info.task or "")  # fine-tuning records "squad v1.1" / "squad v2.0"
-
-
-def load_finetuned(info: CheckpointInfo, mode: str) -> FinetunedModel:
-  """The model behind a fine-tuned output directory, for `mode` ("classify", "qa", "tag" or
-  "choose").
-
-  The weights are read by the same loader as every other Orbax tree (encoder + the task's head,
-  with the config it was trained with); only the head module differs by task, and is the one
-  fine-tuning's task plug-in builds from what the run recorded.
-  """
-  check_mode(info, mode)
-  config, params = _load(info, require_heads=False)
-  if mode == "tag":
-    plugin = _tagging_plugin(info)
-    head = plugin.head_scopes[0]
-  elif mode == "choose":
-    plugin = multiple_choice.MultipleChoice(int(info.metadata.get("num_choices") or 4))
-    head = plugin.head_scopes[0]
-  else:
-    head = (sequence_classification.SequenceClassification if mode == "classify"
-            else question_answering.SquadSpans).head_scopes[0]
-  if head not in params:
-    raise PredictError(f"{info.path}: the checkpoint records task {info.task!r} but holds no "
-                       f"'{head}' parameters (it has {sorted(params)}).")
-  if mode == "classify":  # as many outputs as the stored head has
-    module = heads.BertForSequenceClassification(config, int(np.shape(params[head]["kernel"])[-1]))
-  elif mode in ("tag", "choose"):
-    module = plugin.model(config)
-  else:
-    module = heads.BertForQuestionAnswering(config)
-  return FinetunedModel(info, config, params, module)
-
-
-def _tagging_plugin(info: CheckpointInfo) -> token_classification.TokenClassification:
-  """The tagging plug-in a fine-tuned tagger was trained as (its tags and head settings)."""
-  meta = info.metadata
-  labels = meta.get("label_list")
-  if not labels:
-    raise PredictError(f"{info.path}: a tagger that records no tag list (task {info.task!r}).")
-  return token_classification.TokenClassification.with_head_of(
-      meta, num_labels=len(labels), task_name=str(info.task))
-
-
-def find_vocab(info: CheckpointInfo, given: vocab_files.VocabularyFiles | None = None,
-               flag: str = "--vocab_file") -> vocab_files.VocabularyFiles:
-  """The given vocabulary (refused when the model keeps another), else the one beside the
-  checkpoint (`vocab_files.resolve`). Called before any weights are read, so that a missing or
-  wrong file fails at once."""
-  try:
-    return vocab_files.resolve(given, checkpoints.vocabulary_directories(info.where), info.path,
-                               flag)
-  except ValueError as e:
-    raise PredictError(str(e)) from None
-
-
-def load_tokenizer(info: CheckpointInfo, config: configuration.BertConfig,
-                   files: vocab_files.VocabularyFiles,
-                   do_lower_case: bool | None = None) -> tokenization.Tokenizer:
-  """The tokenizer of `files` as the model's family reads them; it must fit the model."""
-  tokenizer = files.load(config.model_type, do_lower_case)
-  if tokenizer.vocab_size != config.vocab_size:
-    raise PredictError(f"The vocabulary {files.describe()} has {tokenizer.vocab_size} entries "
-                       f"but the model {info.path} {config.vocab_size}: pass the vocabulary the "
-                       "model was trained with.")
-  return tokenizer
-
-
-def run_model(module: Any, params: Any, feats: dict[str, np.ndarray], batch_size: int,
-              trim: bool, desc: str) -> Any:
-  """The module's outputs for every row of `feats`, by the inference library's forward pass
-  (data-parallel over the local devices, parameters replicated) — the one fine-tuning's
-  evaluation uses, so the outputs equal what fine-tuning computes for the same rows."""
-  predictor = inference.Predictor(module)
-  return predictor(predictor.place(params), feats, batch_size, trim=trim, desc=desc)
-
-
-def _check_length(max_seq_length: int, config: configuration.BertConfig) -> None:
-  try:
-    config.check_sequence_length(max_seq_length, "--max_seq_length")
-  except ValueError as e:
-    raise PredictError(str(e)) from e
-
-
-# -------------------------------------------------------------------------------- fill-mask
-def load_fill_mask_model(info: CheckpointInfo) -> tuple[configuration.BertConfig, Any]:
-  """The encoder and its masked-LM head, from any kind of checkpoint (a next-sentence head is
-  not needed: a Hugging Face `BertForMaskedLM` serves)."""
-  check_mode(info, "fill_mask")
-  try:
-    return checkpoints.load_masked_lm(info.where)
-  except (ValueError, FileNotFoundError) as e:
-    raise PredictError(str(e)) from e
-
-
-# ----------------------------------------------------------------------------- classification
-def split_pair(text: str, text_b: str | None = None) -> tuple[str, str | None]:
-  """`"premise ||| hypothesis"` → the two texts; a lone text stays single unless `text_b`."""
-  if text_b is not None:
-    return text, text_b
-  if PAIR_SEPARATOR in text:
-    a, b = text.split(PAIR_SEPARATOR, 1)
-    return a.strip(), b.strip()
-  return text, None
-
-
-def read_classify_tsv(path: str, has_header: str = "auto") -> list[tuple[str, str | None]]:
-  """`text` or `text<TAB>text_b` per line; a header line by fine-tuning's rule
-  (`glue.decide_header`: detected, or `--has_header`)."""
-  try:
-    return glue.read_text_tsv(path, has_header)
-  except ValueError as e:
-    raise PredictError(str(e)) from None
-
-
-def resolve_labels(model: FinetunedModel, task_name: str | None = None,
-                   label_list: Sequence[str] | None = None) -> list[str] | None:
-  """The label names in the head's order (None for regression): `--label_list`, else those of
-  `--task_name`, else the ones the checkpoint records, else those of its recorded GLUE task,
-  else class indices with a warning."""
-  num_labels = model.num_labels
-  if label_list:
-    labels = list(label_list)
-  else:
-    labels = None if task_name else model.info.metadata.get("label_list")
-  if labels is None:
-    name = task_name or model.info.task
-    if name and name.lower() != "custom":
-      try:
-        task = glue.get_task(name)
-      except ValueError as e:
-        raise PredictError(f"{model.info.path}: task {name!r}: {e} Pass --label_list.") from e
-      labels = task.label_list
-      if (1 if labels is None else len(labels)) != num_labels:
-        raise PredictError(f"{model.info.path}: task {name} has "
-                           f"{'one output' if labels is None else f'{len(labels)} labels'} but "
-                           f"the model {num_labels} outputs; pass --task_name or --label_list.")
-      return labels
-    if num_labels == 1:
-      return None
-    logging.warning("%s does not record its label names (task %r): showing class indices; "
-                    "pass --label_list=a,b,... for names.", model.info.path, name)
-    return [str(i) for i in range(num_labels)]
-  if num_labels == 1:
-    raise PredictError(f"{model.info.path} is a regression model (one output); drop "
-                       "--label_list.")
-  if len(labels) != num_labels:
-    raise PredictError(f"--label_list has {len(labels)} labels ({','.join(labels)}) but the "
-                       f"model {model.info.path} has {num_labels} outputs.")
-  return [str(label) for label in labels]
-
-
-def classify(model: FinetunedModel, tokenizer: tokenization.Tokenizer,
-             inputs: Sequence[tuple[str, str | None]], labels: list[str] | None,
-             max_seq_length: int = 128, batch_size: int = 32) -> list[dict[str, Any]]:
-  """Per input: `label`, `probability` and `probabilities` (label → probability), or `score`
-  for a regression model; encoded exactly as fine-tuning encodes its examples."""
-  _check_length(max_seq_length, model.config)
-  feats = pairs.encode_examples(tokenizer, [a for a, _ in inputs],
-                                        [b for _, b in inputs], max_seq_length)
-  feats["weight"] = np.ones(len(inputs), np.float32)
-  logits = np.asarray(run_model(model.module, model.params, feats, batch_size, trim=True,
-                                desc="classify"), np.float64)
-  results = []
-  for (a, b), row in zip(inputs, logits):
-    out: dict[str, Any] = {"text": a}
-    if b is not None:
-      out["text_b"] = b
-    if labels is None:
-      out["score"] = float(row[0])
-    else:
-      probs = np.exp(row - row.max())
-      probs /= probs.sum()
-      best = int(np.argmax(probs))
-      out.update(label=labels[best], probability=float(probs[best]),
-                 probabilities={name: float(p) for name, p in zip(labels, probs)})
-    results.append(out)
-  return results
-
-
-def format_classification(result: dict[str, Any]) -> str:
-  text = result["text"] + (f" {PAIR_SEPARATOR} {result['text_b']}" if "text_b" in result else "")
-  if "score" in result:
-    return f"{text}\n  score: {result['score']:.4f}"
-  shown = ", ".join(f"{name} {p:.1%}" for name, p in result["probabilities"].items())
-  return f"{text}\n  {result['label']} ({result['probability']:.1%})   [{shown}]"
-
-
-# ------------------------------------------------------------------------------------- SQuAD
-def question_examples(questions: Sequence[str], context: str) -> list[Any]:
-  """SQuAD examples for questions about one context (ids q1, q2, ...)."""
-  from bert_jax.tasks import squad  # pylint: disable=g-import-not-at-top
-  if not context.strip():
-    raise PredictError("The context is empty.")
-  return [squad.SquadExample(f"q{i + 1}", q, context, [], where=f"--question #{i + 1}")
-          for i, q in enumerate(questions)]
-
-
-def answer_questions(model: FinetunedModel, tokenizer: tokenization.Tokenizer,
-                     examples: Sequence[Any], *, max_seq_length: int = 384,
-                     doc_stride: int = 128, max_query_length: int = 64,
-                     max_answer_length: int = 30, n_best: int = 5,
-                     null_score_diff_threshold: float = 0.0,
-                     batch_size: int = 32) -> list[dict[str, Any]]:
-  """Per question: `answer` ("" when a SQuAD 2.0 model says there is none), its `probability`,
-  the `n_best` best candidates, and for SQuAD 2.0 `null_score_diff` (null score − best span
-  score; above `null_score_diff_threshold` means no answer). Windows, logits and selection are
-  fine-tuning's own (`squad.convert_examples_to_features`, `squad.postprocess`)."""
-  from bert_jax.tasks import squad  # pylint: disable=g-import-not-at-top
-  _check_length(max_seq_length, model.config)
-  try:
-    features = squad.convert_examples_to_features(
-        examples, tokenizer, max_seq_length=max_seq_length, doc_stride=doc_stride,
-        max_query_length=max_query_length, is_training=False)
-  except ValueError as e:
-    raise PredictError(str(e)) from e
-  # No length trimming, as in fine-tuning: the logits are then exactly fine-tuning's.
-  start_logits, end_logits = run_model(model.module, model.params, features.arrays, batch_size,
-                                       trim=False, desc="answer")
-  version_2 = model.version_2_with_negative
-  predictions, nbest, null_odds = squad.postprocess(
-      examples, features, start_logits, end_logits,
-      n_best_size=max(n_best, _SQUAD_CANDIDATES), max_answer_length=max_answer_length,
-      version_2_with_negative=version_2, null_score_diff_threshold=null_score_diff_threshold)
-  results = []
-  for example in examples:
-    answer = predictions[example.qas_id]
-    candidates = nbest[example.qas_id]
-    out = {"id": example.qas_id, "question": example.question, "answer": answer,
-           "probability": next(c["probability"] for c in candidates if c["text"] == answer),
-           "n_best": candidates[:n_best]}
-    if version_2:
-      diff = null_odds[example.qas_id]
-      out["null_score_diff"] = diff if math.isfinite(diff) else 1e30
-      out["has_answer"] = bool(answer)
-    results.append(out)
-  return results
-
-
-def format_answer(result: dict[str, Any], threshold: float = 0.0) -> str:
-  lines = [f"[{result['id']}] {result['question']}"]
-  shown = result["answer"] if result["answer"] else "(no answer)"
-  lines.append(f"  answer: {shown} ({result['probability']:.1%})")
-  if "null_score_diff" in result:
-    diff = result["null_score_diff"]
-    relation = ">" if diff > threshold else "<="
-    lines.append(f"  null score - best span score = {diff:.3f} {relation} threshold "
-                 f"{threshold:g}: {'answerable' if result['has_answer'] else 'no answer'}")
-  for i, candidate in enumerate(result["n_best"], 1):
-    lines.append(f"  {i}. {candidate['text'] or '(no answer)'}  {candidate['probability']:.1%}")
-  return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------- tagging
-def sentences_from_text(texts: Sequence[str], source: str = "--text") -> list[Any]:
-  """Raw text → sentences of words (`conll.split_words`, CoNLL-style: punctuation apart), one
-  per non-empty line; a blank line starts a new document (what document context reads)."""
-  sentences, document, line_number = [], 0, 0
-  for text in texts:
-    for line in text.split("\n"):
-      line_number += 1
-      words = conll.split_words(line)
-      if not words:
-        document += bool(sentences)
-        continue
-      sentences.append(conll.Sentence(words=tuple(words), labels=None, document=document,
-                                      source=f"{source}:{line_number}", original_labels=None))
-  return sentences
-
-
-def tag(model: FinetunedModel, tokenizer: tokenization.Tokenizer, sentences: Sequence[Any],
-        max_seq_length: int = 128, batch_size: int = 32) -> list[dict[str, Any]]:
-  """Per sentence: its `words`, one `tags` entry per word (IOB2), each tag's `probability`,
-  and the `entities` (type, text, first and last word) as conlleval reads the tags. Windows and
-  document context are fine-tuning's own, so the tags equal its prediction files'."""
-  _check_length(max_seq_length, model.config)
-  if not sentences:
-    raise PredictError("No words to tag.")
-  labels = list(model.info.metadata["label_list"])
-  features = conll.convert_to_features(
-      sentences, tokenizer, labels, max_seq_length,
-      document_context=bool(model.info.metadata.get("document_context", False)), progress=False)
-  logits = np.asarray(run_model(model.module, model.params, features.arrays, batch_size,
-                                trim=False, desc="tag"), np.float64)
-  predicted = np.argmax(logits, axis=-1)
-  tags = conll.words_from_predictions(features, predicted, labels)
-  probs = np.exp(logits - logits.max(-1, keepdims=True))
-  probs = (probs / probs.sum(-1, keepdims=True)).max(-1)
-  word_probability = [[0.0] * n for n in features.num_words]
-  for row, sentence in enumerate(features.sentence_index):
-    for position in np.flatnonzero(features.word_index[row] >= 0):
-      word_probability[sentence][features.word_index[row, position]] = float(probs[row, position])
-  results = []
-  for i, sentence in enumerate(sentences):
-    entities = [{"type": kind, "text": " ".join(sentence.words[first:last + 1]),
-                 "first_word": first, "last_word": last}
-                for kind, first, last in conlleval.chunks(tags[i])]
-    results.append({"words": list(sentence.words), "tags": tags[i],
-                    "probabilities": word_probability[i], "entities": entities})
-  return results
-
-
-def format_tags(result: dict[str, Any]) -> str:
-  lines = [" ".join(f"{w}/{t}" if t != "O" else w for w, t in zip(result["words"], result["tags"]))]
-  for entity in result["entities"]:
-    lines.append(f"  {entity['type']}: {entity['text']}")
-  return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------- multiple choice
-def choose(model: FinetunedModel, tokenizer: tokenization.Tokenizer, examples: Sequence[Any],
-           max_seq_length: int = 128, batch_size: int = 32) -> list[dict[str, Any]]:
-  """Per example: the `choice` (index of the most probable ending), its `ending` and every
-  ending's `probabilities`, paired as fine-tuning pairs them (`swag.featurize`)."""
-  _check_length(max_seq_length, model.config)
-  wanted = int(model.info.metadata.get("num_choices") or 0)
-  for example in examples:
-    if wanted and len(example.endings) != wanted:
-      raise PredictError(f"{example.source}: {len(example.endings)} endings, but the model "
-                         f"{model.info.path} chooses among {wanted}.")
-  feats = swag.featurize(examples, tokenizer, max_seq_length)
-  logits = np.asarray(run_model(model.module, model.params, feats, batch_size, trim=True,
-                                desc="choose"), np.float64)
-  results = []
-  for example, row in zip(examples, logits):
-    probs = np.exp(row - row.max())
-    probs /= probs.sum()
-    best = int(np.argmax(probs))
-    out = {"id": example.example_id, "context": example.context,
-           "endings": [" ".join(p for p in (example.start, e) if p) for e in example.endings],
-           "choice": best, "probabilities": [float(p) for p in probs]}
-    out["ending"] = out["endings"][best]
-    if example.label is not None:
-      out["label"] = int(example.label)
-    results.append(out)
-  return results
-
-
-def format_choice(result: dict[str, Any]) -> str:
-  lines = [f"[{result['id']}] {result['context']}"]
-  for i, (ending, p) in enumerate(zip(result["endings"], result["probabilities"])):
-    mark = "*" if i == result["choice"] else " "
-    lines.append(f" {mark}{i}. {ending}  {p:.1%}")
-  return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------ command line
 FLAGS = flags.FLAGS
+MODES = ("fill_mask", *(kind.mode for kind in registry.KINDS))
+PAIR_SEPARATOR = classification.PAIR_SEPARATOR
 
 # Flags that only some modes read: given with another mode they are a mistake, not a no-op.
 _MODE_FLAGS = {"text": ("fill_mask", "classify", "tag"), "top_k": ("fill_mask",),
@@ -589,17 +136,16 @@ def _classify_inputs() -> list[tuple[str, str | None]]:
   if FLAGS.text_b and len(FLAGS.text_b) != len(FLAGS.text):
     raise app.UsageError(f"{len(FLAGS.text_b)} --text_b for {len(FLAGS.text)} --text: give one "
                          "per --text (or write pairs as --text='a ||| b').")
-  inputs = [split_pair(t, FLAGS.text_b[i] if FLAGS.text_b else None)
+  inputs = [classification.split_pair(t, FLAGS.text_b[i] if FLAGS.text_b else None)
             for i, t in enumerate(FLAGS.text)]
   if FLAGS.input_file:
-    inputs += read_classify_tsv(FLAGS.input_file, FLAGS.has_header)
+    inputs += classification.read_classify_tsv(FLAGS.input_file, FLAGS.has_header)
   if not inputs:
     raise app.UsageError("--mode=classify needs --text or --input_file.")
   return inputs
 
 
 def _qa_examples() -> list[Any]:
-  from bert_jax.tasks import squad  # pylint: disable=g-import-not-at-top
   examples = []
   if FLAGS.question and FLAGS.input_file:
     raise app.UsageError("Give --question (with --context) or --input_file, not both.")
@@ -608,14 +154,14 @@ def _qa_examples() -> list[Any]:
       raise app.UsageError("--question needs exactly one of --context and --context_file.")
     context = (FLAGS.context if FLAGS.context is not None
                else file_io.read_text(FLAGS.context_file).rstrip("\n"))
-    examples += question_examples(FLAGS.question, context)
+    examples += squad_predict.question_examples(FLAGS.question, context)
   elif FLAGS.context is not None or FLAGS.context_file:
     raise app.UsageError("--context / --context_file need at least one --question.")
   if FLAGS.input_file:
     try:
       examples += squad.read_squad_json(FLAGS.input_file)
     except ValueError as e:
-      raise PredictError(str(e)) from e
+      raise finetuned.PredictError(str(e)) from e
   if not examples:
     raise app.UsageError("--mode=qa needs --question with --context (or --context_file), or "
                          "--input_file in the SQuAD JSON layout.")
@@ -624,9 +170,9 @@ def _qa_examples() -> list[Any]:
 
 def _tag_inputs() -> list[Any]:
   texts = list(FLAGS.text)
-  sentences = sentences_from_text(texts) if texts else []
+  sentences = tagging.sentences_from_text(texts) if texts else []
   if FLAGS.input_file:
-    more = sentences_from_text([file_io.read_text(FLAGS.input_file)], FLAGS.input_file)
+    more = tagging.sentences_from_text([file_io.read_text(FLAGS.input_file)], FLAGS.input_file)
     offset = 1 + max((s.document for s in sentences), default=-1)
     sentences += [dataclasses.replace(s, document=s.document + offset) for s in more]
   if not sentences:
@@ -649,7 +195,7 @@ def _choice_inputs() -> list[Any]:
       else:
         examples += swag.read_swag_csv(FLAGS.input_file)
     except ValueError as e:
-      raise PredictError(str(e)) from e
+      raise finetuned.PredictError(str(e)) from e
   if not examples:
     raise app.UsageError("--mode=choose needs --context with --ending, or --input_file (SWAG "
                          "CSV or HellaSwag JSONL).")
@@ -669,7 +215,7 @@ def _emit(results: list[dict[str, Any]], formatted: list[str]) -> None:
 
 def run_from_flags() -> None:
   """Every check that needs no weights first (mode, flags, vocabulary), then load and predict."""
-  info = inspect_checkpoint(FLAGS.checkpoint)
+  info = finetuned.inspect_checkpoint(FLAGS.checkpoint)
   mode = info.mode if FLAGS.mode == "auto" else FLAGS.mode
   # A fine-tuned model records how it was fed: its values are the defaults, flags override.
   setting = {name: (info.metadata[name] if info.metadata.get(name) is not None
@@ -683,46 +229,44 @@ def run_from_flags() -> None:
       raise app.UsageError(f"--{name} is for --mode={' or '.join(modes)}, not --mode={mode}"
                            f"{why}.")
   # The vocabulary is checked before any weights are read.
-  files = find_vocab(info, cli.vocabulary_from_flags(),
-                     "--spm_model_file" if FLAGS.spm_model_file else "--vocab_file")
+  files = finetuned.find_vocab(info, cli.vocabulary_from_flags(),
+                               "--spm_model_file" if FLAGS.spm_model_file else "--vocab_file")
   if mode == "fill_mask":
     texts = _texts_from_flags()
     if not texts:
       raise app.UsageError("--mode=fill_mask needs --text (or --input_file).")
-    config, params = load_fill_mask_model(info)
-    tokenizer = load_tokenizer(info, config, files, setting["do_lower_case"])
+    config, params = finetuned.load_fill_mask_model(info)
+    tokenizer = finetuned.load_tokenizer(info, config, files, setting["do_lower_case"])
     predictions = inference.fill_mask(config, params, tokenizer, texts, FLAGS.top_k)
     # One object per input, like the other modes: `--output_file` and `--json` alike.
     _emit([{"text": t, "predictions": p} for t, p in zip(texts, predictions)],
           [inference.format_fill_mask(t, p) for t, p in zip(texts, predictions)])
     return
-  if mode in ("tag", "choose"):
-    inputs = _tag_inputs() if mode == "tag" else _choice_inputs()
-    model = load_finetuned(info, mode)
-    tokenizer = load_tokenizer(info, model.config, files, setting["do_lower_case"])
-    length = setting["max_seq_length"] or 128
-    if mode == "tag":
-      results = tag(model, tokenizer, inputs, length, FLAGS.batch_size)
-      _emit(results, [format_tags(r) for r in results])
-    else:
-      results = choose(model, tokenizer, inputs, length, FLAGS.batch_size)
-      _emit(results, [format_choice(r) for r in results])
-    return
-  inputs = _classify_inputs() if mode == "classify" else _qa_examples()
-  model = load_finetuned(info, mode)
-  tokenizer = load_tokenizer(info, model.config, files, setting["do_lower_case"])
+  inputs = {"classify": _classify_inputs, "qa": _qa_examples, "tag": _tag_inputs,
+            "choose": _choice_inputs}[mode]()
+  model = finetuned.load_finetuned(info, mode)
+  tokenizer = finetuned.load_tokenizer(info, model.config, files, setting["do_lower_case"])
+  length = registry.for_mode(mode).max_length(setting["max_seq_length"])
   if mode == "classify":
-    labels = resolve_labels(model, FLAGS.task_name, FLAGS.label_list)
-    results = classify(model, tokenizer, inputs, labels, setting["max_seq_length"] or 128,
-                       FLAGS.batch_size)
-    _emit(results, [format_classification(r) for r in results])
-    return
-  results = answer_questions(
-      model, tokenizer, inputs, max_seq_length=setting["max_seq_length"] or 384,
-      doc_stride=setting["doc_stride"], max_query_length=setting["max_query_length"],
-      max_answer_length=FLAGS.max_answer_length, n_best=FLAGS.n_best,
-      null_score_diff_threshold=FLAGS.null_score_diff_threshold, batch_size=FLAGS.batch_size)
-  _emit(results, [format_answer(r, FLAGS.null_score_diff_threshold) for r in results])
+    labels = classification.resolve_labels(model, FLAGS.task_name, FLAGS.label_list)
+    results = classification.classify(model, tokenizer, inputs, labels, length,
+                                      FLAGS.batch_size)
+    formatted = [classification.format_classification(r) for r in results]
+  elif mode == "qa":
+    results = squad_predict.answer_questions(
+        model, tokenizer, inputs, max_seq_length=length, doc_stride=setting["doc_stride"],
+        max_query_length=setting["max_query_length"], max_answer_length=FLAGS.max_answer_length,
+        n_best=FLAGS.n_best, null_score_diff_threshold=FLAGS.null_score_diff_threshold,
+        batch_size=FLAGS.batch_size)
+    formatted = [squad_predict.format_answer(r, FLAGS.null_score_diff_threshold)
+                 for r in results]
+  elif mode == "tag":
+    results = tagging.tag(model, tokenizer, inputs, length, FLAGS.batch_size)
+    formatted = [tagging.format_tags(r) for r in results]
+  else:
+    results = multiple_choice.choose(model, tokenizer, inputs, length, FLAGS.batch_size)
+    formatted = [multiple_choice.format_choice(r) for r in results]
+  _emit(results, formatted)
 
 
 def main(argv):

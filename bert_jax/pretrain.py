@@ -54,7 +54,10 @@ def main(argv):
     raise app.UsageError("--config is required.")
   if FLAGS.compile_for:
     cli.quiet_unless_verbose()
-    compile_for_slices(FLAGS.config, FLAGS.compile_for, FLAGS.start_step)
+    from bert_jax.runs import compile_check  # pylint: disable=g-import-not-at-top
+    compile_check.check_slices(FLAGS.config, FLAGS.compile_for,
+                               config_flags.get_config_filename(FLAGS["config"]),
+                               steps=int(FLAGS.config.train_until_step) - FLAGS.start_step)
     return
   if FLAGS.workdir is None:
     raise app.UsageError("--workdir is required.")
@@ -69,27 +72,6 @@ def main(argv):
                 f"{out['analytic_flops_per_step'] / 1e12:.2f} TFLOP)")
     return
   pretraining.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-
-
-def compile_for_slices(config, accelerators, start_step: int = 0) -> None:
-  """`--compile_for`: the compile check of each slice; any that does not fit fails the run."""
-  from bert_jax.runs import compile_check  # pylint: disable=g-import-not-at-top
-  name = config_flags.get_config_filename(flags.FLAGS["config"])
-  refused = []
-  for accelerator in accelerators:
-    metrics.log(f"compiling {name} for {accelerator} (a minute or a few for a full-size "
-                f"model)...")
-    try:
-      report = compile_check.check(config, accelerator, config_name=name,
-                                   steps=int(config.train_until_step) - start_step)
-    except compile_check.DoesNotFit as e:
-      refused.append(f"{accelerator}: {e}")
-      metrics.log(f"DOES NOT FIT {accelerator}: {e}")
-      continue
-    for line in report.lines():
-      metrics.log(line)
-  if refused:
-    raise ValueError("the step does not fit " + "; ".join(refused))
 
 
 if __name__ == "__main__":

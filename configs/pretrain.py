@@ -34,6 +34,34 @@ Variants (after the colon):
                 on the explicit path the fast recipe measured 1.18x the paper's at base/128 and
                 1.63x at large/512 on an H100. Hidden-state dropout stays 0.1.
 
+What to expect — the published results of a model pre-trained with each recipe (read after
+fine-tuning it), the wall time its paper reports, and the lower bound on wall time that compiling
+the step for today's slices projects (compute at peak plus the gradient all-reduce at ICI speed;
+no input or host time; `python -m bert_jax.pretrain --config=configs/pretrain.py:<variant>
+--compile_for=v4-32` prints it, and benchmarks/RESULTS.md "TPU slices ahead of time" has the
+table for v4-32, v5p-64, v5litepod-16 and v6e-64, with accumulation where a step does not fit):
+  base + base_phase2   GLUE test average 79.6, MNLI 84.6/83.4, SQuAD v1.1 dev F1 88.5 (Devlin et
+                al. 2019, Tables 1-2). Paper: 4 days on 16 TPU chips (Appendix A.2).
+                Bound: 0.06 + 0.02 days on v4-32.
+  large + large_phase2   GLUE 82.1, MNLI 86.7/85.9, SQuAD v1.1 F1 90.9. Paper: 4 days on 64
+                chips. Bound: 0.20 + 0.08 days on v4-32 (phase 2 with accumulation 2).
+  tiny          20,000 steps of 64 sequences, 13x the demo's: hours on 2 CPU cores, minutes
+                on a GPU; a check of data and settings on a small model, not one to publish.
+  demo          held-out masked-LM accuracy 24.7% against 6.9% for always guessing the most
+                frequent masked token (3.6x), in 10.3 minutes on 2 idle CPU cores (RESULTS.md
+                "make demo"; 2.5-3.6x across seeds and machines).
+  roberta_base  fairseq's RoBERTa-base: dev MNLI 87.6, QNLI 92.8, SST-2 94.8. Bound: 3.7 days
+                on v4-32 (accumulation 32), 1.0 day on v5p-64 (accumulation 4).
+  albert_base, albert_large   ALBERT v1 (Lan et al. 2020, Table 2): base SQuAD v1.1 F1 89.3,
+                MNLI 81.6; large 90.6, 83.5. Bound: 0.40 / 1.37 days on v4-32 (accumulation 8 /
+                16), 0.12 / 0.41 on v5p-64.
+  spanbert_base Bound: 0.56 days on v4-32, 0.18 on v5p-64 (2.4M steps of 256 x 512).
+  electra_small, electra_base, electra_large   GLUE dev 79.9 (Small: 4 days on one V100) and
+                85.1 (Base) in Clark et al. 2020, Table 1. Bound: 0.01 / 0.19 / 2.79 days on
+                v4-32 (Large with accumulation 16), Large 0.74 on v5p-64.
+A bound is the fastest the step could run; measured steps on GPUs reach 25-37% of peak
+(benchmarks/RESULTS.md), so expect the wall time to be a few times the bound.
+
 Any field can be changed on the command line: `--config.global_batch_size=512`,
 `--config.mesh_shape=-1,1,1` (all devices, data parallel), `--config.model.dtype=bfloat16`,
 `--config.model.scan_layers=True --config.model.remat_policy=dots`.

@@ -20,7 +20,7 @@ shard.
 Step (2) runs on whole arrays, not per line or per instance: lines are tokenized a block at a
 time, the sentence pairs of every document and pass are built together (`instances.py`), and
 2048 instances at a time are cut out of the token array, masked (`bert_jax/text/masking.py`),
-serialised (`bert_jax/text/features.py`) and framed (`records.py`) with array operations — which is
+serialised and framed (`bert_jax/data/tfrecords.py`) with array operations — which is
 what makes it tens of times faster per core than the original.
 
 `--masking=static` writes the seven features of the original, masked `--dupe_factor` (10)
@@ -74,8 +74,8 @@ import numpy as np
 from bert_jax.text import features as features_lib
 from bert_jax import file_io
 from bert_jax.data import packing as packing_lib
-from bert_jax.text import masking, tokenization
-from bert_jax.training import workdir_lock
+from bert_jax.data import tfrecords
+from bert_jax.text import masking, tokenization, unknown_tokens
 from data_prep import corpus_io, instances as instances_lib, records
 # pylint: enable=g-import-not-at-top
 
@@ -132,7 +132,7 @@ def define_flags() -> None:
                       "Local directory for the split step (default: system tmp). A run's "
                       "bert_jax_split_<pid>_* folder there is removed at its end, and one left by "
                       "a killed run is removed by the next run.")
-  flags.DEFINE_float("max_unknown_rate", tokenization.MAX_UNKNOWN_RATE,
+  flags.DEFINE_float("max_unknown_rate", unknown_tokens.MAX_UNKNOWN_RATE,
                      "Stop when more than this share of a shard's word pieces are [UNK]: the "
                      "vocabulary does not fit the text (1 turns the check off).")
   flags.DEFINE_bool("packing", False,
@@ -387,7 +387,7 @@ def make_split_dir(tmp_dir: str | None) -> str:
     if not name.startswith(SPLIT_DIR_PREFIX):
       continue
     pid = name[len(SPLIT_DIR_PREFIX):].split("_", 1)[0]
-    if pid.isdigit() and int(pid) != os.getpid() and not workdir_lock.pid_alive(int(pid)):
+    if pid.isdigit() and int(pid) != os.getpid() and not file_io.pid_alive(int(pid)):
       logging.info("Removing %s, left by an interrupted run (process %s).", name, pid)
       shutil.rmtree(os.path.join(base, name), ignore_errors=True)
   return tempfile.mkdtemp(prefix=f"{SPLIT_DIR_PREFIX}{os.getpid()}_", dir=base)
@@ -492,7 +492,7 @@ def load_shard_documents(bucket_paths: list[str], tokenizer: tokenization.Tokeni
     text = block[:-1] if block.endswith("\n") else block  # its last line is the blank one
     line_chars = np.fromiter(map(len, text.split("\n")), np.int64)
     ids, counts = tokenizer.encode_lines(text)
-    unknown, pieces = tokenization.count_unknown(tokenizer, ids)
+    unknown, pieces = unknown_tokens.count_unknown(tokenizer, ids)
     stats["unknown_pieces"] += unknown
     stats["pieces"] += pieces
     blank = line_chars == 0
@@ -539,10 +539,10 @@ def process_shard(task: dict[str, Any]) -> dict[str, Any]:
   stats = new_shard_stats()
   documents = load_shard_documents(task["bucket_paths"], tokenizer, max_seq_length - 3, stats,
                                    on_bytes=lambda n: _report("shard", 0.5 * n))
-  tokenization.check_unknown_rate(
+  unknown_tokens.check_unknown_rate(
       tokenizer, stats["unknown_pieces"], stats["pieces"],
       f"{settings['input_file']} (the documents of shard {task['shard']})",
-      max_rate=task.get("max_unknown_rate", tokenization.MAX_UNKNOWN_RATE),
+      max_rate=task.get("max_unknown_rate", unknown_tokens.MAX_UNKNOWN_RATE),
       override="pass --max_unknown_rate=1")
   pair_rng, mask_rng = shard_seeds(settings["random_seed"], task["shard"])
   mode = settings.get("sequence_mode", PAIRS)
@@ -618,8 +618,8 @@ def process_shard(task: dict[str, Any]) -> dict[str, Any]:
                                       layout.offset[which],
                                       int(layout.row[which[-1]] - first_row + 1), per_row,
                                       max_predictions)
-      buffer, ends = features_lib.encode_examples_flat(
-          batch, schema, prefix=records.frame_header, reserve_after=records.FRAME_AFTER)
+      buffer, ends = tfrecords.encode_examples_flat(
+          batch, schema, prefix=tfrecords.frame_header, reserve_after=tfrecords.FRAME_AFTER)
       writer.write_framed(buffer, ends)
       _report("shard", 0.5 * shard_bytes * len(rows) / instances.size)
     stats["seconds"] = round(time.time() - started, 3)
@@ -715,7 +715,7 @@ def create_pretraining_data(settings: dict[str, Any], output_file: str | None = 
                             output_dir: str | None = None, num_output_shards: int = 8,
                             num_workers: int = 1, tmp_dir: str | None = None,
                             show_progress: bool = True,
-                            max_unknown_rate: float = tokenization.MAX_UNKNOWN_RATE
+                            max_unknown_rate: float = unknown_tokens.MAX_UNKNOWN_RATE
                             ) -> dict[str, Any]:
   """The whole run; returns the summary (also printed and written beside the output)."""
   started = time.time()

@@ -1,16 +1,16 @@
 """Writing TFRecord files without TensorFlow, under a temporary name until complete.
 
-A TFRecord is `uint64 length, uint32 masked_crc32c(length), data, uint32 masked_crc32c(data)`,
-little-endian; the framing and checksum are those of `bert_jax/data/tfrecords.py`, which also
-reads it. Writing it here instead of through `tf.io.TFRecordWriter` keeps data-prep workers free of TensorFlow (~3 s and ~400 MB each to import). CRC32C comes from `google-crc32c`
-(C, and already on every Cloud TPU VM with the GCS client); if that is missing, TensorFlow's writer
-is used. A shard is written as `NAME.tmp-<pid>` and renamed to `NAME` only once it is complete,
-so a crash never leaves a half-written file under a name that a rerun or a reader would trust.
+The record format (Example protos, the TFRecord framing and its checksums) is
+`bert_jax/data/tfrecords.py`'s, which also reads it; this module owns the files. Writing them
+here instead of through `tf.io.TFRecordWriter` keeps data-prep workers free of TensorFlow (~3 s
+and ~400 MB each to import). CRC32C comes from `google-crc32c` (C, and already on every Cloud TPU
+VM with the GCS client); if that is missing, TensorFlow's writer is used. A shard is written as
+`NAME.tmp-<pid>` and renamed to `NAME` only once it is complete, so a crash never leaves a
+half-written file under a name that a rerun or a reader would trust.
 
-`write_framed` takes a whole batch at once, as `features.encode_examples_flat` lays it out with
-the framing in place (`frame_header` gives each record's length and its checksum, and room is
-left for the checksum after it): the batch goes out in one write, and one checksum call per
-record is the only work done per record.
+`write_framed` takes a whole batch at once, as `tfrecords.encode_examples_flat` lays it out
+with the framing in place (`tfrecords.frame_header` before each record, room for the checksum
+after it, filled by `tfrecords.fill_checksums`): the batch goes out in one write.
 """
 
 from __future__ import annotations
@@ -21,14 +21,8 @@ import struct
 import numpy as np
 
 from bert_jax import file_io
-from bert_jax.data.tfrecords import FRAME_AFTER, FRAME_BEFORE, MASK_DELTA, masked_crc32c
-
-try:
-  import google_crc32c  # pylint: disable=g-import-not-at-top
-except ImportError:  # pragma: no cover - exercised only where the package is missing
-  google_crc32c = None
-
-_MASK_DELTA = MASK_DELTA
+from bert_jax.data import tfrecords
+from bert_jax.data.tfrecords import FRAME_AFTER, FRAME_BEFORE, masked_crc32c
 
 
 def temporary_name(path: str) -> str:
@@ -39,17 +33,6 @@ def is_temporary_name(path: str) -> bool:
   return ".tmp-" in os.path.basename(path)
 
 
-def frame_header(lengths: np.ndarray) -> np.ndarray:
-  """The (records, 12) bytes before each record: its length and the masked checksum of that."""
-  lengths = np.asarray(lengths).astype("<u8").reshape(-1)
-  distinct, which = np.unique(lengths, return_inverse=True)
-  header = np.empty((lengths.size, FRAME_BEFORE), np.uint8)
-  header[:, :8] = lengths.view(np.uint8).reshape(-1, 8)
-  crcs = np.array([masked_crc32c(struct.pack("<Q", int(n))) for n in distinct], "<u4")
-  header[:, 8:] = crcs[which].view(np.uint8).reshape(-1, 4)
-  return header
-
-
 class TFRecordWriter:
   """`with TFRecordWriter(path) as w: w.write(record)`; the file appears at `path` on success."""
 
@@ -57,7 +40,7 @@ class TFRecordWriter:
     self.path = path
     self.tmp_path = temporary_name(path)
     self._tf_writer = None
-    if google_crc32c is None:
+    if not tfrecords.FAST_CRC32C:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       self._tf_writer = tf.io.TFRecordWriter(self.tmp_path)
     elif file_io.is_remote(path):
@@ -87,27 +70,20 @@ class TFRecordWriter:
 
   def write_framed(self, buffer: np.ndarray, ends: np.ndarray) -> None:
     """Writes records laid out back to back in `buffer` (uint8), each with its header made by
-    `frame_header` before it and `FRAME_AFTER` bytes of room after it (`ends`: where each
-    one's room ends), as `features.encode_examples_flat(..., prefix=frame_header,
+    `tfrecords.frame_header` before it and `FRAME_AFTER` bytes of room after it (`ends`: where
+    each one's room ends), as `tfrecords.encode_examples_flat(..., prefix=frame_header,
     reserve_after=FRAME_AFTER)` lays them out. Fills in the checksums in place."""
     ends = np.asarray(ends, np.int64)
     if not ends.size:
       return
     self.records_written += int(ends.size)
     self.bytes_written += int(ends[-1])
-    data_starts = np.concatenate([[0], ends[:-1]]) + FRAME_BEFORE
-    data_ends = ends - FRAME_AFTER
     if self._tf_writer is not None:
+      data_starts, data_ends = tfrecords.data_bounds(ends)
       for s, e in zip(data_starts.tolist(), data_ends.tolist()):
         self._tf_writer.write(buffer[s:e].tobytes())
       return
-    data = buffer.tobytes()
-    value = google_crc32c.value
-    crcs = np.fromiter(map(value, map(data.__getitem__, map(slice, data_starts.tolist(),
-                                                              data_ends.tolist()))),
-                       np.uint32, count=ends.size)
-    masked = (((crcs >> 15) | (crcs << 17)) + np.uint32(_MASK_DELTA)).astype("<u4")
-    buffer[data_ends[:, None] + np.arange(4)] = masked.view(np.uint8).reshape(-1, 4)
+    tfrecords.fill_checksums(buffer, ends)
     self._flush()
     self._file.write(buffer.tobytes() if file_io.is_remote(self.path) else buffer)
 

@@ -54,8 +54,8 @@ spaCy splits paragraphs into sentences), and then each document is its own unit 
 spaCy is heavy and pins its own numpy, so it lives in its own environment (`make task-corpora`
 builds `.venv-spacy`), and building needs nothing else there: the standard library, and spaCy
 inside `load_tagger`. The baselines (`--baseline`) need no spaCy and run in the project's
-environment: they read the files with the fine-tuner's reader (`bert_jax.tasks.conll`) and
-score with conlleval's rules (`bert_jax.tasks.conlleval`).
+environment: they read the files with the fine-tuner's reader (`bert_jax.tasks.tagging.data`) and
+score with conlleval's rules (`bert_jax.tasks.tagging.metrics`).
 
     .venv-spacy/bin/python -m data_prep.silver_ner --output_dir=data/silver_ner
     .venv/bin/python -m data_prep.silver_ner --baseline --output_dir=data/silver_ner --show=20
@@ -542,12 +542,12 @@ def build(output_dir: str, source: Sequence[SourceDocument], source_description:
 
 # ---------------------------------------------------------------------------------------------
 # Baselines. They read the files with the fine-tuner's own reader and score with conlleval's
-# rules (`bert_jax.tasks.conll`, `bert_jax.tasks.conlleval`), so they run in the project's
+# rules (`bert_jax.tasks.tagging.data`, `bert_jax.tasks.tagging.metrics`), so they run in the project's
 # environment, not in the spaCy one; the imports are inside the functions for that reason.
 
 def _entities(tags: Sequence[str]) -> list[Span]:
   """[start, end) entity spans of a tag sequence, by conlleval's rules."""
-  from bert_jax.tasks import conlleval  # pylint: disable=import-outside-toplevel
+  from bert_jax.tasks.tagging import metrics as conlleval  # pylint: disable=import-outside-toplevel
   return [(first, last + 1, kind) for kind, first, last in conlleval.chunks(tags)]
 
 
@@ -606,7 +606,7 @@ def word_majority_baseline(lexicon: dict[str, str], words: Sequence[str]) -> lis
 
 def score(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict[str, float]:
   """conlleval's entity-level precision, recall and F1, in percent as the script prints them."""
-  from bert_jax.tasks import conlleval  # pylint: disable=import-outside-toplevel
+  from bert_jax.tasks.tagging import metrics as conlleval  # pylint: disable=import-outside-toplevel
   scores = conlleval.evaluate(gold, predicted)
   return {"precision": round(100 * scores.precision, 2), "recall": round(100 * scores.recall, 2),
           "f1": round(100 * scores.f1, 2)}
@@ -616,7 +616,7 @@ def read_split_sentences(output_dir: str, split: str
                          ) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
   """(words, tags as written) of a split, read by the fine-tuner's reader (which also checks every
   tag against CoNLL-2003's label list)."""
-  from bert_jax.tasks import conll  # pylint: disable=import-outside-toplevel
+  from bert_jax.tasks.tagging import data as conll  # pylint: disable=import-outside-toplevel
   sentences = conll.read_conll(os.path.join(output_dir, SPLIT_FILES[split]), scheme="iob1",
                                label_list=conll.CONLL2003_LABELS)
   return [(s.words, s.original_labels) for s in sentences]
@@ -643,7 +643,7 @@ def baselines(output_dir: str) -> dict[str, dict[str, dict[str, float] | float]]
   with open(summary_path, encoding="utf-8") as f:
     summary = json.load(f)
   summary["baselines"] = results
-  summary["baselines_scorer"] = "bert_jax.tasks.conlleval (the rules of CoNLL's conlleval script)"
+  summary["baselines_scorer"] = "bert_jax.tasks.tagging.metrics (the rules of CoNLL's conlleval script)"
   write_text_atomic(summary_path, json.dumps(summary, indent=2) + "\n")
   return results
 

@@ -18,9 +18,10 @@ creating pre-training data. Input lines are sentences; blank lines are skipped.
 
 `--flavour=albert` gives a SentencePiece model in ALBERT's layout instead (<pad> = 0, <unk> = 1,
 [CLS], [SEP], [MASK] at 2-4), trained on text cleaned as ALBERT's tokenizer cleans it
-(`tokenization.albert_preprocess`: accents dropped, and lower-cased with --do_lower_case); load it
-with `load_tokenizer(spm_model_file=..., flavour="albert")`. `--model_type=byte_bpe` writes
-RoBERTa's layout (<s>, <pad>, </s>, <unk> at 0-3, <mask> last); it never lower-cases.
+(`sentencepiece_tokenizer.albert_preprocess`: accents dropped, and lower-cased with
+--do_lower_case); load it with `load_tokenizer(spm_model_file=..., flavour="albert")`.
+`--model_type=byte_bpe` writes RoBERTa's layout (<s>, <pad>, </s>, <unk> at 0-3, <mask> last); it
+never lower-cases.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ if __package__ in (None, ""):  # run as a script: make `bert_jax` / `data_prep` 
 from absl import app, flags
 
 from bert_jax import file_io
-from bert_jax.text import bpe, tokenization
+from bert_jax.text import bpe, sentencepiece_tokenizer, tokenization, wordpiece
 from data_prep import corpus_io
 # pylint: enable=g-import-not-at-top
 
@@ -84,7 +85,7 @@ def train_sentencepiece(input_files: list[str], output_prefix: str, model_type: 
   pad_piece, unk_piece = PAD_UNK_PIECES[flavour]
   sentences = iter_sentences(input_files, decode_errors)
   if flavour == "albert":
-    sentences = (tokenization.albert_preprocess(s, do_lower_case) for s in sentences)
+    sentences = (sentencepiece_tokenizer.albert_preprocess(s, do_lower_case) for s in sentences)
   elif do_lower_case:
     sentences = (s.lower() for s in sentences)
   with tempfile.TemporaryDirectory(prefix="bert_jax_spm_") as tmp:
@@ -147,11 +148,11 @@ def main(argv):
     if FLAGS.model_type == "wordpiece":
       path = train_wordpiece(input_files, FLAGS.output_prefix, FLAGS.vocab_size,
                              FLAGS.do_lower_case, FLAGS.decode_errors)
-      tokenizer = tokenization.WordPieceTokenizer(path, do_lower_case=FLAGS.do_lower_case)
+      tokenizer = wordpiece.WordPieceTokenizer(path, do_lower_case=FLAGS.do_lower_case)
     elif FLAGS.model_type == "byte_bpe":
       path, merges_file = train_byte_level_bpe(input_files, FLAGS.output_prefix,
                                                FLAGS.vocab_size, FLAGS.decode_errors)
-      tokenizer = tokenization.ByteLevelBPETokenizer(path, merges_file)
+      tokenizer = bpe.ByteLevelBPETokenizer(path, merges_file)
     else:
       path = train_sentencepiece(input_files, FLAGS.output_prefix, FLAGS.model_type,
                                  FLAGS.vocab_size, FLAGS.do_lower_case, FLAGS.max_sentences,

@@ -11,6 +11,18 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tests run on the CPU's fake devices. With libtpu installed (for the ahead-of-time TPU
+# compiles), JAX would otherwise probe for a TPU in every process a test starts, seconds each.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# JAX's persistent compilation cache, set before JAX starts so that every subprocess a test runs
+# inherits it: the same tiny models compile in many tests, and a second run of the suite finds
+# them all. Kept between runs in the repository's .cache/ (ignored by git).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax-tests"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
+# A size limit turns on the cache's file lock, so that the two workers of `make test` and the
+# commands they start read and write entries safely side by side.
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 
 
 import pytest  # noqa: E402  (after the environment above, which must precede any JAX import)

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from bert_jax.data import tfrecords
 from bert_jax.text import features
 from tests import helpers
 
@@ -27,7 +28,8 @@ def write_records(directory: str, num_files: int = 4, per_file: int = 48, seed: 
                                      "next_sentence_labels")}
       batch["input_ids"][:, 0] = 2  # [CLS]
       batch["word_starts"] = (rng.rand(per_file, SEQ) < 0.7).astype(np.int64)
-    records = features.encode_examples(batch, features.pretraining_features(SEQ, PRED, masking))
+    records = tfrecords.encode_examples(batch,
+                                        features.pretraining_features(SEQ, PRED, masking))
     with tf.io.TFRecordWriter(os.path.join(directory, f"train-{shard:05d}.tfrecord")) as w:
       for r in records:
         w.write(r)

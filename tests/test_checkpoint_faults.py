@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+from bert_jax.interop import checkpoint_errors, checkpoint_store
 from bert_jax.runs import pretraining
 from bert_jax.training import checkpointing, metrics, workdir_lock
 from bert_jax.training import state as state_lib
@@ -61,6 +62,7 @@ def _warnings(caplog):
   return "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
 
 
+@pytest.mark.slow
 def test_flipped_bit_falls_back_to_the_previous_step_with_a_warning(base, tmp_path, caplog):
   _, ckpts = _copy(base, tmp_path)
   path = _data_files(os.path.join(ckpts, "8"))[0]
@@ -87,7 +89,7 @@ def test_array_data_of_another_step_is_caught_by_the_checksums(base, tmp_path, c
   assert "differs from what was saved" in _warnings(caplog)
   # load_params (fine-tuning's encoder) checks the same way.
   with caplog.at_level(logging.WARNING):
-    _, meta = checkpointing.load_params(ckpts, subtree="params/bert")
+    _, meta = checkpoint_store.load_params(ckpts, subtree="params/bert")
   assert meta["bert_config"]["hidden_size"] == 64
   assert "array params/bert/" in _warnings(caplog)
 
@@ -146,7 +148,7 @@ def test_every_step_damaged_is_one_error_naming_each(base, tmp_path):
   _, ckpts = _copy(base, tmp_path)
   os.remove(os.path.join(ckpts, "8", "state", "_METADATA"))
   shutil.rmtree(os.path.join(ckpts, "4", "checksums"))
-  with pytest.raises(checkpointing.CheckpointError) as err:
+  with pytest.raises(checkpoint_errors.CheckpointError) as err:
     _restore(base, ckpts)
   message = str(err.value)
   assert "\n" not in message
@@ -177,6 +179,8 @@ def _child(code):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_full_disk_is_one_line_naming_the_step_and_the_last_complete_one(base, tmp_path):
   """A real run resuming at step 8 whose files may not exceed 64 kB (RLIMIT_FSIZE: writes
   beyond it fail with EFBIG, as on a full disk with ENOSPC): the save of step 12 fails.
@@ -191,12 +195,12 @@ def test_full_disk_is_one_line_naming_the_step_and_the_last_complete_one(base, t
       signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
       resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, 64_000))
       from bert_jax.runs import pretraining
-      from bert_jax.training import checkpointing
+      from bert_jax.interop import checkpoint_errors
       from tests import pretrain_helpers as ph
       try:
         pretraining.train_and_evaluate(
             ph.run_config({base['records']!r}, train_until_step=16), {workdir!r})
-      except checkpointing.CheckpointError as e:
+      except checkpoint_errors.CheckpointError as e:
         print("error:", e)
         sys.exit(3)
       """)
@@ -211,6 +215,7 @@ def test_full_disk_is_one_line_naming_the_step_and_the_last_complete_one(base, t
   assert sorted(n for n in os.listdir(ckpts) if n.isdigit()) == ["4", "8"]
 
 
+@pytest.mark.e2e
 def test_a_second_run_is_refused_and_a_dead_runs_lock_taken_over(tmp_path, caplog):
   workdir = str(tmp_path / "run")
   holder = _child(f"""

@@ -1,4 +1,4 @@
-"""Token tagging data (`bert_jax.tasks.conll`): CoNLL files in and out, IOB1/IOB2, and the rows
+"""Token tagging data (`bert_jax.tasks.tagging.data`): CoNLL files in and out, IOB1/IOB2, and the rows
 that label each word on its first piece, with sentence or document context."""
 
 import os
@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from bert_jax.tasks import conll
+from bert_jax.tasks.tagging import data as conll
 from bert_jax.text import tokenization
 from data_prep import train_tokenizer
 from tests import helpers

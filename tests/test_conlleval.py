@@ -11,8 +11,8 @@ import pytest
 from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
 from seqeval.metrics.sequence_labeling import get_entities
 
-from bert_jax.tasks import conlleval
-from bert_jax.tasks.conlleval import (chunks, end_of_chunk, evaluate, evaluate_conll_file,
+from bert_jax.tasks.tagging import metrics as conlleval
+from bert_jax.tasks.tagging.metrics import (chunks, end_of_chunk, evaluate, evaluate_conll_file,
                                       split_tag, start_of_chunk)
 
 TYPES = ("PER", "ORG", "LOC", "MISC")

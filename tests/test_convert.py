@@ -12,6 +12,7 @@ from safetensors.numpy import save_file
 from bert_jax import file_io
 from bert_jax.interop import checkpoints
 from bert_jax.interop import hf as hf_io
+from bert_jax.interop import hf_config
 from bert_jax.interop import names as name_tables
 from bert_jax.model import configuration, heads, modeling
 
@@ -29,7 +30,7 @@ def tiny():
 def _write(directory, cfg, state):
   directory.mkdir(parents=True, exist_ok=True)
   save_file(state, str(directory / "model.safetensors"))
-  (directory / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+  (directory / "config.json").write_text(json.dumps(hf_config.to_hf_dict(cfg)))
   return str(directory)
 
 
@@ -89,7 +90,7 @@ def test_sharded_safetensors_index(tiny, tmp_path):
     save_file({k: state[k] for k in names}, str(d / name))
   (d / "model.safetensors.index.json").write_text(json.dumps(
       {"weight_map": {k: n for n, names in halves.items() for k in names}}))
-  (d / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+  (d / "config.json").write_text(json.dumps(hf_config.to_hf_dict(cfg)))
   _, loaded, report = hf_io.load_hf_checkpoint(str(d))
   assert report.missing == []
   assert len(name_tables.flatten_params(loaded)) == len(keys)
@@ -101,7 +102,7 @@ def test_shape_mismatches_are_all_listed(tiny, tmp_path):
   path = _write(tmp_path / "ckpt", cfg, state)
   # The same tensors against a config with a different vocabulary and FFN width.
   other = cfg.replace(vocab_size=600, intermediate_size=96)
-  (tmp_path / "ckpt" / "config.json").write_text(json.dumps(other.to_hf_dict()))
+  (tmp_path / "ckpt" / "config.json").write_text(json.dumps(hf_config.to_hf_dict(other)))
   with pytest.raises(ValueError) as err:
     hf_io.load_hf_checkpoint(path)
   message = str(err.value)
@@ -113,7 +114,8 @@ def test_shape_mismatches_are_all_listed(tiny, tmp_path):
 
 
 def test_missing_files_are_named(tmp_path):
-  (tmp_path / "config.json").write_text(json.dumps(configuration.get_preset("test").to_hf_dict()))
+  (tmp_path / "config.json").write_text(
+      json.dumps(hf_config.to_hf_dict(configuration.get_preset("test"))))
   with pytest.raises(FileNotFoundError, match="no model.safetensors"):
     hf_io.load_hf_checkpoint(str(tmp_path))
   (tmp_path / "pytorch_model.bin").write_bytes(b"")
@@ -163,12 +165,13 @@ def test_atomic_write_leaves_no_partial_file(tmp_path):
 
 
 def test_checkpoint_manager_accepts_relative_paths(tmp_path, monkeypatch):
+  from bert_jax.interop import checkpoint_store
   from bert_jax.training import checkpointing
   monkeypatch.chdir(tmp_path)
   manager = checkpointing.CheckpointManager("relative/ckpts", async_save=False)
   manager.save(1, {"w": np.ones(3, np.float32)}, {"epoch": 0}, {"note": "x"})
   manager.close()
-  tree, meta = checkpointing.load_params("relative/ckpts", subtree="w")
+  tree, meta = checkpoint_store.load_params("relative/ckpts", subtree="w")
   np.testing.assert_array_equal(np.asarray(tree), np.ones(3))
   assert meta["note"] == "x" and meta["step"] == 1  # the metadata, and which step was read
 

@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import pytest
 
 from bert_jax.data import arrays
-from bert_jax.interop import checkpoints
 from bert_jax.model import configuration, modeling
 from bert_jax.parallel import sharding
-from bert_jax.training import loop, metrics, optimizer
+from bert_jax.training import checkpointing, init_order, loop, metrics, optimizer
 from bert_jax.training import step as step_lib
 from bert_jax.training.objective import Objective
 
@@ -67,6 +67,7 @@ def _data(n, rng):
           "weight": np.ones(n, np.float32)}
 
 
+@pytest.mark.slow
 def test_an_objective_defined_outside_the_package_trains_through_the_core(tmp_path):
   objective = CountRegression()
   bert_config = configuration.get_preset("test", vocab_size=64, max_position_embeddings=SEQ,
@@ -78,9 +79,9 @@ def test_an_objective_defined_outside_the_package_trains_through_the_core(tmp_pa
       "name": "adamw", "learning_rate": 3e-3, "total_steps": 120, "warmup_steps": 10,
       "weight_decay": 0.0, "eps": 1e-6, "bias_correction": True, "grad_clip_norm": 1.0}))
   workdir = str(tmp_path / "run")
-  ckpt = checkpoints.run_checkpoints(workdir, async_save=False)
-  init = checkpoints.initial_state(objective, model, tx, mesh, rules, batch_size=16, seed=0,
-                                   checkpoints=ckpt)
+  ckpt = checkpointing.run_checkpoints(workdir, async_save=False)
+  init = init_order.initial_state(objective, model, tx, mesh, rules, batch_size=16, seed=0,
+                                  checkpoints=ckpt)
   assert init.origin == "initialised from scratch"
   batch_sh = sharding.batch_sharding(mesh)
   train_step = step_lib.build_train_step(objective, model, tx, schedule, init.shardings,
@@ -114,10 +115,10 @@ def test_an_objective_defined_outside_the_package_trains_through_the_core(tmp_pa
   assert [r["step"] for r in rows if "train/mse" in r] == [20, 40, 60, 80, 100, 120]
   assert [r["step"] for r in rows if "eval/mse" in r] == [60, 120]
   # Saved with the data position, and the init order resumes it.
-  again = checkpoints.run_checkpoints(workdir, async_save=False)
+  again = checkpointing.run_checkpoints(workdir, async_save=False)
   assert again.all_steps() == [60, 120]
-  resumed = checkpoints.initial_state(objective, model, tx, mesh, rules, batch_size=16, seed=0,
-                                      checkpoints=again)
+  resumed = init_order.initial_state(objective, model, tx, mesh, rules, batch_size=16, seed=0,
+                                     checkpoints=again)
   again.close()
   assert int(resumed.state.step) == 120 and resumed.position == {"epoch": 4, "batch": 20}
 
@@ -143,6 +144,7 @@ def test_in_memory_batches_resume_exactly_and_count_every_row():
     np.testing.assert_array_equal(np.asarray(got["input_ids"]), np.asarray(expected["input_ids"]))
 
 
+@pytest.mark.slow
 def test_the_loop_keeps_at_most_two_steps_in_flight():
   """JAX dispatches a step before the device has run the previous ones. The loop waits so that
   no more than `MAX_STEPS_IN_FLIGHT` are queued: XLA:CPU's per-device launch queue, filled by a
@@ -155,8 +157,8 @@ def test_the_loop_keeps_at_most_two_steps_in_flight():
   rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
   tx, schedule = optimizer.create_optimizer(ml_collections.ConfigDict({
       "name": "adamw", "learning_rate": 1e-3, "total_steps": 40, "warmup_steps": 0}))
-  init = checkpoints.initial_state(objective, model, tx, mesh, rules, batch_size=64, seed=0,
-                                   checkpoints=None)
+  init = init_order.initial_state(objective, model, tx, mesh, rules, batch_size=64, seed=0,
+                                  checkpoints=None)
   batch_sh = sharding.batch_sharding(mesh)
   jitted = step_lib.build_train_step(objective, model, tx, schedule, init.shardings, batch_sh,
                                      mesh, rules)

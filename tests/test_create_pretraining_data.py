@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax.text import features, tokenization
+from bert_jax.data import tfrecords
+from bert_jax.text import features, wordpiece
 from data_prep import create_pretraining_data as cpd
 from data_prep import demo_corpus, instances, train_tokenizer
 from tests.helpers import minilm_dir
@@ -118,12 +119,12 @@ def test_records_are_tensorflows_bytes(tmp_path):
   path = str(tmp_path / "x.tfrecord")
   with records.TFRecordWriter(path) as writer:
     for part in (slice(0, 100), slice(100, rows)):
-      buffer, ends = features.encode_examples_flat(
-          {k: v[part] for k, v in batch.items()}, schema, prefix=records.frame_header,
-          reserve_after=records.FRAME_AFTER)
+      buffer, ends = tfrecords.encode_examples_flat(
+          {k: v[part] for k, v in batch.items()}, schema, prefix=tfrecords.frame_header,
+          reserve_after=tfrecords.FRAME_AFTER)
       writer.write_framed(buffer, ends)
   serialized = [r.numpy() for r in tf.data.TFRecordDataset(path)]  # checks both checksums
-  assert serialized == features.encode_examples(batch, schema)
+  assert serialized == tfrecords.encode_examples(batch, schema)
   for row in (0, 7, rows - 1):
     example = tf.train.Example(features=tf.train.Features(feature={
         f.name: tf.train.Feature(float_list=tf.train.FloatList(value=batch[f.name][row]))
@@ -231,7 +232,7 @@ def test_dynamic_masking_records(corpus, tmp_path):
                     "word_starts"}
   assert summary["settings"]["dupe_factor"] == 1 and "masked_fraction" not in summary
   assert not (r["input_ids"] == MASK).any()
-  tok = tokenization.WordPieceTokenizer(VOCAB)
+  tok = wordpiece.WordPieceTokenizer(VOCAB)
   np.testing.assert_array_equal(r["word_starts"],
                                 tok.word_starts(r["input_ids"]) & (r["input_mask"] == 1))
   assert (r["word_starts"] == 0).sum() > (r["input_mask"] == 0).sum()  # some "##" pieces
@@ -241,7 +242,7 @@ def test_whole_word_masking_run(corpus, tmp_path):
   run(corpus, tmp_path, do_whole_word_mask=True, per_word_draw=True, dupe_factor=2,
       num_output_shards=1)
   r = read_records(shard_files(tmp_path))
-  tok = tokenization.WordPieceTokenizer(VOCAB)
+  tok = wordpiece.WordPieceTokenizer(VOCAB)
   labels_restored = r["input_ids"].copy()
   np.put_along_axis(labels_restored, r["masked_lm_positions"],
                     np.where(r["masked_lm_weights"] > 0, r["masked_lm_ids"],
@@ -359,6 +360,7 @@ def test_a_vocabulary_that_does_not_fit_the_corpus_stops_the_run(corpus, static_
   assert static_run[1]["unknown_piece_fraction"] == 0.0
 
 
+@pytest.mark.e2e
 def test_command_line(corpus, tmp_path):
   """The script as users run it: flags, a progress bar, a summary, and errors without a trace."""
   env = dict(os.environ, PYTHONPATH=ROOT)
@@ -445,7 +447,7 @@ def test_pairs_are_distributed_as_the_originals():
   deviations of their seed-to-seed spread.
   """
   import random  # pylint: disable=g-import-not-at-top
-  tok = tokenization.WordPieceTokenizer(VOCAB, split_special_tokens=True)
+  tok = wordpiece.WordPieceTokenizer(VOCAB, split_special_tokens=True)
   text = demo_corpus.corpus_text(max_bytes=300_000)
   sentences = [ids for d in text.split("\n\n") for ids in tok.encode_batch(d.split("\n"))
                if ids]

@@ -10,14 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert
-from bert_jax.interop import checkpoints
+from bert_jax.interop import convert
+from bert_jax.interop import checkpoint_store, checkpoints
 from bert_jax.model import configuration
 from bert_jax.objectives import distillation
 from bert_jax.objectives.mlm import MaskedLmModel
-from bert_jax.runs import finetuning, pretraining
-from bert_jax.tasks import glue
-from bert_jax.training import checkpointing, metrics
+from bert_jax.runs import finetune_config, pretraining
+from bert_jax.tasks.classification import run as classification_run
+from bert_jax.tasks.classification import data as glue
+from bert_jax.training import metrics
 from tests import helpers
 from tests import pretrain_helpers as ph
 
@@ -75,6 +76,7 @@ def _log_softmax(x):
 
 
 # ------------------------------------------------------------------------------ the loss
+@pytest.mark.slow
 def test_loss_parts_equal_a_direct_computation(teacher_workdir):
   objective = _objective(teacher_workdir, temperature=3.0, alpha_ce=0.7, alpha_mlm=1.3,
                          alpha_cos=2.1)
@@ -118,6 +120,7 @@ def test_loss_parts_equal_a_direct_computation(teacher_workdir):
   assert 0.0 <= summary["mlm_accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_width_mismatch_is_refused_unless_the_cosine_term_is_off(teacher_workdir):
   narrow = _student_config(hidden_size=32, num_attention_heads=2, intermediate_size=64)
   with pytest.raises(ValueError, match=r"alpha_cos=1.0.*student's width is 32 and the "
@@ -134,6 +137,7 @@ def test_width_mismatch_is_refused_unless_the_cosine_term_is_off(teacher_workdir
                         student_init="teacher_every_other_layer"), narrow, batch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_student_init_copies_teacher_layer_2i(teacher_workdir, scan_layers):
   objective = _objective(teacher_workdir, student_init="teacher_every_other_layer")
@@ -214,6 +218,7 @@ def _distill_config(records, teacher, **overrides):
                        **overrides)
 
 
+@pytest.mark.slow
 def test_distillation_run_freezes_the_teacher_resumes_exactly_and_exports_a_plain_bert(
     records, teacher_workdir, tmp_path, monkeypatch):
   config = _distill_config(records, teacher_workdir, train_until_step=4)
@@ -240,8 +245,8 @@ def test_distillation_run_freezes_the_teacher_resumes_exactly_and_exports_a_plai
   out = pretraining.train_and_evaluate(config, resumed)
   monkeypatch.undo()
   assert out["step"] == 4
-  pa, _ = checkpointing.load_params(os.path.join(straight, "checkpoints"))
-  pb, _ = checkpointing.load_params(os.path.join(resumed, "checkpoints"))
+  pa, _ = checkpoint_store.load_params(os.path.join(straight, "checkpoints"))
+  pb, _ = checkpoint_store.load_params(os.path.join(resumed, "checkpoints"))
   _tree_equal(pa, pb)
 
   rows = metrics.read_jsonl(os.path.join(resumed, "metrics.jsonl"))
@@ -275,6 +280,7 @@ def _sst2(path):
   return _sst2_dir(path)
 
 
+@pytest.mark.slow
 def test_task_distillation_teaches_a_smaller_student(tokenizer, tmp_path):
   data = _sst2(tmp_path / "sst2")
   task = glue.get_task("SST-2")
@@ -290,16 +296,16 @@ def test_task_distillation_teaches_a_smaller_student(tokenizer, tmp_path):
                 train_batch_size=16, eval_batch_size=8, learning_rate=1e-3,
                 warmup_proportion=0.1, do_train=True, do_eval=True)
   teacher_dir = str(tmp_path / "teacher")
-  taught = finetuning.run(task, bert_config_file=teacher_cfg, output_dir=teacher_dir,
+  taught = classification_run.run(task, bert_config_file=teacher_cfg, output_dir=teacher_dir,
                           num_train_epochs=40, **common)
   assert taught["dev"]["accuracy"] == 1.0
 
-  config = finetuning.get_config()
+  config = finetune_config.get_config()
   config.teacher_checkpoint = teacher_dir
   config.distill_temperature = 2.0
   config.distill_alpha = 0.5
   student_dir = str(tmp_path / "student")
-  out = finetuning.run(task, bert_config_file=student_cfg, output_dir=student_dir,
+  out = classification_run.run(task, bert_config_file=student_cfg, output_dir=student_dir,
                        num_train_epochs=40, config=config, **common)
   assert out["dev"]["num_examples"] == 16
   assert out["dev"]["accuracy"] >= 0.9, out["dev"]  # the student's own model, evaluated
@@ -310,8 +316,8 @@ def test_task_distillation_teaches_a_smaller_student(tokenizer, tmp_path):
           "train/accuracy"} <= set(last)
   assert last["train/teacher_agreement"] > 0.5
   # The teacher stayed the fine-tuned one, bitwise, and the student is a plain 1-layer model.
-  student, _ = checkpointing.load_params(os.path.join(student_dir, "checkpoints"))
-  source, _ = checkpointing.load_params(os.path.join(teacher_dir, "checkpoints"))
+  student, _ = checkpoint_store.load_params(os.path.join(student_dir, "checkpoints"))
+  source, _ = checkpoint_store.load_params(os.path.join(teacher_dir, "checkpoints"))
   _tree_equal(student["teacher"], source)
   assert sorted(k for k in student["bert"]["encoder"]) == ["layer_0"]
   assert student["classifier"]["kernel"].shape == (32, 2)
@@ -319,7 +325,7 @@ def test_task_distillation_teaches_a_smaller_student(tokenizer, tmp_path):
 
 def test_task_distillation_loss_equals_a_direct_computation(tmp_path):
   from bert_jax.tasks import distillation as task_distillation  # pylint: disable=g-import-not-at-top
-  from bert_jax.tasks import sequence_classification  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks.classification import objective as sequence_classification  # pylint: disable=g-import-not-at-top
   task = glue.get_task("SST-2")
   student = sequence_classification.SequenceClassification(task, 16)
   objective = task_distillation.TaskDistillation(student, "unused", temperature=3.0, alpha=0.3)

@@ -21,11 +21,13 @@ from bert_jax.interop import checkpoints
 from bert_jax.interop import hf as hf_io
 from bert_jax.interop import tf1 as tf1_io
 from bert_jax.model import configuration, electra, heads
-from bert_jax.runs import finetuning, pretraining
-from bert_jax.tasks import glue
+from bert_jax.runs import finetune_config, pretraining
+from bert_jax.tasks.classification import run as classification_run
+from bert_jax.tasks.classification import data as glue
 from bert_jax.text import tokenization
 from bert_jax.training import metrics
 from bert_jax.training import step as step_lib
+from bert_jax.objectives.mlm import masked_lm_loss
 from tests import pretrain_helpers as ph
 
 
@@ -69,6 +71,7 @@ def _apply(config, params, method, *args):
       {"params": params}, *args, method=getattr(electra.ElectraForPreTraining, method)))
 
 
+@pytest.mark.slow
 def test_hf_electra_pair_loads_with_the_reference_logits_and_losses_and_exports_back(tmp_path):
   disc, gen, directory = _hf_pair(tmp_path)
   config, params, report = hf_io.load_hf_checkpoint(directory)
@@ -97,7 +100,7 @@ def test_hf_electra_pair_loads_with_the_reference_logits_and_losses_and_exports_
     ref = gen(t(ids), attention_mask=t(mask), token_type_ids=t(segments), labels=t(targets))
   ours = _apply(config, params, "generate", ids, mask, segments, positions)
   np.testing.assert_allclose(ours, ref.logits.numpy(), atol=1e-5, rtol=1e-5)
-  mlm = heads.masked_lm_loss(jnp.asarray(ours), np.maximum(targets, 0),
+  mlm = masked_lm_loss(jnp.asarray(ours), np.maximum(targets, 0),
                              (targets >= 0).astype(np.float32))
   np.testing.assert_allclose(float(mlm["loss_sum"] / mlm["weight_sum"]), ref.loss.item(),
                              rtol=1e-5)
@@ -224,6 +227,7 @@ def test_replacements_labels_and_the_loss_follow_electra():
   assert summary["loss"] == pytest.approx(summary["mlm_loss"] + 50 * summary["disc_loss"])
 
 
+@pytest.mark.slow
 def test_no_gradient_reaches_the_generator_through_the_sample():
   config = configuration.get_preset("electra_test", hidden_dropout_prob=0.0,
                                     attention_probs_dropout_prob=0.0)
@@ -255,6 +259,7 @@ def test_no_gradient_reaches_the_generator_through_the_sample():
   assert float(part(params, "disc_loss_sum")) == float(part(params, "disc_loss_sum"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("masking", ["static", "dynamic"])
 def test_tiny_electra_run_trains_resumes_and_fine_tunes_from_the_discriminator(
     tmp_path, masking):
@@ -319,9 +324,9 @@ def test_tiny_electra_run_trains_resumes_and_fine_tunes_from_the_discriminator(
   for split in ("train", "dev"):
     (data / f"{split}.tsv").write_text(
         "sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows))
-  config = finetuning.get_config()
+  config = finetune_config.get_config()
   config.layerwise_lr_decay = 0.8
-  out = finetuning.run(
+  out = classification_run.run(
       glue.get_task("SST-2"), data_dir=str(data), output_dir=str(tmp_path / "sst2_out"),
       tokenizer=tokenization.load_tokenizer(vocab_file=str(vocab), do_lower_case=True),
       init_checkpoint=workdir, bert_config_file=None, max_seq_length=16, train_batch_size=8,

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from bert_jax import inference
-from bert_jax.runs import finetuning
-from bert_jax.tasks import sequence_classification
+from bert_jax.tasks.classification import run as classification_run
+from bert_jax.tasks.classification import objective as sequence_classification
 from bert_jax.model import configuration
-from bert_jax.tasks import glue
+from bert_jax.tasks.classification import data as glue
 from tests import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,10 +40,11 @@ def _sst2_dir(path, dev_size=None):
   return str(path)
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_a_tiny_task_and_counts_every_dev_example(tokenizer, bert_config_file,
                                                                      tmp_path):
   data = _sst2_dir(tmp_path / "sst2", dev_size=13)  # 13 dev rows: not a multiple of 8 devices
-  out = finetuning.run(glue.get_task("SST-2"), data_dir=data, tokenizer=tokenizer,
+  out = classification_run.run(glue.get_task("SST-2"), data_dir=data, tokenizer=tokenizer,
                      init_checkpoint=None, bert_config_file=bert_config_file,
                      output_dir=str(tmp_path / "out"), max_seq_length=16, train_batch_size=16,
                      eval_batch_size=8, learning_rate=1e-3, num_train_epochs=100,
@@ -60,12 +61,13 @@ def test_tiny_model_learns_a_tiny_task_and_counts_every_dev_example(tokenizer, b
   saved = json.load(open(os.path.join(tmp_path, "out", "eval_results.json")))
   assert saved["dev"]["accuracy"] == 1.0
   # Evaluating later from the fine-tuned output directory gives the same numbers.
-  again = finetuning.run(glue.get_task("SST-2"), data_dir=data, tokenizer=tokenizer,
+  again = classification_run.run(glue.get_task("SST-2"), data_dir=data, tokenizer=tokenizer,
                        init_checkpoint=None, output_dir=str(tmp_path / "out"),
                        max_seq_length=16, eval_batch_size=8, do_eval=True)
   assert again["dev"] == out["dev"]
 
 
+@pytest.mark.slow
 def test_padded_batches_do_not_change_predictions(tokenizer, bert_config_file, tmp_path):
   """Every example's logits are the same whatever batch it lands in and however it is padded."""
   task = glue.get_task("SST-2")
@@ -89,6 +91,7 @@ def test_padded_batches_do_not_change_predictions(tokenizer, bert_config_file, t
   np.testing.assert_allclose(batched, direct, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_regression_task(tokenizer, bert_config_file, tmp_path):
   d = tmp_path / "stsb"
   d.mkdir()
@@ -98,7 +101,7 @@ def test_regression_task(tokenizer, bert_config_file, tmp_path):
                  enumerate(rows))
   (d / "train.tsv").write_text(header + body)
   (d / "dev.tsv").write_text(header + body)
-  out = finetuning.run(glue.get_task("STS-B"), data_dir=str(d), tokenizer=tokenizer,
+  out = classification_run.run(glue.get_task("STS-B"), data_dir=str(d), tokenizer=tokenizer,
                      init_checkpoint=None, bert_config_file=bert_config_file,
                      output_dir=str(tmp_path / "out"), max_seq_length=32, train_batch_size=8,
                      eval_batch_size=8, learning_rate=1e-3, num_train_epochs=150,
@@ -107,6 +110,8 @@ def test_regression_task(tokenizer, bert_config_file, tmp_path):
   assert out["dev"]["pearson"] > 0.9  # fits its training pairs
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_cli_mnli_from_a_hugging_face_checkpoint(tmp_path):
   """The packaged MiniLM as --init_checkpoint; MNLI's two dev sets and three prediction files."""
   d = tmp_path / "MNLI"
@@ -152,6 +157,8 @@ def test_cli_mnli_from_a_hugging_face_checkpoint(tmp_path):
     assert {l.split("\t")[1] for l in lines[1:]} <= {"entailment", "neutral", "contradiction"}
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_cli_takes_a_config_file_and_the_original_flags_override_it(bert_config_file, tmp_path):
   """`--config=configs/glue.py:sst2` sets the task and the paper's settings (train, eval and
   predict on); an original flag given beside it (`--num_train_epochs`, `--train_batch_size`)

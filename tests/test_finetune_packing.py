@@ -13,8 +13,12 @@ import pytest
 
 from bert_jax.data import arrays, packed_examples
 from bert_jax.model import configuration
-from bert_jax.runs import finetuning
-from bert_jax.tasks import glue, question_answering, sequence_classification, squad
+from bert_jax.runs import finetune_config
+from bert_jax.tasks.classification import run as classification_run
+from bert_jax.tasks.classification import data as glue
+from bert_jax.tasks.squad import objective as question_answering
+from bert_jax.tasks.classification import objective as sequence_classification
+from bert_jax.tasks.squad import data as squad
 from bert_jax.training import step as step_lib
 from tests.test_finetune import NEGATIVE, POSITIVE, _sst2_dir
 
@@ -46,6 +50,7 @@ def _init(model, objective, batch):
                              *(batch[k] for k in objective.input_names))["params"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_name", ["SST-2", "STS-B"])
 def test_packed_classification_equals_unpacked(task_name, tokenizer, bert_config_file):
   task = glue.get_task(task_name)
@@ -103,6 +108,7 @@ SQUAD = {"version": "1.1", "data": [{"title": "t", "paragraphs": [
          "answers": [{"text": "France", "answer_start": 24}]}]}]}]}
 
 
+@pytest.mark.slow
 def test_packed_squad_equals_unpacked_in_window_coordinates(tokenizer, bert_config_file,
                                                             tmp_path):
   """Start/end logits cut back into each window equal the unpacked ones on every real token;
@@ -178,6 +184,7 @@ def _metric_rows(out_dir):
           if "train/loss" in r}
 
 
+@pytest.mark.slow
 def test_packed_run_trains_and_evaluates_like_an_unpacked_one(tokenizer, bert_config_file,
                                                                tmp_path):
   """The same examples in the same order: equal training losses step by step; and the packed
@@ -189,14 +196,14 @@ def test_packed_run_trains_and_evaluates_like_an_unpacked_one(tokenizer, bert_co
                 warmup_proportion=0.1)
 
   def config(packing):
-    c = finetuning.get_config()
+    c = finetune_config.get_config()
     c.packing, c.log_every_steps = packing, 1
     return c
 
   task = glue.get_task("SST-2")
-  packed = finetuning.run(task, output_dir=str(tmp_path / "packed"), do_train=True,
+  packed = classification_run.run(task, output_dir=str(tmp_path / "packed"), do_train=True,
                           do_eval=True, do_predict=True, config=config(True), **common)
-  plain = finetuning.run(task, output_dir=str(tmp_path / "plain"), do_train=True,
+  plain = classification_run.run(task, output_dir=str(tmp_path / "plain"), do_train=True,
                          config=config(False), **common)
   packed_losses, plain_losses = _metric_rows(tmp_path / "packed"), _metric_rows(tmp_path / "plain")
   # (The first step's line is the compilation's; steps 2-4 report.)
@@ -210,7 +217,7 @@ def test_packed_run_trains_and_evaluates_like_an_unpacked_one(tokenizer, bert_co
   predictions = tmp_path / "packed" / "SST-2.tsv"
   packed_predictions = predictions.read_text()
   predictions.unlink()
-  again = finetuning.run(task, output_dir=str(tmp_path / "packed"), do_eval=True,
+  again = classification_run.run(task, output_dir=str(tmp_path / "packed"), do_eval=True,
                          do_predict=True, config=config(False),
                          **{k: v for k, v in common.items() if k != "bert_config_file"})
   assert again["dev"] == packed["dev"]

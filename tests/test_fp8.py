@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 
 from bert_jax import inference
+from bert_jax.interop import checkpoint_store, hf_config
 from bert_jax.model import configuration, heads, modeling
 from bert_jax.objectives import mlm_nsp
 from bert_jax.parallel import sharding
 from bert_jax.runs import pretraining
-from bert_jax.training import checkpointing, metrics, optimizer
+from bert_jax.training import metrics, optimizer
 from bert_jax.training import state as state_lib
 from bert_jax.training import step as step_lib
 from bert_jax.training.objective import Objective
@@ -129,10 +130,10 @@ def test_quantization_is_a_compute_field_checked_and_never_exported():
   with pytest.raises(ValueError, match=r"share_parameters='all'"):
     configuration.get_preset("albert_base", quantization="fp8")
   config = _config("fp8")
-  assert "quantization" not in config.to_hf_dict()
+  assert "quantization" not in hf_config.to_hf_dict(config)
   assert "quantization" not in config.to_original_dict()
   # The checkpoints' metadata (`to_hf_dict`) reads back as the same model, computed without FP8.
-  again = configuration.BertConfig.from_dict(config.to_hf_dict())
+  again = hf_config.config_from_dict(hf_config.to_hf_dict(config))
   assert again == config.replace(quantization="none")
   # A run config selects it.
   run = ph.run_config("unused", **{"model.quantization": "fp8"})
@@ -160,6 +161,7 @@ def test_fp8_model_has_the_parameters_of_the_model_without():
 
 
 # ------------------------------------------------------------------------------- the training
+@pytest.mark.slow
 def test_fp8_training_tracks_float32(runs):
   """FP8 rounds inputs and kernels to 3 mantissa bits (up to 2^-4 relative per element) and
   output gradients to 2: the losses differ by ~1e-2 (0.009 measured over these 8 steps, where
@@ -261,6 +263,7 @@ class _SequenceMean(Objective):
     return {"value": float(sums["value_sum"])}
 
 
+@pytest.mark.slow
 def test_a_layer_outside_the_gradient_keeps_its_scales():
   """Autodiff returns zeros for the scales of a dot whose output never reaches the loss (here
   the pooler); the step keeps them instead of writing zero scales, which would turn that
@@ -295,6 +298,7 @@ def test_a_layer_outside_the_gradient_keeps_its_scales():
 
 
 # ------------------------------------------------------------------------------ evaluation
+@pytest.mark.slow
 def test_evaluation_applies_the_scales_and_refuses_without_them(runs):
   run = runs["fp8"]
   model, mesh, rules, state = run["model"], run["mesh"], run["rules"], run["last"]
@@ -339,6 +343,7 @@ def test_states_without_scales_keep_their_checkpoint_tree(runs):
                                                   jax.tree.leaves(fp8.model_state)))
 
 
+@pytest.mark.slow
 def test_fp8_run_resumes_exactly(tmp_path):
   """6 steps, or 3 then a resume to 6 (the checkpoint of step 3 holds the scales): the same
   losses and the same parameters and scales, bit for bit; evaluation runs with the scales."""
@@ -362,8 +367,8 @@ def test_fp8_run_resumes_exactly(tmp_path):
   assert sorted(a) == [2, 3, 4, 5, 6] and sorted(b) == [2, 3, 5, 6], (a, b)
   assert all(a[s] == b[s] for s in b), (a, b)
   for subtree in ("params", "model_state"):
-    a, _ = checkpointing.load_params(os.path.join(straight, "checkpoints"), subtree=subtree)
-    b, meta = checkpointing.load_params(os.path.join(resumed, "checkpoints"), subtree=subtree)
+    a, _ = checkpoint_store.load_params(os.path.join(straight, "checkpoints"), subtree=subtree)
+    b, meta = checkpoint_store.load_params(os.path.join(resumed, "checkpoints"), subtree=subtree)
     assert meta["step"] == 6
     assert jax.tree.structure(a) == jax.tree.structure(b)
     assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))

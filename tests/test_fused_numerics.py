@@ -141,6 +141,7 @@ def test_residual_layer_norm_in_bfloat16_keeps_float32_statistics():
   assert all(g.dtype == jnp.bfloat16 for g in grads)
 
 
+@pytest.mark.slow
 def test_low_precision_layer_norm_leaves_the_float32_model_unchanged():
   """The pre-training loss and every gradient of the float32 model: the fused LayerNorm against
   flax's, ≤ 1e-5 (the same parameter tree, so checkpoints read either way)."""
@@ -213,6 +214,7 @@ def _train(batches, vocab_size, steps, dtype, seed, low_precision=True):
   return np.asarray(losses)
 
 
+@pytest.mark.slow
 def test_bfloat16_run_tracks_float32_within_dropout_noise(shakespeare_batches):
   """Same data, same initial weights: the bfloat16 run (low-precision residual stream and
   LayerNorm) ends within 3x the gap that two float32 runs of different dropout seeds show,

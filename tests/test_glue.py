@@ -10,8 +10,9 @@ import pytest
 import scipy.stats
 import sklearn.metrics
 
-from bert_jax.tasks import classification, glue
-from bert_jax.tasks.glue import Example
+from bert_jax.tasks.classification import metrics as classification
+from bert_jax.tasks.classification import data as glue
+from bert_jax.tasks.classification.data import Example
 
 
 def write(path, lines, newline="\n", bom=False):

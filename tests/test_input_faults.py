@@ -268,6 +268,7 @@ def _gone(process) -> bool:
     return True
 
 
+@pytest.mark.e2e
 def test_data_prep_killed_leaves_no_split_folder_and_no_workers(tmp_path):
   """`kill -9` mid-run: the workers end with the command (one is held stopped in the middle
   of writing its shard, so it cannot simply finish its task and leave), and the rerun removes

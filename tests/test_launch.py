@@ -127,12 +127,14 @@ def trainer_argv(run_command: list[str]) -> list[str]:
 # --- the scripts themselves ----------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: p.name)
 def test_bash_parses(script):
   proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.e2e
 def test_shellcheck_clean():
   candidates = [Path(sys.executable).parent / "shellcheck", shutil.which("shellcheck")]
   shellcheck = next((str(c) for c in candidates if c and os.path.exists(c)), None)
@@ -154,6 +156,7 @@ def test_programs_are_executable_and_strict():
       assert "\nset -euo pipefail\n" in path.read_text(), path.name
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("script", [PRETRAIN, FINETUNE])
 def test_help(script, trap_gcloud):
   for help_flag in ("--help", "-h"):
@@ -262,6 +265,7 @@ def test_pretrain_options_reach_the_commands(trap_gcloud):
   assert argv[-1] == "--config.init_checkpoint=gs://b/phase1"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("accelerator, version, summary", [
     ("v2-8", "tpu-ubuntu2204-base", "4 chips, 8 JAX devices, 1 worker(s)"),
     ("v3-8", "tpu-ubuntu2204-base", "4 chips, 8 JAX devices, 1 worker(s)"),
@@ -331,6 +335,7 @@ def test_reuse_skips_create(trap_gcloud):
   assert not gcloud(cmds, "queued-resources", "create") and not gcloud(cmds, "tpu-vm", "create")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("state, expected", [
     ("PREEMPTED", [("tpu-vm", "delete"), ("tpu-vm", "create")]),
     ("TERMINATED", [("tpu-vm", "delete"), ("tpu-vm", "create")]),
@@ -447,6 +452,7 @@ def test_local_workdir_rejected_on_multi_host_slices(accelerator, trap_gcloud):
   assert "--data=/data/*.tfrecord" in message and "gs://" in message
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("accelerator", ["v3-8", "v4-8", "v5litepod-8", "v6e-8"])
 def test_local_workdir_allowed_on_one_host(accelerator, trap_gcloud):
   args = [*SLICE, f"--accelerator={accelerator}", "--config=tiny", f"--data={DATA}",
@@ -539,6 +545,7 @@ def test_finetune_mistakes(trap_gcloud):
   assert "--output_dir=out/mrpc" in message and "gs://" in message
 
 
+@pytest.mark.e2e
 def test_readme_examples_are_accepted(trap_gcloud):
   """Every launcher command of the README's TPU section passes validation as written."""
   readme = (REPO / "README.md").read_text()
@@ -571,6 +578,7 @@ def _remote_run(runs_dir: Path, *args: str) -> subprocess.CompletedProcess:
                         text=True, env=env, timeout=60)
 
 
+@pytest.mark.e2e
 def test_remote_run_logs_and_exit_status(tmp_path):
   runs = tmp_path / "runs"
   proc = _remote_run(runs, "--job=t", "--", "bash", "-c", "echo out; echo err >&2; exit 3")
@@ -589,6 +597,7 @@ def test_remote_run_logs_and_exit_status(tmp_path):
   assert "two" in _remote_run(runs, "--job=t", "--logs", "--lines=5").stdout
 
 
+@pytest.mark.e2e
 def test_remote_run_detach_status_kill(tmp_path):
   runs = tmp_path / "runs"
   script = "trap 'echo saving; exit 0' TERM; echo started; while :; do sleep 0.1; done"
@@ -610,6 +619,7 @@ def test_remote_run_detach_status_kill(tmp_path):
   assert "not running" in _remote_run(runs, "--job=t", "--status").stdout
 
 
+@pytest.mark.e2e
 def test_remote_run_survives_a_hangup(tmp_path):
   """A dropped connection (SIGHUP, a closed stdout) leaves the job running; --kill ends it."""
   runs = tmp_path / "runs"
@@ -639,6 +649,7 @@ def _preflight(*args: str) -> subprocess.CompletedProcess:
                         capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.e2e
 def test_preflight(tmp_path):
   data = tmp_path / "data"
   data.mkdir()
@@ -724,6 +735,8 @@ def fake_cloud(tmp_path):
           "gcloud_log": tmp_path / "gcloud.log", "tmp": tmp_path}
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_launch_end_to_end_with_fake_gcloud(fake_cloud):
   checkout, home, tmp = fake_cloud["checkout"], fake_cloud["home"], fake_cloud["tmp"]
   # An uncommitted change travels with the code.
@@ -774,6 +787,7 @@ def test_launch_end_to_end_with_fake_gcloud(fake_cloud):
   assert (home / "bert_jax_runs" / "pretrain.log").read_text() == log
 
 
+@pytest.mark.e2e
 def test_queued_launch_waits_for_active_with_fake_gcloud(fake_cloud):
   (fake_cloud["tmp"] / "qr_states").write_text("NOT_FOUND\nWAITING_FOR_RESOURCES\nACTIVE\n")
   home = fake_cloud["home"]

@@ -9,8 +9,11 @@ import re
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bert_jax")
 
 # Rooms in the order data flows; a module may import only from its own room or earlier ones.
-ORDER = ("file_io", "text", "data", "model", "parallel", "training", "objectives", "tasks",
-         "interop", "inference", "runs", "cli")
+# `interop` comes before `training`: the init order reads checkpoints of every kind through
+# interop's format readers. `tasks` comes after `runs`: a task kind's package holds its run and
+# its predictions beside its data and objective (`tasks/registry.py`).
+ORDER = ("file_io", "text", "data", "model", "parallel", "interop", "training", "objectives",
+         "inference", "runs", "tasks", "cli")
 ENTRY_POINTS = ("pretrain", "finetune", "predict", "convert", "extract_features", "demo")
 
 
@@ -68,6 +71,55 @@ def test_no_command_imports_another():
     assert not imported & set(ENTRY_POINTS), (name, imported & set(ENTRY_POINTS))
 
 
+def test_entry_points_hold_flags_and_a_library_call():
+  """An entry point defines its flags and `main`; every other function it defines reads the
+  flags (maps them onto the library), and none is a library function that others would import
+  from a command."""
+  import ast  # pylint: disable=g-import-not-at-top
+  problems = []
+  for name in ENTRY_POINTS:
+    tree = ast.parse(open(os.path.join(PACKAGE, f"{name}.py"), encoding="utf-8").read())
+    for node in tree.body:
+      if isinstance(node, ast.ClassDef):
+        problems.append(f"{name}.{node.name}: a class in an entry point")
+      elif isinstance(node, ast.FunctionDef) and node.name not in ("main", "define_flags"):
+        reads_flags = any(isinstance(n, ast.Name) and n.id == "FLAGS" for n in ast.walk(node))
+        if not (reads_flags or node.name.startswith("_")):
+          problems.append(f"{name}.{node.name}: a library function in an entry point")
+  assert not problems, "\n".join(problems)
+
+
+def test_a_task_is_named_once():
+  """Task names live in `tasks/registry.py`: no other module spells a tagging, SQuAD or
+  multiple-choice task name as a set of names to match against."""
+  from bert_jax.tasks import registry  # pylint: disable=g-import-not-at-top
+  assert {registry.find(n).name for n in ("squad_v2", "squad v1.1", "conll2003", "ner",
+                                          "hellaswag", "SST-2", "custom")} == {
+      "squad", "tagging", "multiple_choice", "classification"}
+  spelled = []
+  for module, path in _modules():
+    if module == "tasks.registry":
+      continue
+    text = open(path, encoding="utf-8").read()
+    if re.search(r"""\(\s*["']conll2003["'],\s*["']tagging["']|\(\s*["']swag["'],\s*["']hellaswag["']"""
+                 r"""|["']squad_v1\.1["']\s*:""", text):
+      spelled.append(module)
+  assert not spelled, spelled
+  # Every kind is a package of the same rooms.
+  for kind in registry.KINDS:
+    for room in ("data", "objective", "run", "predict"):
+      assert os.path.exists(os.path.join(PACKAGE, "tasks", kind.name, f"{room}.py")), (kind, room)
+
+
+def test_every_package_directory_ships():
+  """Every folder of modules is a package (`__init__.py`), which `setup.py`'s `find_packages`
+  needs to put it in the wheel: without one the checkout imports it and an install does not."""
+  missing = [os.path.relpath(root, PACKAGE) for root, dirs, files in os.walk(PACKAGE)
+             if "__pycache__" not in root and any(f.endswith(".py") for f in files)
+             and "__init__.py" not in files]
+  assert not missing, missing
+
+
 def test_one_step_one_loop_one_forward_pass():
   """`jax.jit` of a model lives in the step builder, the inference library and the sharded
   init; `checkpoints/` is spelled out only where checkpoint kinds are told apart."""
@@ -79,9 +131,9 @@ def test_one_step_one_loop_one_forward_pass():
       jit_sites[module] = count
     if re.search(r"""["']checkpoints["']""", text):
       checkpoint_dirs.append(module)
-  # (training.checkpointing jits the checksum of saved arrays, not a model.)
+  # (interop.checkpoint_fingerprints jits the checksum of saved arrays, not a model.)
   assert set(jit_sites) == {"training.step", "training.state", "inference",
-                            "parallel.sharding", "training.checkpointing"}, jit_sites
+                            "parallel.sharding", "interop.checkpoint_fingerprints"}, jit_sites
   assert checkpoint_dirs == ["interop.kinds"], checkpoint_dirs
   loops = [m for m, p in _modules() if re.search(r"^def train\(", open(p).read(), re.M)]
   assert loops == ["training.loop"], loops

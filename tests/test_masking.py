@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.text import masking, tokenization
+from bert_jax.text import masking, wordpiece
 from data_prep import demo_corpus
 from tests.helpers import minilm_dir
 
@@ -14,7 +14,7 @@ MAX_SEQ_LENGTH = 128
 
 @pytest.fixture(scope="module")
 def tokenizer():
-  return tokenization.WordPieceTokenizer(os.path.join(minilm_dir(), "vocab.txt"),
+  return wordpiece.WordPieceTokenizer(os.path.join(minilm_dir(), "vocab.txt"),
                                          split_special_tokens=True)
 
 

@@ -11,8 +11,10 @@ import sys
 
 import ml_collections
 import numpy as np
+import pytest
 
-from bert_jax.runs import finetuning
+from bert_jax.runs import finetune_config
+from bert_jax.tasks import registry
 from bert_jax.text import tokenization
 from tests import helpers, task_helpers
 
@@ -30,6 +32,8 @@ def _tokenizer():
   return tokenization.load_tokenizer(vocab_file=VOCAB, do_lower_case=True)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_swag_through_the_command_line_and_predict_chooses_as_the_run_did(bert_config_file,
                                                                           tmp_path):
   data = task_helpers.swag_dir(tmp_path / "swag")
@@ -90,27 +94,30 @@ def _hellaswag_line(index, example, labelled=True):
   return json.dumps(line)
 
 
+@pytest.mark.slow
 def test_hellaswag_jsonl_trains_and_a_kept_model_evaluates_again(bert_config_file, tmp_path):
   data = tmp_path / "hellaswag"
   data.mkdir()
   for name in ("hellaswag_train.jsonl", "hellaswag_val.jsonl"):
     (data / name).write_text("\n".join(_hellaswag_line(i, e) for i, e in
                                        enumerate(task_helpers.SWAG_EXAMPLES)) + "\n")
-  config = finetuning.get_config()
+  config = finetune_config.get_config()
   config.update(dict(task_name="hellaswag", data_dir=str(data), bert_config_file=bert_config_file,
                      output_dir=str(tmp_path / "out"), do_train=True, do_eval=True,
                      max_seq_length=32, train_batch_size=8, learning_rate=1e-3,
                      num_train_epochs=60, seed=3, log_every_steps=1000))
-  first = finetuning.run_from_config(ml_collections.ConfigDict(config), _tokenizer())
+  first = registry.run_from_config(ml_collections.ConfigDict(config), _tokenizer())
   assert first["dev"]["accuracy"] == 1.0, first
   # Evaluating the kept model again (no --do_train) gives the same predictions.
   config.update(dict(do_train=False))
-  again = finetuning.run_from_config(ml_collections.ConfigDict(config), _tokenizer())
+  again = registry.run_from_config(ml_collections.ConfigDict(config), _tokenizer())
   assert again["dev"]["accuracy"] == first["dev"]["accuracy"]
   first_rows = open(tmp_path / "out" / "dev_predictions.csv").read()
   assert first_rows.count("\n") == 1 + len(task_helpers.SWAG_EXAMPLES)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_choice_mistakes_get_one_clear_line(bert_config_file, tmp_path):
   data = task_helpers.swag_dir(tmp_path / "swag")
   with open(os.path.join(data, "train.csv"), "a") as f:

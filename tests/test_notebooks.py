@@ -82,6 +82,8 @@ def _execute(name: str, workdir) -> dict:
   return cells
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_finetune_glue_notebook(kernel_env):
   cells = _execute("finetune_glue_tpu.ipynb", kernel_env)
   assert "bert_jax is already installed" in cells["install"][0]
@@ -104,6 +106,8 @@ def test_finetune_glue_notebook(kernel_env):
   assert lines[0] == "index\tprediction" and len(lines) == 5
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_inspect_pretraining_notebook(kernel_env):
   cells = _execute("inspect_pretraining.ipynb", kernel_env)
   assert "bert_jax checkout:" in cells["install"][0]

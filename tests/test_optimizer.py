@@ -342,19 +342,20 @@ def test_frozen_scopes_with_layerwise_decay_and_sharded_state_layout():
     optimizer.create_optimizer(_config(frozen_scopes="teacher"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_finetuning_optimizer_applies_layerwise_decay_to_a_real_model(scan_layers):
   """Fine-tuning's optimizer (`layerwise_lr_decay` from the fine-tuning config, the layer count
   from the BertConfig) on the parameter names of an actual classifier, unrolled and scanned."""
   from flax import linen as nn
   from bert_jax.model import configuration, heads
-  from bert_jax.runs import finetune_job, finetuning
+  from bert_jax.runs import finetune_config, finetune_job
   cfg = configuration.get_preset("test", vocab_size=50, scan_layers=scan_layers)
   n = cfg.num_hidden_layers
   ids = jnp.zeros((2, 8), jnp.int32)
   params = nn.unbox(heads.BertForSequenceClassification(cfg, num_labels=2).init(
       jax.random.PRNGKey(0), ids, jnp.ones_like(ids), jnp.zeros_like(ids))["params"])
-  config = finetuning.get_config()
+  config = finetune_config.get_config()
   assert config.layerwise_lr_decay == 0.0  # off by default
   config.layerwise_lr_decay, config.weight_decay, config.grad_clip_norm = 0.8, 0.0, 0.0
   tx, _ = finetune_job.make_optimizer(config, num_steps=10, learning_rate=1e-3,
@@ -373,20 +374,22 @@ def test_finetuning_optimizer_applies_layerwise_decay_to_a_real_model(scan_layer
       np.testing.assert_allclose(np.asarray(leaf) / head, 0.8 ** (n + 1 - i), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_finetuning_run_with_layerwise_decay(tokenizer, bert_config_file, tmp_path):
-  """A short GLUE run through `finetuning.run` with the decay on: the BertConfig's layer count
+  """A short GLUE run through the classification run with the decay on: the BertConfig's layer count
   reaches the optimizer, and sharded, jitted training steps take it."""
-  from bert_jax.runs import finetuning
-  from bert_jax.tasks import glue
+  from bert_jax.runs import finetune_config
+  from bert_jax.tasks.classification import data as glue
+  from bert_jax.tasks.classification import run as classification_run
   data = tmp_path / "sst2"
   data.mkdir()
   rows = [("a moving and beautiful film", 1), ("a dull and lifeless mess", 0)] * 4
   for split in ("train", "dev"):
     (data / f"{split}.tsv").write_text(
         "sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows))
-  config = finetuning.get_config()
+  config = finetune_config.get_config()
   config.layerwise_lr_decay = 0.8
-  out = finetuning.run(glue.get_task("SST-2"), data_dir=str(data), tokenizer=tokenizer,
+  out = classification_run.run(glue.get_task("SST-2"), data_dir=str(data), tokenizer=tokenizer,
                        init_checkpoint=None, bert_config_file=bert_config_file,
                        output_dir=str(tmp_path / "out"), max_seq_length=16, train_batch_size=8,
                        eval_batch_size=8, learning_rate=1e-3, num_train_epochs=2,

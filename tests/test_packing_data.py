@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data import input_pipeline, packing
-from bert_jax.text import features, masking, tokenization
+from bert_jax.text import features, masking, wordpiece
 from data_prep import create_pretraining_data as cpd
 from data_prep import demo_corpus
 from tests.helpers import minilm_dir
@@ -261,7 +261,7 @@ def test_whole_word_masks_stay_inside_instances(corpus, tmp_path):
   r = read_records(paths, "static", K)
   instances, _, _, _ = packing.unpack_rows(r)
   ids = restored_ids(instances)
-  starts = tokenization.WordPieceTokenizer(VOCAB).word_starts(ids)
+  starts = wordpiece.WordPieceTokenizer(VOCAB).word_starts(ids)
   chosen = np.zeros(ids.shape, bool)
   np.put_along_axis(chosen, instances["masked_lm_positions"],
                     instances["masked_lm_weights"] > 0, 1)
@@ -296,7 +296,7 @@ def test_summary_reports_packing_efficiency(runs):
 
 
 def stream(paths, **kwargs):
-  tok = tokenization.WordPieceTokenizer(VOCAB)
+  tok = wordpiece.WordPieceTokenizer(VOCAB)
   return input_pipeline.PretrainingData(
       None, files=paths, global_batch_size=64, max_seq_length=SEQ, max_predictions_per_seq=PRED,
       sharding=None, masking_config=masking.MaskingConfig.from_tokenizer(tok), process_index=0,
@@ -398,6 +398,7 @@ def test_pipeline_names_a_packing_mismatch(runs):
     stream([packed_paths[0], unpacked_paths[0]], shuffle=False)
 
 
+@pytest.mark.e2e
 def test_command_line_packing(corpus, tmp_path):
   out = tmp_path / "out"
   done = subprocess.run(
@@ -421,7 +422,7 @@ def test_mask_rows_is_mask_batch_on_the_instances(runs, whole_word):
   """Dynamic masking of packed rows is the unpacked masking of their instances, laid back."""
   _, _, r = runs["dynamic", True]
   rows = {k: v[:300] for k, v in r.items()}
-  tok = tokenization.WordPieceTokenizer(VOCAB)
+  tok = wordpiece.WordPieceTokenizer(VOCAB)
   config = masking.MaskingConfig.from_tokenizer(tok, whole_word_mask=whole_word,
                                                 per_word_draw=whole_word)
   got = packing.mask_rows(rows, config, np.random.default_rng(5))
@@ -442,9 +443,9 @@ def test_a_row_budget_too_small_is_named(runs):
     input_pipeline.PretrainingData(
         None, files=paths, global_batch_size=64, max_seq_length=SEQ, max_predictions_per_seq=10,
         sharding=None, process_index=0, process_count=1,
-        masking_config=masking.MaskingConfig.from_tokenizer(tokenization.WordPieceTokenizer(VOCAB)))
+        masking_config=masking.MaskingConfig.from_tokenizer(wordpiece.WordPieceTokenizer(VOCAB)))
   # Where it is masked: a row whose instances need more predictions than the budget.
-  config = masking.MaskingConfig.from_tokenizer(tokenization.WordPieceTokenizer(VOCAB),
+  config = masking.MaskingConfig.from_tokenizer(wordpiece.WordPieceTokenizer(VOCAB),
                                                 max_predictions_per_seq=12)
   with pytest.raises(ValueError, match="more than max_predictions_per_seq=12 per row"):
     packing.mask_rows({k: v[:200] for k, v in r.items()}, config, np.random.default_rng(0))

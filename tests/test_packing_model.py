@@ -170,6 +170,7 @@ def _assert_same_loss_and_gradients(setup, value, grads):
   assert _max_abs(grads, ref_grads) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_packed_rows_equal_unpacked_instances_on_one_device(setup):
   model, params, packed = setup["model"], setup["params"], setup["packed"]
   mlm, nsp = jax.jit(lambda p, b: step_lib.apply_model(PACKED, model, p, b,
@@ -221,6 +222,7 @@ def test_scanned_rematerialised_layers_carry_the_packing(setup):
   _assert_same_per_instance(setup, np.asarray(mlm), np.asarray(nsp))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
 def test_packed_rows_equal_unpacked_instances_on_a_mesh(setup, mesh_shape):
   model, packed = setup["model"], setup["packed"]
@@ -267,6 +269,7 @@ def _real(x, input_mask):
   return jnp.where(input_mask[:, :, None, None] > 0, x, 0.0)
 
 
+@pytest.mark.slow
 def test_pallas_flash_attention_equals_xla_with_sequence_ids_and_padding():
   q, k, v, input_mask, sequence_ids = _attention_inputs()
   cotangent = jax.random.normal(jax.random.PRNGKey(9), q.shape)
@@ -287,6 +290,7 @@ def test_pallas_flash_attention_equals_xla_with_sequence_ids_and_padding():
                   _real(_attention(q, k, v, input_mask, sequence_ids, "xla"), input_mask)) > 0.1
 
 
+@pytest.mark.slow
 def test_pallas_model_equals_xla_model_on_packed_rows():
   cfg = configuration.get_preset("test", hidden_size=128, num_attention_heads=2,
                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -395,6 +399,7 @@ def test_unpacked_attention_is_unchanged():
       _attention(q, k, v, input_mask, dropout_rate=0.1, dropout_rng=rng), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dropout", [False, True])
 def test_unpacked_pretraining_matches_the_stored_expectation(dropout):
   """Loss and NSP logits as computed before packing existed (same batch, init and rng)."""

@@ -70,6 +70,7 @@ def _kernel_and_grads(q, k, v, ids, input_mask, cotangent):
                          q, k, v, input_mask, cotangent)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["unpacked", "packed"])
 def test_without_dropout_equals_the_explicit_path(kind):
   input_mask, sequence_ids, ids = _rows(kind)
@@ -255,6 +256,7 @@ def test_refusals():
     pallas_attention.flash_attention(q, k, v, ids, block_q=192)
 
 
+@pytest.mark.slow
 def test_the_model_under_a_mesh_gives_every_shard_its_own_masks():
   """The encoder with `attention_implementation="pallas"` and attention dropout, data-parallel
   over 4 devices (the kernel runs per shard in `shard_map`): 4 identical rows, one per device,

@@ -13,6 +13,7 @@ import transformers
 
 from bert_jax.interop import checkpoints
 from bert_jax.interop import hf as hf_io
+from bert_jax.interop import hf_config
 from bert_jax.model import configuration, heads
 
 
@@ -71,9 +72,8 @@ def test_distilbert_configs_are_checked():
   with pytest.raises(ValueError, match="type_vocab_size=0 .*distilbert"):
     configuration.get_preset("base", type_vocab_size=0)
   with pytest.raises(ValueError, match="sinusoidal_pos_embds"):
-    configuration.BertConfig.from_dict(dict(model_type="distilbert", vocab_size=10, dim=8,
-                                            n_layers=1, n_heads=2, hidden_dim=16,
-                                            sinusoidal_pos_embds=True))
+    hf_config.config_from_dict(dict(model_type="distilbert", vocab_size=10, dim=8, n_layers=1,
+                                    n_heads=2, hidden_dim=16, sinusoidal_pos_embds=True))
   with pytest.raises(ValueError, match="no TF1"):
     from bert_jax.interop import names
     names.family_table(preset, "tf1")

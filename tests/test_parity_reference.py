@@ -200,6 +200,7 @@ def test_export_round_trip_loads_in_transformers(random_pretraining_checkpoint, 
   assert np.abs(np.asarray(ours_seq["sequence_output"]) - ref_seq)[real].max() <= TOL
 
 
+@pytest.mark.e2e
 def test_extract_features_layers_match_reference_hidden_states(minilm, tmp_path):
   """`python -m bert_jax.extract_features` on the MiniLM directory: the .npz layers equal
   transformers' hidden states (embeddings output = layer 0, last layer = -1)."""
@@ -238,7 +239,8 @@ def test_masked_lm_checkpoint_fills_masks_like_the_reference(tmp_path):
   """A Hugging Face `BertForMaskedLM` directory (MLM head, no next-sentence head, no pooler —
   what MLM-only training leaves) loads for fill-mask, and its probabilities at every [MASK]
   equal transformers' within 1e-5."""
-  from bert_jax import inference, predict
+  from bert_jax import inference
+  from bert_jax.tasks import finetuned
   from bert_jax.text import tokenization
   torch.manual_seed(1)
   vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(95)]
@@ -251,9 +253,9 @@ def test_masked_lm_checkpoint_fills_masks_like_the_reference(tmp_path):
     for p in model.parameters():
       p.add_(0.05 * torch.randn_like(p))
   model.save_pretrained(str(tmp_path), safe_serialization=True)
-  info = predict.inspect_checkpoint(str(tmp_path))
+  info = finetuned.inspect_checkpoint(str(tmp_path))
   assert info.mode == "fill_mask"
-  config, params = predict.load_fill_mask_model(info)
+  config, params = finetuned.load_fill_mask_model(info)
   assert "seq_relationship" not in params["cls"] and "pooler" not in params["bert"]
   tokenizer = tokenization.load_tokenizer(vocab_file=str(tmp_path / "vocab.txt"))
   texts = ["w1 w2 [MASK] w3", "[MASK] w7 w8 w9 w10 [MASK]"]

@@ -25,10 +25,13 @@ from jax.sharding import PartitionSpec
 
 from bert_jax.interop import checkpoints
 from bert_jax.interop import hf as hf_io
+from bert_jax.interop import hf_config as hf_config_io
 from bert_jax.interop import names as name_tables
 from bert_jax.interop import tf1
 from bert_jax.model import configuration, heads, modeling
 from bert_jax.parallel import sharding
+from bert_jax.objectives.mlm import masked_lm_loss
+from bert_jax.objectives.mlm_nsp import next_sentence_loss
 from tests import helpers
 
 TOL = 1e-5
@@ -97,6 +100,7 @@ def _albert_ours(config, params, batch):
   return np.asarray(mlm), np.asarray(sop), enc
 
 
+@pytest.mark.slow
 def test_albert_loads_and_matches_reference(albert):
   path, torch_model = albert
   config, params, report = hf_io.load_hf_checkpoint(path)
@@ -127,8 +131,8 @@ def test_albert_loads_and_matches_reference(albert):
   }
   # Losses: transformers' (mean over labelled positions + SOP cross-entropy) from ours; the
   # original's MLM denominator carries + 1e-5, undone here.
-  mlm_loss = heads.masked_lm_loss(mlm, batch["masked_lm_ids"], batch["masked_lm_weights"])
-  sop_loss = heads.next_sentence_loss(sop, batch["next_sentence_labels"][:, 0])
+  mlm_loss = masked_lm_loss(mlm, batch["masked_lm_ids"], batch["masked_lm_weights"])
+  sop_loss = next_sentence_loss(sop, batch["next_sentence_labels"][:, 0])
   count = float(batch["masked_lm_weights"].sum())
   ours_total = float(mlm_loss["loss"]) * (count + 1e-5) / count + float(sop_loss["loss"])
   diffs["loss"] = abs(float(ref.loss) - ours_total)
@@ -137,6 +141,7 @@ def test_albert_loads_and_matches_reference(albert):
   assert np.abs(ref_enc.last_hidden_state.numpy()).max() > 0.1  # not vacuous
 
 
+@pytest.mark.slow
 def test_albert_export_loads_in_transformers(albert, tmp_path):
   path, _ = albert
   config, params, _ = hf_io.load_hf_checkpoint(path)
@@ -173,6 +178,7 @@ def test_albert_export_loads_in_transformers(albert, tmp_path):
   assert _max_diff(enc["pooled_output"], ref_bare.pooler_output.numpy()) <= TOL
 
 
+@pytest.mark.slow
 def test_albert_scanned_is_the_same_model(albert):
   """Scanning the shared layer broadcasts one set of weights into the loop: same tree, same
   outputs."""
@@ -244,6 +250,7 @@ def write_tf1(prefix, variables):
   return prefix
 
 
+@pytest.mark.slow
 def test_albert_tf1_import_and_export(albert, tmp_path):
   path, torch_model = albert
   variables = {}
@@ -314,6 +321,7 @@ def _count(tree):
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share", ["attention", "ffn"])
 def test_partial_sharing_counts_and_accumulates_gradients(share):
   ids = jnp.asarray(np.random.RandomState(0).randint(3, 200, (2, 12)), jnp.int32)
@@ -371,6 +379,7 @@ def test_partial_sharing_counts_and_accumulates_gradients(share):
     hf_io.params_to_hf_state({"bert": shared}, _small_albert(share))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share,scan", [("all", True), ("attention", False)])
 def test_shared_layers_shard_on_a_mesh(share, scan):
   """Shared parts keep their logical axis names: sharded init and forward on a (2, 2, 2) mesh
@@ -434,6 +443,7 @@ def _torch_inputs(batch):
               attention_mask=torch.tensor(batch["input_mask"]))
 
 
+@pytest.mark.slow
 def test_roberta_masked_lm_matches_reference(roberta):
   path, torch_model, _, _ = roberta
   config, params, report = hf_io.load_hf_checkpoint(path)
@@ -453,7 +463,7 @@ def test_roberta_masked_lm_matches_reference(roberta):
       batch["masked_lm_positions"])
   seq = modeling.BertModel(config, add_pooling_layer=False).apply(
       {"params": mlm_params["bert"]}, batch["input_ids"], batch["input_mask"])
-  loss = heads.masked_lm_loss(logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
+  loss = masked_lm_loss(logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
   count = float(batch["masked_lm_weights"].sum())
   real = batch["input_mask"].astype(bool)
   diffs = {"mlm logits": _max_diff(logits, _gather(ref.logits.numpy(),
@@ -483,6 +493,7 @@ def test_roberta_model_matches_reference(roberta):
   assert max(diffs.values()) <= TOL, diffs
 
 
+@pytest.mark.slow
 def test_roberta_export_loads_in_transformers(roberta, tmp_path):
   path, _, base_path, _ = roberta
   config, params, _ = hf_io.load_hf_checkpoint(path)
@@ -519,6 +530,7 @@ def test_roberta_export_loads_in_transformers(roberta, tmp_path):
   assert max(mlm_diff, seq_diff, pool_diff) <= TOL
 
 
+@pytest.mark.slow
 def test_roberta_packed_row_equals_unpacked(roberta):
   """Packed rows pass positions restarting at 0; the offset applies to them as to any row."""
   _, _, path, _ = roberta
@@ -565,7 +577,7 @@ def test_presets_and_hf_configs():
   for name, cls in (("albert_base", transformers.AlbertForPreTraining),
                     ("roberta_base", transformers.RobertaForMaskedLM)):
     cfg = configuration.get_preset(name)
-    hf_config = transformers.AutoConfig.for_model(**cfg.to_hf_dict())
+    hf_config = transformers.AutoConfig.for_model(**hf_config_io.to_hf_dict(cfg))
     assert type(hf_config).__name__ == cls.__name__.split("For")[0] + "Config"
     with torch.device("meta"):
       reference = cls(hf_config)
@@ -574,9 +586,9 @@ def test_presets_and_hf_configs():
     head = 2 * (cfg.hidden_size + 1) if name.startswith("roberta") else 0  # NSP, not in HF
     pooler = (cfg.hidden_size + 1) * cfg.hidden_size if name.startswith("roberta") else 0
     assert sum(int(np.prod(s)) for s in ours.values()) == theirs + head + pooler, name
-    assert configuration.BertConfig.from_dict(cfg.to_hf_dict()) == cfg
+    assert hf_config_io.config_from_dict(hf_config_io.to_hf_dict(cfg)) == cfg
     # Our own run directories keep the family in bert_config.json.
-    assert configuration.BertConfig.from_dict(json.loads(tf1.original_config_json(cfg))) == cfg
+    assert hf_config_io.config_from_dict(json.loads(tf1.original_config_json(cfg))) == cfg
   # A BERT config is written exactly as the original wrote it.
   assert set(configuration.get_preset("base").to_original_dict()) == set(
       configuration.BertConfig.SHAPE_FIELDS) - {"layer_norm_eps"}
@@ -586,9 +598,9 @@ def test_unknown_family_and_mismatches_are_refused(albert, tmp_path):
   path, _ = albert
   values = json.loads(open(os.path.join(path, "config.json")).read())
   with pytest.raises(ValueError, match=r"model_type='xlnet'; supported families: bert, "):
-    configuration.BertConfig.from_dict(dict(values, model_type="xlnet"), source="x.json")
+    hf_config_io.config_from_dict(dict(values, model_type="xlnet"), source="x.json")
   with pytest.raises(ValueError, match="num_hidden_groups=2, inner_group_num=1"):
-    configuration.BertConfig.from_dict(dict(values, num_hidden_groups=2), source="x.json")
+    hf_config_io.config_from_dict(dict(values, num_hidden_groups=2), source="x.json")
   # The same tensors read as a wider ALBERT: every mismatch listed.
   other = tmp_path / "other"
   other.mkdir()

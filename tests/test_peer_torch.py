@@ -58,6 +58,7 @@ def _check_losses(results):
                                                        abs=1e-3)
 
 
+@pytest.mark.slow
 def test_peer_rows_and_file(random_rows):
   results, markdown = random_rows
   assert len(results) == 2
@@ -78,6 +79,8 @@ def test_peer_losses_random_rows(random_rows):
   _check_losses(random_rows[0])
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_peer_packed_rows(tmp_path):
   """Packed rows: block-diagonal mask, per-instance positions, NSP at each instance's [CLS]."""
   rng = np.random.RandomState(1)
@@ -199,6 +202,7 @@ backend_config={"fusion_backend_config":{"kind":"__triton"}}
 """
 
 
+@pytest.mark.e2e
 def test_hlo_summary_counts(tmp_path):
   """Kernels are top-level fusions (a nested one is part of its parent); a LayerNorm reduce is
   over the hidden axis of the tokens' rows, its operand's shape printed inline or looked up."""
@@ -222,6 +226,7 @@ def test_hlo_summary_counts(tmp_path):
   assert "4 fusion kernels" in line and "1 sites named (model: 4)" in line
 
 
+@pytest.mark.e2e
 def test_gpu_suite_parses():
   proc = subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", "gpu_suite.sh")],
                         capture_output=True, text=True, check=False)

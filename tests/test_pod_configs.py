@@ -38,6 +38,8 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_base_compiles_for_16_chips_and_large_lowers_for_64():
   env = dict(os.environ)
   env["XLA_FLAGS"] = helpers.xla_flags(64)

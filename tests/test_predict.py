@@ -13,16 +13,18 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import predict
+from bert_jax.tasks import finetuned
+from bert_jax.tasks.classification import predict as classification_predict
 from bert_jax import inference
-from bert_jax.interop import checkpoints
+from bert_jax.interop import checkpoint_store, checkpoints
 from bert_jax.interop import tf1
-from bert_jax.runs import finetuning
-from bert_jax.tasks import sequence_classification
+from bert_jax.runs import finetune_config
+from bert_jax.tasks.classification import run as classification_run
+from bert_jax.tasks.squad import run as squad_run
+from bert_jax.tasks.classification import objective as sequence_classification
 from bert_jax.model import configuration, heads
 from bert_jax.parallel import sharding
-from bert_jax.training import checkpointing
-from bert_jax.tasks import glue
+from bert_jax.tasks.classification import data as glue
 from bert_jax.text import vocab_files
 from tests import helpers
 from tests.test_finetune import NEGATIVE, POSITIVE, _sst2_dir
@@ -53,7 +55,7 @@ def sst2_out(tmp_path_factory, tokenizer, bert_config_file):
   """A tiny classifier that has memorised the 16 SST-2 sentences."""
   root = tmp_path_factory.mktemp("sst2")
   out = str(root / "out")
-  results = finetuning.run(glue.get_task("SST-2"), data_dir=_sst2_dir(root / "data"),
+  results = classification_run.run(glue.get_task("SST-2"), data_dir=_sst2_dir(root / "data"),
                          tokenizer=tokenizer, init_checkpoint=None, bert_config_file=bert_config_file,
                          output_dir=out, max_seq_length=16, train_batch_size=16,
                          learning_rate=1e-3, num_train_epochs=80, warmup_proportion=0.1,
@@ -69,10 +71,10 @@ def squad_out(tmp_path_factory, tokenizer, bert_config_file):
   root = tmp_path_factory.mktemp("squad")
   data_file = root / "train-v2.0.json"
   data_file.write_text(json.dumps(_overfit_set(), ensure_ascii=False))
-  config = finetuning.get_config()
+  config = finetune_config.get_config()
   config.mesh_shape = (4, 1, 2)
   out = str(root / "out")
-  finetuning.run_squad(tokenizer=tokenizer, init_checkpoint=None, output_dir=out,
+  squad_run.run_squad(tokenizer=tokenizer, init_checkpoint=None, output_dir=out,
                      train_file=str(data_file), predict_file=str(data_file),
                      version_2_with_negative=True, bert_config_file=bert_config_file,
                      max_seq_length=64, doc_stride=32, max_query_length=16, train_batch_size=4,
@@ -89,7 +91,7 @@ def _reference_probabilities(out, tokenizer, pairs):
   """What fine-tuning's own evaluation path computes for `pairs`: its featurization, its predict
   step on a mesh, the checkpoint's parameters."""
   config = configuration.BertConfig.from_json_file(os.path.join(out, "bert_config.json"))
-  params, meta = checkpointing.load_params(os.path.join(out, "checkpoints"))
+  params, meta = checkpoint_store.load_params(os.path.join(out, "checkpoints"))
   assert meta["task"] == "sst2" and meta["num_labels"] == 2
   task = glue.get_task("SST-2")
   examples = [glue.Example(str(i), a, b, None) for i, (a, b) in enumerate(pairs)]
@@ -102,6 +104,8 @@ def _reference_probabilities(out, tokenizer, pairs):
   return np.asarray(jax.nn.softmax(np.asarray(logits, np.float64), axis=-1))
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_classify_cli_gives_the_memorised_labels_and_fine_tunings_probabilities(
     sst2_out, tokenizer, tmp_path):
   texts = [POSITIVE[0], NEGATIVE[1], POSITIVE[5]]
@@ -141,18 +145,18 @@ def test_classify_cli_gives_the_memorised_labels_and_fine_tunings_probabilities(
 
 
 def test_label_names_follow_the_task_or_the_flags(sst2_out):
-  info = predict.inspect_checkpoint(sst2_out)
+  info = finetuned.inspect_checkpoint(sst2_out)
   assert info.mode == "classify" and info.task == "sst2"
-  model = predict.load_finetuned(info, "classify")
-  assert predict.resolve_labels(model) == ["0", "1"]
-  assert predict.resolve_labels(model, label_list=["neg", "pos"]) == ["neg", "pos"]
-  with pytest.raises(predict.PredictError, match="3 labels .* 2 outputs"):
-    predict.resolve_labels(model, label_list=["a", "b", "c"])
-  with pytest.raises(predict.PredictError, match="MNLI has 3 labels but the model 2 outputs"):
-    predict.resolve_labels(model, task_name="MNLI")
-  assert predict.resolve_labels(model, task_name="RTE") == ["entailment", "not_entailment"]
-  assert predict.split_pair("a ||| b") == ("a", "b")
-  assert predict.split_pair("a") == ("a", None)
+  model = finetuned.load_finetuned(info, "classify")
+  assert classification_predict.resolve_labels(model) == ["0", "1"]
+  assert classification_predict.resolve_labels(model, label_list=["neg", "pos"]) == ["neg", "pos"]
+  with pytest.raises(finetuned.PredictError, match="3 labels .* 2 outputs"):
+    classification_predict.resolve_labels(model, label_list=["a", "b", "c"])
+  with pytest.raises(finetuned.PredictError, match="MNLI has 3 labels but the model 2 outputs"):
+    classification_predict.resolve_labels(model, task_name="MNLI")
+  assert classification_predict.resolve_labels(model, task_name="RTE") == ["entailment", "not_entailment"]
+  assert classification_predict.split_pair("a ||| b") == ("a", "b")
+  assert classification_predict.split_pair("a") == ("a", None)
 
 
 def test_a_regression_model_gives_its_score(tokenizer, bert_config_file):
@@ -167,19 +171,21 @@ def test_a_regression_model_gives_its_score(tokenizer, bert_config_file):
                                 feats["segment_ids"])["params"])
   want = np.asarray(module.apply({"params": params}, feats["input_ids"], feats["input_mask"],
                                  feats["segment_ids"]))[:, 0]
-  info = predict.CheckpointInfo("sts-model", "orbax", "sts-model",
+  info = finetuned.CheckpointInfo("sts-model", "orbax", "sts-model",
                                 {"task": "stsb", "num_labels": 1})
-  model = predict.FinetunedModel(info, config, params, module)
-  assert predict.resolve_labels(model) is None
-  with pytest.raises(predict.PredictError, match="regression model"):
-    predict.resolve_labels(model, label_list=["a", "b"])
-  results = predict.classify(model, tokenizer, pairs, None, max_seq_length=32)
+  model = finetuned.FinetunedModel(info, config, params, module)
+  assert classification_predict.resolve_labels(model) is None
+  with pytest.raises(finetuned.PredictError, match="regression model"):
+    classification_predict.resolve_labels(model, label_list=["a", "b"])
+  results = classification_predict.classify(model, tokenizer, pairs, None, max_seq_length=32)
   assert [set(r) for r in results] == [{"text", "text_b", "score"}, {"text", "score"}]
   np.testing.assert_allclose([r["score"] for r in results], want, atol=1e-5)
-  assert predict.format_classification(results[1]).endswith(f"score: {results[1]['score']:.4f}")
+  assert classification_predict.format_classification(results[1]).endswith(f"score: {results[1]['score']:.4f}")
 
 
 # ------------------------------------------------------------------------- question answering
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_qa_cli_answers_a_question_about_a_context(squad_out):
   out, _ = squad_out
   context_file = os.path.join(os.path.dirname(out), "context.txt")
@@ -208,6 +214,7 @@ def test_qa_cli_answers_a_question_about_a_context(squad_out):
   assert not lines[q2 + 1].startswith("  answer: (no answer)") and "answerable" in lines[q2 + 2]
 
 
+@pytest.mark.e2e
 def test_qa_input_file_gives_fine_tunings_predictions(squad_out, tmp_path):
   out, data_file = squad_out
   out_file = tmp_path / "answers.jsonl"
@@ -230,6 +237,8 @@ def test_qa_input_file_gives_fine_tunings_predictions(squad_out, tmp_path):
 
 
 # --------------------------------------------------------------------------------- fill-mask
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_fill_mask_finds_the_vocab_beside_a_tf1_prefix(tmp_path, tokenizer):
   config = configuration.get_preset("test", vocab_size=30522)
   ids = np.zeros((1, 8), np.int32)
@@ -239,11 +248,11 @@ def test_fill_mask_finds_the_vocab_beside_a_tf1_prefix(tmp_path, tokenizer):
   assert prefix.endswith("bert_model.ckpt")
   texts = ["the cat sat on the [MASK] .", "[MASK] is a [MASK] city"]
   # Without a vocabulary anywhere: the error names where it looked.
-  info = predict.inspect_checkpoint(prefix)
+  info = finetuned.inspect_checkpoint(prefix)
   assert info.kind == "tf1" and info.mode == "fill_mask"
   release = str(tmp_path / "release")
-  with pytest.raises(predict.PredictError, match=f"looked in {release} for vocab.txt"):
-    predict.find_vocab(info)
+  with pytest.raises(finetuned.PredictError, match=f"looked in {release} for vocab.txt"):
+    finetuned.find_vocab(info)
   shutil.copy(VOCAB, os.path.join(release, "vocab.txt"))
   proc = _ok(_cli(f"--checkpoint={prefix}", *[f"--text={t}" for t in texts], "--top_k=3",
                   "--json"))
@@ -258,6 +267,7 @@ def test_fill_mask_finds_the_vocab_beside_a_tf1_prefix(tmp_path, tokenizer):
 
 
 # ------------------------------------------------------------------------------------ errors
+@pytest.mark.e2e
 def test_a_checkpoint_of_another_kind_is_refused_with_what_it_is(squad_out, sst2_out, tmp_path):
   out, _ = squad_out
   proc = _cli(f"--checkpoint={out}", f"--vocab_file={VOCAB}", "--mode=classify", "--text=hi")
@@ -272,34 +282,34 @@ def test_a_checkpoint_of_another_kind_is_refused_with_what_it_is(squad_out, sst2
   params = nn.unbox(heads.BertForPreTraining(config).init(
       jax.random.PRNGKey(0), ids, ids + 1, ids, ids[:, :2])["params"])
   workdir = checkpoints.save_orbax_params(params, config, str(tmp_path / "pretrain"))
-  info = predict.inspect_checkpoint(workdir)
+  info = finetuned.inspect_checkpoint(workdir)
   assert info.mode == "fill_mask"
-  with pytest.raises(predict.PredictError, match=(
+  with pytest.raises(finetuned.PredictError, match=(
       f"--mode=qa needs a fine-tuned SQuAD model .* but {workdir} is a pre-training checkpoint "
       r"\(its metadata names no fine-tuned task\). Use --mode=fill_mask")):
-    predict.load_finetuned(info, "qa")
+    finetuned.load_finetuned(info, "qa")
   # fill-mask on a classifier; classify on a Hugging Face directory.
-  with pytest.raises(predict.PredictError, match=f"but {sst2_out} is a fine-tuned classifier "
+  with pytest.raises(finetuned.PredictError, match=f"but {sst2_out} is a fine-tuned classifier "
                      r"\(task 'sst2', 2 outputs\)"):
-    predict.load_fill_mask_model(predict.inspect_checkpoint(sst2_out))
-  with pytest.raises(predict.PredictError, match="is a Hugging Face directory"):
-    predict.check_mode(predict.inspect_checkpoint(helpers.minilm_dir()), "classify")
+    finetuned.load_fill_mask_model(finetuned.inspect_checkpoint(sst2_out))
+  with pytest.raises(finetuned.PredictError, match="is a Hugging Face directory"):
+    finetuned.check_mode(finetuned.inspect_checkpoint(helpers.minilm_dir()), "classify")
   # Fine-tuning copied its vocabulary beside the checkpoint; without it, the error says where
   # it looked.
-  info = predict.inspect_checkpoint(sst2_out)
-  predict.load_finetuned(info, "classify")
-  assert predict.find_vocab(info).vocab_file == os.path.join(sst2_out, "vocab.txt")
+  info = finetuned.inspect_checkpoint(sst2_out)
+  finetuned.load_finetuned(info, "classify")
+  assert finetuned.find_vocab(info).vocab_file == os.path.join(sst2_out, "vocab.txt")
   bare = str(tmp_path / "bare")
   shutil.copytree(sst2_out, bare)
   os.remove(os.path.join(bare, "vocab.txt"))
-  info = predict.inspect_checkpoint(bare)
-  with pytest.raises(predict.PredictError,
+  info = finetuned.inspect_checkpoint(bare)
+  with pytest.raises(finetuned.PredictError,
                      match=f"No vocabulary for {bare}: looked in {bare} for vocab.txt "
                            r"\(WordPiece\), spm.model / spiece.model \(SentencePiece\) or "
                            r"vocab.json \+ merges.txt \(byte-level BPE\). Pass .*--vocab_file"):
-    predict.find_vocab(info)
-  with pytest.raises(predict.PredictError, match="nowhere.txt does not exist"):
-    predict.find_vocab(info, vocab_files.VocabularyFiles(vocab_file=str(tmp_path / "nowhere.txt")))
+    finetuned.find_vocab(info)
+  with pytest.raises(finetuned.PredictError, match="nowhere.txt does not exist"):
+    finetuned.find_vocab(info, vocab_files.VocabularyFiles(vocab_file=str(tmp_path / "nowhere.txt")))
   # A vocabulary of the same size in another order (another corpus's) is refused: the model
   # keeps its own, with its hash.
   lines = open(VOCAB, encoding="utf-8").read().splitlines()
@@ -308,12 +318,12 @@ def test_a_checkpoint_of_another_kind_is_refused_with_what_it_is(squad_out, sst2
   other.write_text("\n".join(lines) + "\n", encoding="utf-8")
   assert list(json.load(open(os.path.join(sst2_out, "vocab_record.json")))["files"]) == [
       "vocab.txt"]
-  with pytest.raises(predict.PredictError, match=(
+  with pytest.raises(finetuned.PredictError, match=(
       r"--vocab_file=.*other_vocab.txt \(sha256 \w+\) is not the vocabulary this model was "
       r"trained with \(.*vocab.txt, sha256 \w+\): leave --vocab_file out")):
-    predict.find_vocab(predict.inspect_checkpoint(sst2_out),
+    finetuned.find_vocab(finetuned.inspect_checkpoint(sst2_out),
                        vocab_files.VocabularyFiles(vocab_file=str(other)))
-  assert predict.find_vocab(predict.inspect_checkpoint(sst2_out), vocab_files.VocabularyFiles(
+  assert finetuned.find_vocab(finetuned.inspect_checkpoint(sst2_out), vocab_files.VocabularyFiles(
       vocab_file=VOCAB)).vocab_file == VOCAB
-  with pytest.raises(predict.PredictError, match="does not exist"):
-    predict.inspect_checkpoint(str(tmp_path / "missing"))
+  with pytest.raises(finetuned.PredictError, match="does not exist"):
+    finetuned.inspect_checkpoint(str(tmp_path / "missing"))

@@ -14,8 +14,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import convert, inference
-from bert_jax.interop import checkpoints
+from bert_jax import inference
+from bert_jax.interop import convert
+from bert_jax.interop import checkpoint_store, checkpoints
 from bert_jax.runs import pretraining
 from bert_jax.data import input_pipeline
 from bert_jax.model import heads
@@ -72,6 +73,7 @@ def _batches(records, n, seed=0):
   return [next(it)[0] for _ in range(n)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
 def test_sharded_steps_equal_one_device(records, mesh_shape):
   """3 train steps (dropout on) on 8 devices give one device's losses and parameters."""
@@ -101,6 +103,7 @@ def test_sharded_steps_equal_one_device(records, mesh_shape):
   assert results["one"][0][0] != results["one"][0][2]  # training moved
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch(records):
   config = ph.run_config(records, **{"model.hidden_dropout_prob": 0.0,
                                      "model.attention_probs_dropout_prob": 0.0})
@@ -125,6 +128,7 @@ def test_gradient_accumulation_equals_one_big_batch(records):
                                                  jax.tree.leaves(out[4][1]))) <= 1e-5
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(records, tmp_path):
   """8 steps, stop, resume to 16 == 16 uninterrupted steps: same losses, same parameters."""
   straight = str(tmp_path / "straight")
@@ -137,20 +141,21 @@ def test_resume_continues_exactly(records, tmp_path):
   assert max(first) == 8 and max(b) == 16
   for s in range(10, 17):  # steps after the restart (the first post-restart step is compile)
     assert a[s] == b[s], (s, a[s], b[s])
-  pa, _ = checkpointing.load_params(os.path.join(straight, "checkpoints"))
-  pb, _ = checkpointing.load_params(os.path.join(resumed, "checkpoints"))
+  pa, _ = checkpoint_store.load_params(os.path.join(straight, "checkpoints"))
+  pb, _ = checkpoint_store.load_params(os.path.join(resumed, "checkpoints"))
   for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   assert sorted(os.listdir(os.path.join(resumed, "checkpoints"))) == ["12", "16", "8"]  # keep 3
   # The encoder alone, as fine-tuning loads it: no optimizer state, no pre-training heads.
-  encoder, meta = checkpointing.load_params(os.path.join(resumed, "checkpoints"),
-                                            subtree="params/bert")
+  encoder, meta = checkpoint_store.load_params(os.path.join(resumed, "checkpoints"),
+                                               subtree="params/bert")
   assert sorted(encoder) == ["embeddings", "encoder", "pooler"]
   np.testing.assert_array_equal(np.asarray(encoder["pooler"]["dense"]["kernel"]),
                                 np.asarray(pb["bert"]["pooler"]["dense"]["kernel"]))
   assert meta["bert_config"]["num_hidden_layers"] == 2
 
 
+@pytest.mark.slow
 def test_checkpoint_restores_onto_another_mesh(records, tmp_path):
   workdir = str(tmp_path / "run")
   pretraining.train_and_evaluate(ph.run_config(records, train_until_step=4, mesh_shape=(2, 2, 2)),
@@ -187,6 +192,8 @@ def _env(devices):
   return env
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_processes_match_one(records, tmp_path):
   """2 local JAX processes × 4 CPU devices train like one process on 8 devices fed the same
   global batches (each host reads its own files)."""
@@ -236,6 +243,8 @@ def test_two_processes_match_one(records, tmp_path):
     assert abs(multi[s] - single[s]) <= 1e-5, (s, multi[s], single[s])
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_stop_signal_saves_and_resume_continues(records, tmp_path, signum):
   workdir = str(tmp_path / "preempted")
@@ -260,6 +269,7 @@ def test_stop_signal_saves_and_resume_continues(records, tmp_path, signum):
   assert out["step"] == saved + 2
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(records, tmp_path):
   workdir = str(tmp_path / "nan")
   pretraining.train_and_evaluate(ph.run_config(records, train_until_step=4), workdir)
@@ -294,6 +304,7 @@ def test_corrupt_record_names_file_and_offset(tmp_path):
     list(stream.host_batches())
 
 
+@pytest.mark.slow
 def test_a_run_skips_damaged_records_only_when_asked_and_counts_them(tmp_path):
   pattern = ph.write_records(str(tmp_path / "data"), num_files=3, per_file=40)
   files = input_pipeline.list_files(pattern)
@@ -343,6 +354,7 @@ def test_dynamic_masking_draws_fresh_masks_each_epoch(tmp_path):
   assert 0.75 < frac_mask < 0.85 and 0.06 < frac_same < 0.16, (frac_mask, frac_same)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("masking,packed_as_read", [("static", False), ("dynamic", False),
                                                      ("dynamic", True)])
 def test_packed_rows_from_real_text_train_end_to_end(tmp_path, masking, packed_as_read):
@@ -386,6 +398,7 @@ def test_packed_rows_from_real_text_train_end_to_end(tmp_path, masking, packed_a
   assert "cls" in params and bert_config.vocab_size == summary["vocab_size"]
 
 
+@pytest.mark.slow
 def test_real_text_dynamic_masking_end_to_end(tmp_path, capsys):
   """Shakespeare → WordPiece vocab → dynamic-masking TFRecords → pre-training → fill-mask →
   export.

@@ -51,6 +51,7 @@ def setup():
   return model, batch, init_fn, loss_fn, ref_params, ref_out, ref_loss, ref_grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", MESHES)
 def test_sharded_forward_and_gradients_equal_one_device(setup, mesh_shape):
   model, batch, init_fn, loss_fn, ref_params, ref_out, ref_loss, ref_grads = setup
@@ -123,6 +124,7 @@ def test_create_mesh_shapes_and_errors():
     sharding.check_batch_divisible(6, sharding.create_mesh((2, 2, 2)))
 
 
+@pytest.mark.slow
 def test_indivisible_dimension_is_replicated_with_a_warning(caplog):
   """BERT's 30522-word vocabulary on an 8-way model axis still loads (replicated there)."""
   cfg = configuration.get_preset("test", vocab_size=510)

@@ -12,7 +12,8 @@ import pytest
 from bert_jax.model import configuration
 from bert_jax.interop import hf as hf_io
 from bert_jax.text import tokenization
-from bert_jax.tasks import squad
+from bert_jax.tasks.squad import data as squad
+from bert_jax.tasks.squad import objective as question_answering
 from data_prep import demo_corpus, demo_squad, train_tokenizer
 from tests import helpers
 
@@ -194,6 +195,7 @@ def test_answers_off_their_offset_are_counted_and_reported(tokenizer, tmp_path):
   assert 1 not in set(feats.example_index.tolist())  # q2 has no training windows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["wordpiece_uncased", "sentencepiece", "byte_level_bpe"])
 def test_every_answer_of_a_realistic_set_maps_into_windows_and_back(kind, tmp_path, tokenizer):
   if kind == "byte_level_bpe":  # RoBERTa's: a word after a space is "Ġword"
@@ -373,6 +375,8 @@ def _overfit_set():
   return data
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_cli_overfits_a_handful_of_questions_v2(tmp_path):
   """A tiny BERT learns eight SQuAD 2.0 questions (one unanswerable) through the command line,
   on a (4 data × 2 model) mesh, then predicts them back with the official files and scores."""
@@ -409,14 +413,15 @@ def test_cli_overfits_a_handful_of_questions_v2(tmp_path):
   assert all(len(v) <= 21 and {x["text"] for x in v} >= {""} for v in nbest.values())
 
 
+@pytest.mark.slow
 def test_a_train_set_smaller_than_one_batch_trains(tmp_path, tokenizer, bert_config_file):
   """Five questions with --train_batch_size=8: every epoch is one padded batch (weight-0 rows
   never count), and the model learns the five answers."""
-  from bert_jax.runs import finetuning
+  from bert_jax.tasks.squad import run as squad_run
   data = json.loads(json.dumps(OFFICIAL))
   data["data"][1]["paragraphs"][0]["qas"] = data["data"][1]["paragraphs"][0]["qas"][:2]
   data_file = _write(tmp_path / "train-v1.1.json", data)
-  results = finetuning.run_squad(
+  results = squad_run.run_squad(
       tokenizer=tokenizer, init_checkpoint=None, bert_config_file=bert_config_file,
       output_dir=str(tmp_path / "out"), train_file=data_file, predict_file=data_file,
       max_seq_length=128, doc_stride=64, max_query_length=32, train_batch_size=8,
@@ -472,6 +477,7 @@ def test_tfds_squad_that_is_not_prepared_says_how_to_prepare_it(tmp_path):
 
 
 # ------------------------------------------------------------------------- span head parity
+@pytest.mark.slow
 def test_span_head_and_loss_match_the_reference(tmp_path, tokenizer):
   """MiniLM + a span head against transformers' PyTorch BertForQuestionAnswering with the same
   weights, on real SQuAD windows: logits at every real token and the loss within 1e-5."""
@@ -511,7 +517,7 @@ def test_span_head_and_loss_match_the_reference(tmp_path, tokenizer):
                      end_positions=torch.tensor(feats["end_positions"][full]).long()).loss
   weights = np.zeros(len(feats["weight"]), np.float32)
   weights[full] = 1.0  # weight 0 rows (padding of a partial batch) must not count
-  ours_loss = heads.span_loss(start, end, jnp.asarray(feats["start_positions"]),
+  ours_loss = question_answering.span_loss(start, end, jnp.asarray(feats["start_positions"]),
                               jnp.asarray(feats["end_positions"]), jnp.asarray(weights))
   assert abs(float(ours_loss["loss"]) - float(loss)) < 1e-5
 
@@ -535,6 +541,8 @@ def _original_run_squad(tmp_path, data_file, **spec):
 WINDOW = {"max_seq_length": 96, "doc_stride": 24, "max_query_length": 24}
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("version_2", [False, True])
 def test_training_features_equal_the_original(tmp_path, tokenizer, version_2):
   """Every window of 330 questions on 60 real passages (SQuAD 1.1), or of the hand-checked set
@@ -558,6 +566,8 @@ def test_training_features_equal_the_original(tmp_path, tokenizer, version_2):
     assert np.flatnonzero(ours.max_context[f]).tolist() == theirs["max_context"], f
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("version_2", [False, True])
 def test_predictions_equal_the_original_write_predictions(tmp_path, tokenizer, version_2):
   """The same logits through the original `write_predictions` (n-best, null score,

@@ -11,8 +11,8 @@ import sys
 import pytest
 from torchmetrics.text import SQuAD
 
-from bert_jax.tasks import squad_eval
-from bert_jax.tasks.squad_eval import (compute_exact, compute_f1, evaluate, evaluate_v1,
+from bert_jax.tasks.squad import metrics as squad_eval
+from bert_jax.tasks.squad.metrics import (compute_exact, compute_f1, evaluate, evaluate_v1,
                                        evaluate_v2, exact_match_score_v1, f1_score_v1,
                                        normalize_answer)
 
@@ -343,6 +343,7 @@ def run_cli(*args):
                         cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
 
 
+@pytest.mark.e2e
 def test_cli_v1_end_to_end(tmp_path):
   data = squad_file(tmp_path / "dev-v1.1.json",
                     [("q1", ["The Cat"], None), ("q2", ["dog"], None), ("q3", ["red fox"], None)])
@@ -358,6 +359,7 @@ def test_cli_v1_end_to_end(tmp_path):
   assert "Unanswered question q2 will receive score 0." in proc.stderr
 
 
+@pytest.mark.e2e
 def test_cli_v2_detected_from_the_data_and_from_na_probs(tmp_path):
   questions = [(qid, answers, not answers) for qid, answers in V2_GOLD.items()]
   data = squad_file(tmp_path / "dev-v2.0.json", questions, version="v2.0")

@@ -351,6 +351,7 @@ def test_static_and_dynamic_span_masking_agree(corpus, tmp_path):
 # ------------------------------------------------------------------------------ bad settings
 
 
+@pytest.mark.e2e
 def test_bad_combinations_give_one_line_errors(corpus, tmp_path):
   for overrides, named in (
       (dict(sequence_mode="full_sentences"), "--objective=none"),

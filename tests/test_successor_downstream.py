@@ -23,8 +23,8 @@ import transformers
 from bert_jax import inference
 from bert_jax.interop import checkpoints
 from bert_jax.runs import pretraining
-from bert_jax.tasks import squad
-from bert_jax.text import tokenization, vocab_files
+from bert_jax.tasks.squad import data as squad
+from bert_jax.text import bpe, sentencepiece_tokenizer, vocab_files
 from data_prep import create_pretraining_data as cpd
 from data_prep import train_tokenizer
 from tests import pretrain_helpers as ph
@@ -112,8 +112,8 @@ def _ours(directory):
 def test_the_vocabulary_beside_a_hf_directory_is_found_and_read_as_its_family(hf_dirs, family):
   directory, _, reference = hf_dirs[family]
   tokenizer = _ours(directory)
-  assert type(tokenizer) is {"roberta": tokenization.ByteLevelBPETokenizer,
-                             "albert": tokenization.AlbertSentencePieceTokenizer}[family]
+  assert type(tokenizer) is {"roberta": bpe.ByteLevelBPETokenizer,
+                             "albert": sentencepiece_tokenizer.AlbertSentencePieceTokenizer}[family]
   assert tokenizer.do_lower_case if family == "albert" else True  # tokenizer_config.json's
   # SQuAD's inputs are the pair encoding of question and context (context words encoded one
   # at a time, as the original does, with RoBERTa's "Ġ" before every word after a space).
@@ -134,6 +134,8 @@ def test_the_vocabulary_beside_a_hf_directory_is_found_and_read_as_its_family(hf
                            feats.context_piece[0][end]) == "a Capulet"
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fill_mask_from_a_hf_directory_matches_transformers(hf_dirs, family):
   directory, model, reference = hf_dirs[family]
@@ -165,6 +167,8 @@ def test_fill_mask_from_a_hf_directory_matches_transformers(hf_dirs, family):
       assert [t for t, _ in predicted] == shown
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("family", FAMILIES)
 def test_glue_fine_tunes_from_a_hf_directory_and_predict_reads_the_output(hf_dirs, family,
                                                                           tmp_path):
@@ -192,6 +196,8 @@ def test_glue_fine_tunes_from_a_hf_directory_and_predict_reads_the_output(hf_dir
   assert labels == [label.strip() for _, label in train[:6]]
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_squad_fine_tunes_from_a_roberta_directory(hf_dirs, tmp_path):
   directory, _, _ = hf_dirs["roberta"]
   out = _squad_cli(directory, tmp_path)
@@ -203,6 +209,8 @@ def test_squad_fine_tunes_from_a_roberta_directory(hf_dirs, tmp_path):
   assert scores["eval"]["f1"] > 50.0, scores  # memorised through BPE windows and back to characters
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("family", FAMILIES)
 def test_our_workdirs_keep_their_familys_vocabulary_for_fill_mask(corpus, family, tmp_path):
   """data_prep with the family's files → a few pre-training steps → predict, no vocab flags."""
@@ -275,6 +283,8 @@ def electra_dir(corpus, tmp_path_factory):
   return directory, gen, transformers.ElectraTokenizer(os.path.join(directory, "vocab.txt"))
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_electra_fills_masks_with_its_generator_and_fine_tunes_its_discriminator(
     electra_dir, tmp_path):
   """ELECTRA through the same commands: fill-mask reads the generator (probabilities equal

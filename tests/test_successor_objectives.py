@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import scipy.special
 
-from bert_jax import convert, objectives
+from bert_jax import objectives
+from bert_jax.interop import convert
 from bert_jax.data import packing
 from bert_jax.model import configuration, modeling
 from bert_jax.interop import checkpoints
@@ -147,6 +148,7 @@ def hand_span_boundary_logits(cfg, params, batch):
 # ------------------------------------------------------------------------------ the losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mlm", "mlm_sop", "mlm_sbo"])
 def test_loss_equals_hand_computation(records, vocab, name):
   batch = read(records(KIND[name]), rows=8)
@@ -190,6 +192,7 @@ def test_loss_equals_hand_computation(records, vocab, name):
     assert 0 <= summary["sbo_accuracy"] <= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mlm", "mlm_sop", "mlm_sbo"])
 def test_packed_rows_equal_their_instances_unpacked(records, vocab, name):
   rows = read(records(KIND[name], packed=True), packed=True)
@@ -224,6 +227,7 @@ def test_packed_rows_equal_their_instances_unpacked(records, vocab, name):
                                                             jax.tree.leaves(ref_grads))) <= 1e-5
 
 
+@pytest.mark.slow
 def test_span_boundaries_in_jnp_are_the_numpy_ones(records):
   for packed in (False, True):
     batch = read(records("span", packed=packed), packed=packed)
@@ -273,6 +277,7 @@ def run_config(train_files, name, **overrides):
   return config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,kind,packed", [("mlm", "full_dynamic", False),
                                               ("mlm_sop", "sop", False),
                                               ("mlm_sbo", "span", True)])
@@ -364,6 +369,7 @@ RECIPES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(RECIPES))
 def test_recipes_build(variant):
   (objective, family, strategy, batch, lr, steps, warmup, opt, b2, eps,

@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 
-from bert_jax.tasks import swag
+from bert_jax.tasks.multiple_choice import data as swag
 from bert_jax.text import bpe, pairs, tokenization
 from tests import helpers
 

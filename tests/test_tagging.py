@@ -21,8 +21,11 @@ import transformers
 from bert_jax.interop import checkpoints
 from bert_jax.interop import hf as hf_io
 from bert_jax.model import heads
-from bert_jax.runs import finetuning
-from bert_jax.tasks import conll, conlleval
+from bert_jax.runs import finetune_config
+from bert_jax.tasks import registry
+from bert_jax.tasks.tagging import data as conll
+from bert_jax.tasks.tagging import metrics as conlleval
+from bert_jax.tasks.tagging import objective as token_classification
 from tests import helpers, task_helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,17 +105,19 @@ def test_the_loss_reads_first_pieces_only():
   logits = rng.randn(2, 6, 5).astype(np.float32)
   labels = rng.randint(0, 5, (2, 6)).astype(np.int32)
   weights = np.array([[0, 1, 0, 1, 1, 0], [0, 1, 1, 0, 0, 0]], np.float32)
-  out = heads.token_classification_loss(logits, labels, weights)
+  out = token_classification.token_classification_loss(logits, labels, weights)
   log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   per_token = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
   np.testing.assert_allclose(float(out["loss"]), (per_token * weights).sum() / 5, rtol=1e-6)
   assert float(out["weight_sum"]) == 5
-  grad = jax.grad(lambda x: heads.token_classification_loss(x, labels, weights)["loss"])(
+  grad = jax.grad(lambda x: token_classification.token_classification_loss(x, labels, weights)["loss"])(
       jnp.asarray(logits))
   assert np.all(np.asarray(grad)[weights == 0] == 0)
   assert np.all(np.abs(np.asarray(grad)[weights == 1]).sum(-1) > 0)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_conll2003_through_the_command_line_and_predict_on_raw_text(bert_config_file, tmp_path):
   """`finetune --task_name=conll2003` on the released layout with document context, then
   `predict` on the same text laid out as raw sentences and documents gives exactly the tags of
@@ -155,18 +160,19 @@ def test_conll2003_through_the_command_line_and_predict_on_raw_text(bert_config_
   assert "Alan/B-PER Mulally/I-PER of Boeing/B-ORG spoke ." in proc.stdout
 
 
+@pytest.mark.slow
 def test_feature_based_tagging_keeps_the_encoder_frozen(tmp_path):
   """Table 7's variant: the last four hidden states concatenated into a BiLSTM tagger; the
   encoder comes out of training bit for bit as it went in, the tagger learns the task."""
   _, directory = _hf_bert(tmp_path, transformers.BertModel, layers=3)
-  config = finetuning.get_config()
+  config = finetune_config.get_config()
   config.update(dict(task_name="conll2003", data_dir=task_helpers.conll_dir(tmp_path / "conll"),
                      init_checkpoint=directory, output_dir=str(tmp_path / "out"),
                      do_train=True, do_eval=True, feature_based=True, lstm_size=32,
                      max_seq_length=32, train_batch_size=16, learning_rate=1e-2,
                      num_train_epochs=120, seed=1, log_every_steps=1000))
   tokenizer = conll_tokenizer()
-  results = finetuning.run_from_config(ml_collections.ConfigDict(config), tokenizer)
+  results = registry.run_from_config(ml_collections.ConfigDict(config), tokenizer)
   assert results["feature_based"] is True
   assert results["dev"]["f1"] >= 0.9, results["dev"]
   _, trained = checkpoints.load_pretraining_model(str(tmp_path / "out"), require_heads=False)
@@ -186,7 +192,7 @@ def test_feature_based_tagging_keeps_the_encoder_frozen(tmp_path):
   # Evaluated again without training and without the flags: the output directory's recorded
   # head (feature-based, its LSTM size) is the model built, and scores as before.
   config.update(dict(do_train=False, feature_based=False, lstm_size=768))
-  again = finetuning.run_from_config(ml_collections.ConfigDict(config), tokenizer)
+  again = registry.run_from_config(ml_collections.ConfigDict(config), tokenizer)
   assert again["feature_based"] is True and again["dev"] == results["dev"]
 
 
@@ -215,6 +221,7 @@ def _relabelled(documents):
   return out
 
 
+@pytest.mark.slow
 def test_conlleval_equals_seqeval_on_a_real_runs_predictions(bert_config_file, tmp_path):
   """A tagger's prediction file on a dev set whose gold tags partly disagree with what it
   learned, scored by our conlleval and by seqeval (default mode, over the same columns): the
@@ -222,12 +229,12 @@ def test_conlleval_equals_seqeval_on_a_real_runs_predictions(bert_config_file, t
   data = task_helpers.conll_dir(tmp_path / "conll", names=("train.txt", "test.txt"))
   (tmp_path / "conll" / "valid.txt").write_text(
       task_helpers.conll_text(_relabelled(task_helpers.CONLL_DOCUMENTS)))
-  config = finetuning.get_config()
+  config = finetune_config.get_config()
   config.update(dict(task_name="conll2003", data_dir=data,
                      bert_config_file=bert_config_file, output_dir=str(tmp_path / "out"),
                      do_train=True, do_eval=True, max_seq_length=16, train_batch_size=8,
                      learning_rate=3e-3, num_train_epochs=20, seed=2, log_every_steps=1000))
-  results = finetuning.run_from_config(ml_collections.ConfigDict(config), conll_tokenizer())
+  results = registry.run_from_config(ml_collections.ConfigDict(config), conll_tokenizer())
   path = os.path.join(tmp_path, "out", "dev_predictions.txt")
   scores = conlleval.evaluate_conll_file(path)
   assert 0.0 < scores.f1 < 1.0, scores.report()  # some right, some wrong: a real comparison
@@ -249,6 +256,8 @@ def test_conlleval_equals_seqeval_on_a_real_runs_predictions(bert_config_file, t
     assert ours == pytest.approx(theirs(gold, predicted), abs=1e-12)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_tagging_mistakes_get_one_clear_line(bert_config_file, tmp_path):
   data = task_helpers.conll_dir(tmp_path / "conll")
   base = ["--do_train", f"--data_dir={data}", f"--bert_config_file={bert_config_file}",

@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from bert_jax.tasks import conll, swag
+from bert_jax.tasks.tagging import data as conll
+from bert_jax.tasks.multiple_choice import data as swag
 from data_prep import demo_corpus
 from data_prep import next_sentence_choice as nsc
 from data_prep import silver_ner as sn

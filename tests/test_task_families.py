@@ -1,5 +1,5 @@
 """Every model family through every downstream task, by the same fine-tuning run the command
-line calls (`runs.finetuning.run_from_config`): BERT, RoBERTa, ALBERT, ELECTRA and DistilBERT
+line calls (`runs.registry.run_from_config`): BERT, RoBERTa, ALBERT, ELECTRA and DistilBERT
 × token tagging (CoNLL-2003 layout) and multiple choice (SWAG layout), plus the GLUE and SQuAD
 cells that other files leave open (ALBERT SQuAD, DistilBERT GLUE and SQuAD). The README's
 table of which family runs which task points here.
@@ -22,8 +22,9 @@ import torch
 import transformers
 
 from bert_jax.interop import checkpoints
-from bert_jax.runs import finetuning
-from bert_jax.tasks import conlleval
+from bert_jax.runs import finetune_config
+from bert_jax.tasks import registry
+from bert_jax.tasks.tagging import metrics as conlleval
 from bert_jax.text import vocab_files
 from data_prep import train_tokenizer
 from tests import task_helpers
@@ -124,13 +125,14 @@ def _tokenizer(directory):
 
 
 def _run(directory, output_dir, **settings):
-  config = finetuning.get_config()
+  config = finetune_config.get_config()
   config.update(dict(init_checkpoint=directory, output_dir=str(output_dir), do_train=True,
                      do_eval=True, learning_rate=2e-3, seed=3, log_every_steps=1000))
   config.update(settings)
-  return finetuning.run_from_config(ml_collections.ConfigDict(config), _tokenizer(directory))
+  return registry.run_from_config(ml_collections.ConfigDict(config), _tokenizer(directory))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_token_tagging_runs_for_every_family(family_dir, family, tmp_path):
   """CoNLL-2003 files as released (IOB1) → windows of 24 pieces with document context (the
@@ -150,6 +152,7 @@ def test_token_tagging_runs_for_every_family(family_dir, family, tmp_path):
   assert scores.f1 == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_multiple_choice_runs_for_every_family(family_dir, family, tmp_path):
   """SWAG CSV files → four (context, start + ending) pairs per example in the family's pair
@@ -164,6 +167,7 @@ def test_multiple_choice_runs_for_every_family(family_dir, family, tmp_path):
   assert len(rows) == 1 + len(task_helpers.SWAG_EXAMPLES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["distilbert"])
 def test_glue_runs_for_distilbert(family_dir, family, tmp_path):
   results = _run(family_dir(family), tmp_path / "out", task_name="SST-2",
@@ -172,6 +176,7 @@ def test_glue_runs_for_distilbert(family_dir, family, tmp_path):
   assert results["dev"]["accuracy"] == 1.0, results["dev"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["albert", "distilbert"])
 def test_squad_runs_for_albert_and_distilbert(family_dir, family, tmp_path):
   data = str(tmp_path / "train-v1.1.json")

@@ -20,14 +20,14 @@ import pytest
 import tensorflow as tf
 import transformers
 
-from bert_jax import convert
+from bert_jax.interop import convert
 from bert_jax.interop import checkpoints
 from bert_jax.interop import hf as hf_io
 from bert_jax.interop import names as name_tables
 from bert_jax.interop import tf1
 from bert_jax.runs import pretraining
 from bert_jax.model import heads, modeling
-from bert_jax.training import checkpointing
+from bert_jax.training import checkpointing, init_order
 from tests import helpers
 from tests import pretrain_helpers as ph
 from tests.test_parity_reference import (  # noqa: F401  (minilm, random_... are fixtures)
@@ -153,6 +153,7 @@ def pretraining_tf1(random_pretraining_checkpoint, tmp_path_factory):
 
 
 # ------------------------------------------------------------------------------ import
+@pytest.mark.slow
 def test_minilm_encoder_from_tf1_matches_reference(minilm, minilm_tf1):
   _, tokenizer, torch_model, _, _, _ = minilm
   directory, variables, slots = minilm_tf1
@@ -194,6 +195,7 @@ def test_minilm_encoder_from_tf1_matches_reference(minilm, minilm_tf1):
     checkpoints.load_pretraining_model(prefix)
 
 
+@pytest.mark.slow
 def test_pretraining_heads_from_tf1_match_reference(pretraining_tf1):
   directory, prefix, variables, torch_model = pretraining_tf1
   config, params, report = tf1.load_tf1_checkpoint(prefix)
@@ -268,6 +270,8 @@ def test_export_equals_the_original_checkpoint(pretraining_tf1, tmp_path):
                                 str(tmp_path / "y"))
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_command_line_conversions(pretraining_tf1, tmp_path, capsys):
   directory, prefix, variables, torch_model = pretraining_tf1
   convert.convert(prefix, str(tmp_path / "hf"), "hf")
@@ -391,7 +395,7 @@ def test_pretraining_init_checkpoint_takes_tf1_weights(pretraining_tf1, tmp_path
       "model.scan_layers": True, "init_checkpoint": prefix, "init_mode": "params"})
   run = pretraining.build(config)
   ckpt = checkpointing.CheckpointManager(str(tmp_path / "checkpoints"), async_save=False)
-  init = checkpoints.initial_state(
+  init = init_order.initial_state(
       run.objective, run.model, run.tx, run.mesh, run.rules,
       batch_size=config.global_batch_size, seed=config.seed, checkpoints=ckpt,
       init_checkpoint=config.init_checkpoint, init_mode=config.init_mode)
@@ -406,7 +410,7 @@ def test_pretraining_init_checkpoint_takes_tf1_weights(pretraining_tf1, tmp_path
 
   config.init_mode = "continue"
   with pytest.raises(ValueError, match=r"is a TF1 checkpoint.*init_mode='params'"):
-    checkpoints.initial_state(
+    init_order.initial_state(
         run.objective, run.model, run.tx, run.mesh, run.rules,
         batch_size=config.global_batch_size, seed=config.seed, checkpoints=ckpt,
         init_checkpoint=config.init_checkpoint, init_mode=config.init_mode)

@@ -5,7 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.text import tokenization
+from bert_jax.text import (ascii_lines, sentencepiece_tokenizer, tokenization, unknown_tokens,
+                           wordpiece)
 from data_prep import demo_corpus, train_tokenizer
 from tests.helpers import minilm_dir
 
@@ -53,8 +54,9 @@ def hf_ids(reference, texts):
   return reference(list(texts), add_special_tokens=False)["input_ids"]
 
 
+@pytest.mark.slow
 def test_wordpiece_matches_transformers_on_the_whole_corpus(reference, corpus_lines):
-  ours = tokenization.WordPieceTokenizer(vocab_path(), max_input_chars_per_word=100)
+  ours = wordpiece.WordPieceTokenizer(vocab_path(), max_input_chars_per_word=100)
   assert ours.vocab_size == 30522 and ours.backend == "rust"
   expected = hf_ids(reference, corpus_lines)
   got = ours.encode_batch(corpus_lines)
@@ -65,7 +67,7 @@ def test_wordpiece_matches_transformers_on_the_whole_corpus(reference, corpus_li
 
 def test_python_backend_is_the_original_algorithm(reference, corpus_lines):
   """The plain-Python restatement (no shortcuts) agrees with transformers on real lines."""
-  ours = tokenization.WordPieceTokenizer(vocab_path(), backend="python",
+  ours = wordpiece.WordPieceTokenizer(vocab_path(), backend="python",
                                          max_input_chars_per_word=100)
   lines = corpus_lines[::25]
   expected = hf_ids(reference, lines)
@@ -83,16 +85,16 @@ def test_array_path_is_the_plain_one(corpus_lines, monkeypatch):
       "tab\tseparated\twords", "caf\u00e9 au lait", "[MASK] stays text", "\x7fdel", "  "]
   lines = lines[::2] + lines[1::2]
   for split in (True, False):
-    tok = tokenization.WordPieceTokenizer(vocab_path(), split_special_tokens=split)
+    tok = wordpiece.WordPieceTokenizer(vocab_path(), split_special_tokens=split)
     expected = [tok.encode(line) for line in lines]
     assert tok.encode_batch(lines) == expected
     ids, counts = tok.encode_lines("\n".join(lines))
     assert ids.dtype == np.int32 and counts.tolist() == [len(e) for e in expected]
     assert ids.tolist() == [i for e in expected for i in e]
     # A small table of known tokens and small blocks: the table starts afresh many times.
-    table = tokenization._AsciiLinesEncoder  # pylint: disable=protected-access
+    table = ascii_lines.AsciiLinesEncoder  # pylint: disable=protected-access
     monkeypatch.setattr(table, "_MAX_ENTRIES", 500)
-    fresh = tokenization.WordPieceTokenizer(vocab_path(), split_special_tokens=split)
+    fresh = wordpiece.WordPieceTokenizer(vocab_path(), split_special_tokens=split)
     monkeypatch.setattr(fresh, "_BLOCK_CHARS", 4000)
     assert fresh.encode_batch(lines) == expected
     assert fresh.encode_batch(lines[::-1]) == expected[::-1]
@@ -104,7 +106,7 @@ def test_array_path_is_the_plain_one(corpus_lines, monkeypatch):
 
 @pytest.mark.parametrize("backend", ["rust", "python"])
 def test_hard_cases_match_transformers(reference, backend):
-  ours = tokenization.WordPieceTokenizer(vocab_path(), backend=backend,
+  ours = wordpiece.WordPieceTokenizer(vocab_path(), backend=backend,
                                          max_input_chars_per_word=100)
   for text in HARD_CASES:
     assert ours.encode(text) == hf_ids(reference, [text])[0], text
@@ -113,7 +115,7 @@ def test_hard_cases_match_transformers(reference, backend):
 
 def test_documented_differences_of_the_python_backend(reference):
   """Private-use characters: the original keeps them as a word ([UNK]); Rust cleanup drops them."""
-  python = tokenization.WordPieceTokenizer(vocab_path(), backend="python")
+  python = wordpiece.WordPieceTokenizer(vocab_path(), backend="python")
   text = "\ue000pua word"
   assert python.tokenize(text) == ["[UNK]", "word"]
   assert reference.convert_ids_to_tokens(hf_ids(reference, [text])[0]) == ["pu", "##a", "word"]
@@ -121,12 +123,12 @@ def test_documented_differences_of_the_python_backend(reference):
 
 def test_cased_vocabulary_matches_transformers(corpus_lines):
   from transformers import BertTokenizer  # pylint: disable=g-import-not-at-top
-  tokens = tokenization.load_vocab(vocab_path())
+  tokens = wordpiece.load_vocab(vocab_path())
   reference = BertTokenizer(vocab={t: i for i, t in enumerate(tokens)}, do_lower_case=False)
   assert reference.vocab_size == 30522
   lines = corpus_lines[::40] + HARD_CASES
   for backend in ("rust", "python"):
-    ours = tokenization.WordPieceTokenizer(vocab_path(), do_lower_case=False, backend=backend,
+    ours = wordpiece.WordPieceTokenizer(vocab_path(), do_lower_case=False, backend=backend,
                                            max_input_chars_per_word=100)
     assert ours.encode_batch(lines) == hf_ids(reference, lines), backend
   assert ours.tokenize("Hamlet") != ["hamlet"]
@@ -134,18 +136,18 @@ def test_cased_vocabulary_matches_transformers(corpus_lines):
 
 def test_word_length_limit_is_the_originals_200():
   word = "ab" * 75  # 150 characters that WordPiece can spell
-  ours = tokenization.WordPieceTokenizer(vocab_path())
+  ours = wordpiece.WordPieceTokenizer(vocab_path())
   assert len(ours.tokenize(word)) > 1 and "[UNK]" not in ours.tokenize(word)
   assert ours.tokenize("ab" * 101) == ["[UNK]"]
-  capped = tokenization.WordPieceTokenizer(vocab_path(), max_input_chars_per_word=100)
+  capped = wordpiece.WordPieceTokenizer(vocab_path(), max_input_chars_per_word=100)
   assert capped.tokenize(word) == ["[UNK]"]  # transformers' limit
 
 
 def test_special_tokens_in_text():
-  default = tokenization.WordPieceTokenizer(vocab_path())
+  default = wordpiece.WordPieceTokenizer(vocab_path())
   assert default.tokenize("a [MASK] b[SEP]") == ["a", "[MASK]", "b", "[SEP]"]
   for backend in ("rust", "python"):
-    split = tokenization.WordPieceTokenizer(vocab_path(), split_special_tokens=True,
+    split = wordpiece.WordPieceTokenizer(vocab_path(), split_special_tokens=True,
                                             backend=backend)
     assert split.tokenize("a [MASK] b[SEP]") == ["a", "[", "mask", "]", "b", "[", "sep", "]"]
   assert (default.cls_id, default.sep_id, default.mask_id, default.pad_id, default.unk_id) == (
@@ -153,7 +155,7 @@ def test_special_tokens_in_text():
 
 
 def test_word_starts_mark_wordpiece_continuations():
-  tok = tokenization.WordPieceTokenizer(vocab_path())
+  tok = wordpiece.WordPieceTokenizer(vocab_path())
   ids = tok.encode("unaffable presumptuousness")
   tokens = tok.convert_ids_to_tokens(ids)
   assert len(tokens) > 2
@@ -165,9 +167,9 @@ def test_vocabulary_without_specials_is_refused(tmp_path):
   path = tmp_path / "vocab.txt"
   path.write_text("[PAD]\n[UNK]\nthe\nking\n", encoding="utf-8")
   with pytest.raises(ValueError, match=r"vocab.txt.*\[CLS\], \[SEP\], \[MASK\]"):
-    tokenization.WordPieceTokenizer(str(path))
+    wordpiece.WordPieceTokenizer(str(path))
   with pytest.raises(FileNotFoundError, match="no such file"):
-    tokenization.WordPieceTokenizer(str(tmp_path / "missing.txt"))
+    wordpiece.WordPieceTokenizer(str(tmp_path / "missing.txt"))
   with pytest.raises(ValueError, match="exactly one"):
     tokenization.load_tokenizer()
 
@@ -223,24 +225,24 @@ def test_a_vocabulary_that_does_not_fit_the_text_is_found_by_its_unknown_rate(tm
   first = open(vocab_path(), encoding="utf-8").read().split("\n")[:1000]
   short = tokenization.load_tokenizer(vocab_file=_write_vocab(tmp_path, first))
   ids, _ = short.encode_lines(text)
-  unknown, pieces = tokenization.count_unknown(short, ids)
-  assert unknown / pieces > 0.9 and pieces > tokenization.MIN_PIECES_TO_REFUSE
+  unknown, pieces = unknown_tokens.count_unknown(short, ids)
+  assert unknown / pieces > 0.9 and pieces > unknown_tokens.MIN_PIECES_TO_REFUSE
   with pytest.raises(ValueError, match=(
       r"^corpus\.txt: 9\d\.\d% of [\d,]+ word pieces are \[UNK\] with vocab\.txt \(1,000 "
       r"entries\): the vocabulary does not fit this text .*; pass --x=1 to go on anyway\.$")):
-    tokenization.check_unknown_rate(short, unknown, pieces, "corpus.txt", override="pass --x=1")
-  assert tokenization.check_unknown_rate(short, unknown, pieces, "corpus.txt",
+    unknown_tokens.check_unknown_rate(short, unknown, pieces, "corpus.txt", override="pass --x=1")
+  assert unknown_tokens.check_unknown_rate(short, unknown, pieces, "corpus.txt",
                                          max_rate=1.0) > 0.9
   assert "word pieces are [UNK]" in caplog.text
   # A handful of pieces says little: a warning, never an error.
-  assert tokenization.check_unknown_rate(short, 5, 10, "one question") == 0.5
+  assert unknown_tokens.check_unknown_rate(short, 5, 10, "one question") == 0.5
   full = tokenization.load_tokenizer(vocab_file=vocab_path())
   ids, _ = full.encode_lines(text)
-  assert tokenization.count_unknown(full, ids)[0] == 0
+  assert unknown_tokens.count_unknown(full, ids)[0] == 0
   # Model inputs can be passed as they are: [CLS], [SEP] and [PAD] are not pieces of text.
   row = np.array([[full.cls_id, full.unk_id, 2158, full.sep_id, full.pad_id, full.pad_id]])
-  assert tokenization.count_unknown(full, row) == (1, 2)
-  assert tokenization.count_unknown(full, [[full.unk_id], [7, 8]]) == (1, 3)
+  assert unknown_tokens.count_unknown(full, row) == (1, 2)
+  assert unknown_tokens.count_unknown(full, [[full.unk_id], [7, 8]]) == (1, 3)
 
 
 @pytest.fixture(scope="module")
@@ -255,7 +257,7 @@ def test_sentencepiece_training_and_tokenizer(training_text, tmp_path, model_typ
   model = train_tokenizer.train_sentencepiece([training_text], str(tmp_path / "spm"), model_type,
                                               vocab_size=2000)
   tok = tokenization.load_tokenizer(spm_model_file=model, do_lower_case=True)
-  assert isinstance(tok, tokenization.SentencePieceTokenizer)
+  assert isinstance(tok, sentencepiece_tokenizer.SentencePieceTokenizer)
   assert tok.vocab_size == 2000
   assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
   lines = open(training_text, encoding="utf-8").read().split("\n")[:500]
@@ -271,7 +273,8 @@ def test_sentencepiece_training_and_tokenizer(training_text, tmp_path, model_typ
   assert not tok.word_starts(some).all() and tok.word_starts(some)[0]
   # Literal specials in text: one token by default, plain text when split.
   assert tok.encode("a [MASK] b").count(tok.mask_id) == 1
-  split = tokenization.SentencePieceTokenizer(model, do_lower_case=True, split_special_tokens=True)
+  split = sentencepiece_tokenizer.SentencePieceTokenizer(model, do_lower_case=True,
+                                                         split_special_tokens=True)
   assert tok.mask_id not in split.encode("a [MASK] b")
 
 
@@ -280,7 +283,7 @@ def test_wordpiece_training_gives_a_bert_vocab(training_text, tmp_path):
   lines = open(path, encoding="utf-8").read().split("\n")
   assert lines[:5] == list(tokenization.SPECIAL_TOKENS)
   assert any(t.startswith("##") for t in lines)
-  tok = tokenization.WordPieceTokenizer(path)
+  tok = wordpiece.WordPieceTokenizer(path)
   assert tok.vocab_size <= 3000
   ids = tok.encode_batch(open(training_text, encoding="utf-8").read().split("\n")[:2000])
   flat = np.concatenate([np.asarray(i) for i in ids if i])
@@ -291,4 +294,4 @@ def test_sentencepiece_model_errors(tmp_path):
   junk = tmp_path / "junk.model"
   junk.write_bytes(b"not a model")
   with pytest.raises(ValueError, match="junk.model: not a SentencePiece model"):
-    tokenization.SentencePieceTokenizer(str(junk))
+    sentencepiece_tokenizer.SentencePieceTokenizer(str(junk))

@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 
-from bert_jax.text import bpe, tokenization
+from bert_jax.text import bpe, sentencepiece_tokenizer, tokenization
 from data_prep import demo_corpus, train_tokenizer
 from tests.test_tokenization import HARD_CASES
 
@@ -67,7 +67,7 @@ def test_byte_level_bpe_matches_roberta_tokenizer(roberta_files, corpus):
   reference = RobertaTokenizer(vocab=vocab_file, merges=merges_file)
   assert len(reference) == VOCAB_SIZE  # the files really loaded, <mask> among them
   ours = tokenization.load_tokenizer(vocab_file=vocab_file)  # merges.txt found beside it
-  assert isinstance(ours, tokenization.ByteLevelBPETokenizer) and ours.vocab_size == VOCAB_SIZE
+  assert isinstance(ours, bpe.ByteLevelBPETokenizer) and ours.vocab_size == VOCAB_SIZE
   assert ours.special_ids == {"pad_id": 1, "unk_id": 3, "cls_id": 0, "sep_id": 2,
                               "mask_id": VOCAB_SIZE - 1}
   assert ours.special_tokens == ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
@@ -127,7 +127,7 @@ def test_albert_sentencepiece_matches_albert_tokenizer(albert_model, corpus):
   reference = AlbertTokenizer.from_pretrained(os.path.dirname(albert_model))
   assert len(reference) == VOCAB_SIZE
   ours = tokenization.load_tokenizer(spm_model_file=albert_model, flavour="albert")
-  assert isinstance(ours, tokenization.AlbertSentencePieceTokenizer)
+  assert isinstance(ours, sentencepiece_tokenizer.AlbertSentencePieceTokenizer)
   assert ours.vocab_size == VOCAB_SIZE
   assert (ours.pad_id, ours.unk_id, ours.cls_id, ours.sep_id, ours.mask_id) == (0, 1, 2, 3, 4)
   assert ours.special_tokens == ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]")
@@ -139,7 +139,8 @@ def test_albert_sentencepiece_matches_albert_tokenizer(albert_model, corpus):
     assert ours.build_inputs(ours.encode(a), ours.encode(b)) == reference(a, b)["input_ids"]
   # The preprocessing: quotes, accents, case and whitespace.
   assert ours.encode("``Café''  \t NAÏVE") == ours.encode('"cafe" naive')
-  split = tokenization.AlbertSentencePieceTokenizer(albert_model, split_special_tokens=True)
+  split = sentencepiece_tokenizer.AlbertSentencePieceTokenizer(albert_model,
+                                                               split_special_tokens=True)
   assert ours.mask_id not in split.encode("a [MASK] b")
   assert split.encode_batch(["a [MASK] b", "Ab"]) == [split.encode("a [MASK] b"),
                                                       split.encode("ab")]
@@ -155,19 +156,19 @@ def test_albert_digit_comma_rule(corpus, tmp_path):
              zip(range(1500, 1700), range(1000, 2_000_000, 9_995))]
   text = open(corpus, encoding="utf-8").read().split("\n")[:4000] + numbers * 5
   spm.SentencePieceTrainer.train(
-      sentence_iterator=(tokenization.albert_preprocess(t) for t in text if t),
+      sentence_iterator=(sentencepiece_tokenizer.albert_preprocess(t) for t in text if t),
       model_prefix=str(tmp_path / "spiece"), model_type="unigram", vocab_size=VOCAB_SIZE,
       pad_id=0, pad_piece="<pad>", unk_id=1, unk_piece="<unk>", bos_id=-1, eos_id=-1,
       control_symbols=["[CLS]", "[SEP]", "[MASK]"], split_by_number=False, minloglevel=2)
   model = str(tmp_path / "spiece.model")
-  ours = tokenization.AlbertSentencePieceTokenizer(model)
-  plain = tokenization.AlbertSentencePieceTokenizer(model, split_digit_comma=False)
+  ours = sentencepiece_tokenizer.AlbertSentencePieceTokenizer(model)
+  plain = sentencepiece_tokenizer.AlbertSentencePieceTokenizer(model, split_digit_comma=False)
   assert ours.split_digit_comma and not plain.split_digit_comma
   cases = ["In 1600, 1,000 men and 12, then 3,", "1,000,000", "x1, 2,"] + numbers[:20]
   fired = 0
   for case in cases:
     with_rule, without = ours.tokenize(case), plain.tokenize(case)
-    assert not any(tokenization._ends_in_digit_comma(p) for p in with_rule), with_rule
+    assert not any(sentencepiece_tokenizer._ends_in_digit_comma(p) for p in with_rule), with_rule
     assert "".join(with_rule) == "".join(without)  # the same text, cut differently
     fired += with_rule != without
   assert fired >= 5

@@ -135,6 +135,7 @@ def compiled():
   return json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_objective_compiles_and_fits_a_tpu_slice(compiled, case):
   row = compiled[case]
@@ -222,6 +223,7 @@ def test_bad_slice_names_say_what_is_expected(name, message):
     tpu_slices.parse(name)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["v2-8", "v3-16", "v4-64", "v5litepod-16", "v5p-32", "v6e-8",
                                   "v6e-64"])
 def test_the_launcher_counts_a_slice_as_the_library_does(name, tmp_path):
@@ -261,6 +263,8 @@ def test_hlo_costs_count_loops_and_collectives_on_a_real_compiled_program():
   assert hlo_costs.hbm_bytes(module) > 5 * 64 * 128 * 4
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_preflight_compiles_the_trainers_step_and_refuses_one_that_cannot_fit():
   """What the launcher runs before it creates a slice: `bert_jax.pretrain --compile_for` with
   the trainer's own flags, its report shown, exit 1 naming the fix when the step cannot fit."""

@@ -93,6 +93,8 @@ def test_vocab_size_comes_from_the_data_and_is_checked_against_it(tmp_path):
 
 
 # ---------------------------------------------------------------------- one-line CLI errors
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_command_errors_are_one_line_that_names_the_fix(records, tmp_path):
   elsewhere = tmp_path / "elsewhere"  # not the repository: configs/ is found all the same
   elsewhere.mkdir()
@@ -125,6 +127,8 @@ def test_command_errors_are_one_line_that_names_the_fix(records, tmp_path):
   assert line == "error: --warmup_proportion=1.5: must lie in [0, 1].", line
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_model_fields_and_the_fast_recipe_are_set_from_the_command_line(tmp_path):
   """Unset model fields are typed placeholders: the command line can set them (a None field of
   an ml_collections config cannot be overridden)."""
@@ -142,6 +146,8 @@ def test_model_fields_and_the_fast_recipe_are_set_from_the_command_line(tmp_path
 
 
 # ------------------------------------------------------------ commands from any directory
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_an_installed_package_runs_its_commands_from_any_directory(tmp_path):
   """A wheel of the package (not the checkout) holds `data_prep` and the run configs, so the
   README's `python -m data_prep...` and `--config=configs/pretrain.py:...` work anywhere."""
@@ -196,6 +202,8 @@ def test_next_sentence_accuracy_comes_with_its_majority_baseline():
       dict(sums, nsp_random_next_sum=30.0))["nsp_majority_baseline"] == pytest.approx(0.70)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_demo_stopped_with_ctrl_c_says_so_and_how_to_resume(tmp_path):
   workdir = tmp_path / "demo"
   proc = subprocess.Popen(

@@ -1,23 +1,10 @@
 """Checkpoint resolution, in one room: which kind a path is, where its weights are, loading
-the encoder or the whole model from any kind, merging, and the initialisation order.
+the encoder or the whole model from any kind, merging, and writing weights as a run directory.
 
 Kinds: our run directories (a workdir or fine-tuning output dir holding `checkpoints/`, or an
 Orbax checkpoint directory itself), Hugging Face directories and Google's TF1 checkpoints. The
-format readers are `interop/hf.py` and `interop/tf1.py`; Orbax is `training/checkpointing.py`.
-
-The initialisation order of every run (pre-training and fine-tuning alike) is `initial_state`:
-
-1. this run's own `checkpoints/` hold a step: resume it (state, RNG and data position);
-2. else `init_checkpoint`: with `init_mode="continue"` another run's whole state (an Orbax
-   checkpoint: optimizer, step and schedule go on, only the data changes); with
-   `init_mode="params"` the weights of any kind, for the scopes the objective takes
-   (`Objective.init_scopes`: pre-training takes encoder and heads, fine-tuning the encoder),
-   merged over a fresh initialisation (absent heads start fresh; a longer position table keeps
-   the trained rows);
-3. else a fresh initialisation from the seed.
-
-A run that starts (2 with `init_mode="params"`, or 3) then passes its parameters through the
-objective's `initialize_params` (`training/objective.py`: a distillation teacher's weights).
+format readers are `interop/hf.py`, `interop/tf1.py` and `interop/checkpoint_store.py` (Orbax).
+The init order of a run (`training/init_order.py`) reads every kind through this module.
 """
 
 from __future__ import annotations
@@ -26,18 +13,14 @@ import dataclasses
 import os
 from typing import Any, Mapping, Sequence
 
-import jax
 import numpy as np
 from absl import logging
 
 from bert_jax import file_io
-from bert_jax.interop import hf, kinds, tf1
+from bert_jax.interop import checkpoint_store, hf, hf_config, kinds, tf1
 from bert_jax.interop.names import LoadReport, flatten_params, to_numpy, unflatten_params
 from bert_jax.model import electra, heads, modeling
 from bert_jax.model.configuration import BertConfig
-from bert_jax.training import checkpointing
-from bert_jax.training.objective import Objective
-from bert_jax.training import state as state_lib
 
 CHECKPOINTS = kinds.CHECKPOINTS
 KIND_NAMES = kinds.KIND_NAMES
@@ -51,18 +34,11 @@ def orbax_directory(path: str) -> str:
   return nested if file_io.isdir(nested) else path
 
 
-def run_checkpoints(run_dir: str, *, max_to_keep: int | None = 3, async_save: bool = True
-                    ) -> checkpointing.CheckpointManager:
-  """The checkpoint manager of a run directory (where runs save and resume)."""
-  return checkpointing.CheckpointManager(file_io.join(run_dir, CHECKPOINTS),
-                                         max_to_keep=max_to_keep, async_save=async_save)
-
-
 def run_metadata(path: str) -> dict[str, Any]:
   """The metadata item of an Orbax checkpoint's latest step (the task a fine-tuned model
   records, its input settings); raises FileNotFoundError when no step was saved."""
   ckpt_dir = orbax_directory(path)
-  manager = checkpointing.CheckpointManager(ckpt_dir, max_to_keep=None, async_save=False)
+  manager = checkpoint_store.CheckpointStore(ckpt_dir, max_to_keep=None, async_save=False)
   try:
     if manager.latest_step() is None:
       raise FileNotFoundError(f"{path}: no saved checkpoint in {ckpt_dir} (did the run save "
@@ -94,9 +70,9 @@ def _orbax_config(path: str, meta: Mapping[str, Any] | None = None) -> BertConfi
   (read only then)."""
   workdir_config = file_io.join(path, tf1.TF1_CONFIG_NAME)
   if file_io.exists(workdir_config):
-    return BertConfig.from_json_file(workdir_config)
+    return hf_config.config_from_json_file(workdir_config)
   meta = run_metadata(path) if meta is None else meta
-  return BertConfig.from_dict(meta["bert_config"], source=orbax_directory(path))
+  return hf_config.config_from_dict(meta["bert_config"], source=orbax_directory(path))
 
 
 def load_any(path: str, bert_config_file: str | None = None, subtree: str = "params") -> Loaded:
@@ -109,7 +85,7 @@ def load_any(path: str, bert_config_file: str | None = None, subtree: str = "par
     logging.info("%s", report.summary())
     return Loaded(config, params, report, kind, where)
   ckpt_dir = orbax_directory(where)
-  tree, meta = checkpointing.load_params(ckpt_dir, subtree=subtree)
+  tree, meta = checkpoint_store.load_params(ckpt_dir, subtree=subtree)
   config = (tf1.read_config_file(bert_config_file) if bert_config_file
             else _orbax_config(where, meta))
   for key in reversed(subtree.split("/")[1:]):
@@ -177,7 +153,7 @@ def read_config(path: str | None, bert_config_file: str | None = None) -> BertCo
   if kind == "tf1":
     return tf1.read_config(where)
   if kind == "hf":
-    return BertConfig.from_json_file(file_io.join(where, "config.json"))
+    return hf_config.config_from_json_file(file_io.join(where, "config.json"))
   return _orbax_config(where)
 
 
@@ -200,7 +176,7 @@ def vocabulary_directories(path: str) -> list[str]:
   return out
 
 
-def _unused_note(report: LoadReport | None) -> str:
+def unused_note(report: LoadReport | None) -> str:
   """What a conversion read but nothing takes (a fine-tuned classifier's `output_weights` in a
   TF1 checkpoint, say), for the line that says where a run's weights came from."""
   if report is None:
@@ -223,7 +199,7 @@ def load_encoder(init_checkpoint: str | None, bert_config_file: str | None = Non
     config = read_config(None, bert_config_file)
     return config, None, "encoder initialised from scratch (no --init_checkpoint)"
   loaded = load_any(init_checkpoint, bert_config_file, subtree="params/bert")
-  origin = loaded.origin + _unused_note(loaded.report)
+  origin = loaded.origin + unused_note(loaded.report)
   params = in_layout(loaded.params, loaded.config, False)
   return loaded.config.replace(scan_layers=False), params["bert"], origin
 
@@ -281,74 +257,14 @@ def select_scopes(loaded: Mapping, fresh: Mapping, scopes: Sequence[str] | None,
   return taken
 
 
-# ------------------------------------------------------------------------- the init order
-@dataclasses.dataclass
-class InitialState:
-  state: state_lib.TrainState
-  shardings: state_lib.TrainState
-  position: dict[str, int] | None   # the data position to resume from (own checkpoint only)
-  origin: str                       # where the state came from, for the run's first line
-
-
-def initial_state(objective, model, tx, mesh, rules, *, batch_size: int, seed: int,
-                  checkpoints: checkpointing.CheckpointManager | None,
-                  init_checkpoint: str | None = None, init_mode: str = "params",
-                  bert_config_file: str | None = None) -> InitialState:
-  """The train state of a run, by the init order of the module docstring."""
-  example = objective.example_batch(batch_size)
-  abstract, state_sh = state_lib.abstract_train_state(model, tx, mesh, rules, example,
-                                                      objective.input_names)
-  if checkpoints is not None and checkpoints.latest_step() is not None:
-    # The newest step that is intact; newer damaged ones are set aside (named in a warning),
-    # so that this run saves those steps again.
-    state, data_state, _ = checkpoints.restore(abstract, set_aside_damaged=True)
-    position = checkpointing.own_position(data_state) if data_state else None
-    damaged = (f" (damaged, set aside: step {', '.join(str(s) for s, _ in checkpoints.skipped)})"
-               if checkpoints.skipped else "")
-    return InitialState(state, state_sh, position, f"resumed from step {int(state.step)} "
-                                                   f"of {checkpoints.directory}{damaged}")
-  if init_checkpoint:
-    kind, where = checkpoint_kind(init_checkpoint)
-    if init_mode == "continue":
-      if kind != "orbax":
-        raise ValueError(f"init_checkpoint={init_checkpoint} is {KIND_NAMES[kind]}: weights, "
-                         "but no state of this trainer to continue; set init_mode='params' to "
-                         "start from its weights.")
-      source = orbax_directory(where)
-      other = checkpointing.CheckpointManager(source, max_to_keep=None, async_save=False)
-      state, _, _ = other.restore(abstract)
-      return InitialState(state, state_sh, None,
-                          f"continuing {source} from step {int(state.step)}")
-    if init_mode != "params":
-      raise ValueError(f"init_mode={init_mode!r}; expected 'continue' or 'params'.")
-    state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, seed, example,
-                                                   objective.input_names)
-    scopes = objective.init_scopes
-    subtree = f"params/{scopes[0]}" if scopes is not None and len(scopes) == 1 else "params"
-    loaded = load_any(init_checkpoint, bert_config_file, subtree=subtree)
-    fresh = jax.device_get(state.params)
-    params = in_layout(loaded.params, loaded.config, model.config.scan_layers)
-    params = select_scopes(params, fresh, objective.init_scopes, loaded.origin)
-    merged = merge_params(fresh, extend_positions(params, fresh), where=loaded.origin)
-    merged = objective.initialize_params(merged)
-    return InitialState(state.replace(params=jax.device_put(merged, state_sh.params)),
-                        state_sh, None,
-                        f"weights from {init_checkpoint}{_unused_note(loaded.report)}")
-  state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, seed, example,
-                                                 objective.input_names)
-  if type(objective).initialize_params is not Objective.initialize_params:
-    params = objective.initialize_params(jax.device_get(state.params))
-    state = state.replace(params=jax.device_put(params, state_sh.params))
-  return InitialState(state, state_sh, None, "initialised from scratch")
-
-
 # ----------------------------------------------------------------------------------- writing
 def save_orbax_params(params: Mapping, config: BertConfig, directory: str) -> str:
   """Writes `params` as a run directory that every loader here and pre-training with
   `init_mode="params"` read: `bert_config.json` + `checkpoints/0` (weights only, so not a run
   that `init_mode="continue"` could resume)."""
-  manager = run_checkpoints(directory, max_to_keep=None, async_save=False)
-  manager.save(0, {"params": to_numpy(params)}, {}, {"bert_config": config.to_hf_dict()})
+  manager = checkpoint_store.CheckpointStore(file_io.join(directory, CHECKPOINTS),
+                                             max_to_keep=None, async_save=False)
+  manager.save(0, {"params": to_numpy(params)}, {}, {"bert_config": hf_config.to_hf_dict(config)})
   manager.close()
   file_io.write_text_atomic(file_io.join(directory, tf1.TF1_CONFIG_NAME),
                             tf1.original_config_json(config))

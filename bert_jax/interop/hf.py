@@ -21,19 +21,11 @@ from typing import Mapping
 import numpy as np
 
 from bert_jax import file_io
+from bert_jax.interop import hf_config
 from bert_jax.interop.names import (FAMILIES, HF_GENERATOR as GENERATOR_PREFIX, LoadReport,
                                     apply_table, params_to_state)
 from bert_jax.model.configuration import BertConfig
 
-# The Hugging Face classes our trees are written as: (with pre-training heads, with the
-# masked-LM head only, encoder only).
-_ARCHITECTURES = {
-    "bert": ("BertForPreTraining", "BertForPreTraining", "BertModel"),
-    "albert": ("AlbertForPreTraining", "AlbertForMaskedLM", "AlbertModel"),
-    "roberta": ("RobertaForMaskedLM", "RobertaForMaskedLM", "RobertaModel"),
-    "electra": ("ElectraForPreTraining", "ElectraForPreTraining", "ElectraModel"),
-    "distilbert": ("DistilBertForMaskedLM", "DistilBertForMaskedLM", "DistilBertModel"),
-}
 # ELECTRA's generator is a directory of its own: `generator/` inside the discriminator's.
 GENERATOR_DIRECTORY = "generator"
 
@@ -109,7 +101,8 @@ def load_hf_checkpoint(directory: str, bert_config_file: str | None = None, **co
   are listed in `report.missing`; `merge_params` fills them from an initialised tree. The config is
   `bert_config_file` when given (it must fit the tensors), else the directory's `config.json`.
   """
-  config = BertConfig.from_json_file(bert_config_file or file_io.join(directory, "config.json"))
+  config = hf_config.config_from_json_file(
+      bert_config_file or file_io.join(directory, "config.json"))
   state = read_hf_state(directory)
   if config.model_type == "electra":
     config, state = _with_electra_generator(directory, config, state)
@@ -128,7 +121,7 @@ def _with_electra_generator(directory: str, config: BertConfig, state: dict
   gen_dir = file_io.join(directory, GENERATOR_DIRECTORY)
   if not file_io.exists(file_io.join(gen_dir, "config.json")):
     return config, state
-  gen = BertConfig.from_json_file(file_io.join(gen_dir, "config.json"))
+  gen = hf_config.config_from_json_file(file_io.join(gen_dir, "config.json"))
   if gen.model_type != "electra" or gen.embedding_width != config.embedding_width:
     raise ValueError(f"{gen_dir}: the generator must be an ELECTRA model with the "
                      f"discriminator's embedding width {config.embedding_width}; found "
@@ -166,7 +159,7 @@ def save_hf_checkpoint(params: Mapping, config: BertConfig, directory: str) -> s
     _save_electra_generator(state, generator, config,
                             file_io.join(directory, GENERATOR_DIRECTORY))
   family = FAMILIES[config.model_type]
-  full, masked_lm, bare = _ARCHITECTURES[config.model_type]
+  full, masked_lm, bare = hf_config.ARCHITECTURES[config.model_type]
   has_heads = any(k.startswith(family.hf_head_prefixes) for k in state)
   has_sentence_head = ("cls" in params and any(
       k in params["cls"] for k in ("seq_relationship", "sop_classifier"))
@@ -177,8 +170,7 @@ def save_hf_checkpoint(params: Mapping, config: BertConfig, directory: str) -> s
   file_io.makedirs(directory)
   file_io.write_bytes_atomic(file_io.join(directory, "model.safetensors"),
                              save_bytes(state, metadata={"format": "pt"}))
-  file_io.write_text_atomic(file_io.join(directory, "config.json"),
-                            json.dumps(config.to_hf_dict(arch), indent=2, sort_keys=True) + "\n")
+  hf_config.write_hf_config(config, file_io.join(directory, "config.json"), arch)
   return directory
 
 
@@ -196,5 +188,4 @@ def _save_electra_generator(state: Mapping[str, np.ndarray], generator: dict, co
   file_io.makedirs(directory)
   file_io.write_bytes_atomic(file_io.join(directory, "model.safetensors"),
                              save_bytes(generator, metadata={"format": "pt"}))
-  file_io.write_text_atomic(file_io.join(directory, "config.json"), json.dumps(
-      gen.to_hf_dict(("ElectraForMaskedLM",)), indent=2, sort_keys=True) + "\n")
+  hf_config.write_hf_config(gen, file_io.join(directory, "config.json"), ("ElectraForMaskedLM",))

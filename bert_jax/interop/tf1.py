@@ -22,7 +22,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax import file_io
-from bert_jax.interop import kinds
+from bert_jax.interop import hf_config, kinds
 from bert_jax.interop.names import LoadReport, apply_table, params_to_state
 from bert_jax.model.configuration import BertConfig
 
@@ -106,7 +106,7 @@ def read_albert_config(path: str) -> BertConfig:
   values["model_type"] = "albert"
   act = values.get("hidden_act")
   values["hidden_act"] = _ALBERT_ACT_TO_OURS.get(act, act)
-  return BertConfig.from_dict(values, source=path)
+  return hf_config.config_from_dict(values, source=path)
 
 
 def read_config_file(path: str) -> BertConfig:
@@ -114,7 +114,7 @@ def read_config_file(path: str) -> BertConfig:
   (`bert_config.json`, Hugging Face `config.json`, ours, which carry `model_type`)."""
   if path.rstrip("/").rsplit("/", 1)[-1] == ALBERT_CONFIG_NAME:
     return read_albert_config(path)
-  return BertConfig.from_json_file(path)
+  return hf_config.config_from_json_file(path)
 
 
 def read_config(prefix: str, bert_config_file: str | None = None) -> BertConfig:

@@ -1,9 +1,10 @@
 """`BertConfig`: the model's shape, with the field names of the original `bert_config.json`.
 
-The legacy names are kept so that a released `bert_config.json` (Google's TF1 checkpoints) and a
-Hugging Face `config.json` both load without translation tables for the shape fields. Fields that
-only say *how* to compute (compute dtype, layer scan, rematerialisation, attention kernel) are
-ours; they never change the parameter values, so they are not written into exported configs.
+The legacy names are kept so that a released `bert_config.json` (Google's TF1 checkpoints) loads
+as it is, and a Hugging Face `config.json` needs no translation table for the shape fields (what
+it does need, per family, is `interop/hf_config.py`). Fields that only say *how* to compute
+(compute dtype, layer scan, rematerialisation, attention kernel) are ours; they never change the
+parameter values, so they are not written into exported configs.
 """
 
 from __future__ import annotations
@@ -252,26 +253,11 @@ class BertConfig:
   # ----------------------------------------------------------------------------- reading
   @classmethod
   def from_dict(cls, values: Mapping[str, Any], source: str = "<dict>") -> "BertConfig":
-    """Builds a config from an original `bert_config.json` or a Hugging Face `config.json`.
-
-    Unknown keys (Hugging Face bookkeeping such as `architectures`, `torch_dtype`) are ignored;
-    keys that would change the architecture into something this model does not implement are
-    rejected with the file and the key named, rather than silently producing a different model.
+    """Builds a config from the fields of `bert_config.json`: the original's, and the family
+    fields ours adds (`to_original_dict`). Other keys are ignored; a missing shape field is
+    refused naming `source`. (Foreign configs, Hugging Face's among them, are translated in
+    `interop/hf_config.py`.)
     """
-    values = dict(values)
-    model_type = values.get("model_type", "bert")
-    if model_type == "distilbert":
-      values = _from_distilbert(values, source)
-    if model_type not in MODEL_TYPES:
-      raise ValueError(f"{source}: model_type={model_type!r}; supported families: "
-                       f"{', '.join(MODEL_TYPES)}.")
-    values.update(_family_fields(model_type, values, source))
-    position_type = values.get("position_embedding_type", "absolute")
-    if position_type != "absolute":
-      raise ValueError(f"{source}: position_embedding_type={position_type!r}; only 'absolute' "
-                       "position embeddings (the original BERT) are supported.")
-    if values.get("is_decoder") or values.get("add_cross_attention"):
-      raise ValueError(f"{source}: decoder / cross-attention BERT variants are not supported.")
     kwargs = {}
     for field in dataclasses.fields(cls):
       if field.name in values and values[field.name] is not None:
@@ -289,16 +275,8 @@ class BertConfig:
 
   @classmethod
   def from_json_file(cls, path: str) -> "BertConfig":
-    """Reads `bert_config.json` (original) or `config.json` (Hugging Face); local or gs://."""
-    from bert_jax import file_io
-    text = file_io.read_text(path)
-    try:
-      values = json.loads(text)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path}: line {e.lineno}: not valid JSON ({e.msg}).") from e
-    if not isinstance(values, dict):
-      raise ValueError(f"{path}: expected a JSON object with BERT config fields.")
-    return cls.from_dict(values, source=path)
+    """Reads `bert_config.json` (the original's, or ours); local or gs://."""
+    return cls.from_dict(read_config_json(path), source=path)
 
   # ----------------------------------------------------------------------------- writing
   def _family_values(self) -> dict[str, Any]:
@@ -312,112 +290,24 @@ class BertConfig:
     out.update(self._family_values())
     return out
 
-  def to_hf_dict(self, architectures=None) -> dict[str, Any]:
-    """A Hugging Face `config.json` for the same model, in its family's terms.
-
-    ALBERT: `embedding_size` and one hidden group of one inner layer (`share_parameters='all'`;
-    other sharing has no Hugging Face form, so only our own loaders read it back from
-    `share_parameters`). RoBERTa: `pad_token_id` is the offset less one (padding_idx).
-    """
-    if architectures is None:
-      architectures = (DEFAULT_ARCHITECTURES[self.model_type],)
-    if self.model_type == "distilbert":
-      return _to_distilbert(self, architectures)
-    out = {name: getattr(self, name) for name in self.SHAPE_FIELDS}
-    out.update(model_type=self.model_type, position_embedding_type="absolute",
-               torch_dtype="float32")
-    out["architectures"] = list(architectures)
-    if self.model_type == "bert":
-      out.update(pad_token_id=0)
-    elif self.model_type == "albert":
-      out.update(embedding_size=self.embedding_width, pad_token_id=0, bos_token_id=2,
-                 eos_token_id=3)
-      if self.share_parameters == "all":
-        out.update(num_hidden_groups=1, inner_group_num=1)
-    elif self.model_type == "electra":
-      out.update(embedding_size=self.embedding_width, pad_token_id=0)
-    else:
-      out.update(pad_token_id=max(self.position_offset - 1, 0), bos_token_id=0, eos_token_id=2)
-    if self.model_type not in ("albert", "electra") and self.embedding_size is not None:
-      out["embedding_size"] = self.embedding_width
-    if self.share_parameters != ("all" if self.model_type == "albert" else "none"):
-      out["share_parameters"] = self.share_parameters
-    if self.model_type != "roberta" and self.position_offset:
-      out["position_offset"] = self.position_offset
-    return out
-
-  def to_json_file(self, path: str, flavour: str = "original") -> None:
+  def to_json_file(self, path: str) -> None:
+    """Writes `bert_config.json` as `to_original_dict` gives it."""
     from bert_jax import file_io
-    values = self.to_original_dict() if flavour == "original" else self.to_hf_dict()
-    file_io.write_text_atomic(path, json.dumps(values, indent=2, sort_keys=True) + "\n")
+    file_io.write_text_atomic(path, json.dumps(self.to_original_dict(), indent=2,
+                                               sort_keys=True) + "\n")
 
 
-# The Hugging Face class a full pre-training tree of each family is written as.
-DEFAULT_ARCHITECTURES = {"bert": "BertForPreTraining", "albert": "AlbertForPreTraining",
-                         "roberta": "RobertaForMaskedLM", "electra": "ElectraForPreTraining",
-                         "distilbert": "DistilBertForMaskedLM"}
-
-# DistilBERT's config.json names ↔ ours (transformers' DistilBertConfig).
-_DISTILBERT_NAMES = {"dim": "hidden_size", "n_layers": "num_hidden_layers",
-                     "n_heads": "num_attention_heads", "hidden_dim": "intermediate_size",
-                     "dropout": "hidden_dropout_prob",
-                     "attention_dropout": "attention_probs_dropout_prob",
-                     "activation": "hidden_act"}
-
-
-def _from_distilbert(values: dict, source: str) -> dict:
-  """A DistilBERT `config.json` in BERT's field names: no token types, LayerNorm ε 1e-12 (its
-  hard-coded value); sinusoidal position tables are refused (none of the released models has
-  them, and this encoder learns its positions)."""
-  if values.get("sinusoidal_pos_embds"):
-    raise ValueError(f"{source}: DistilBERT with sinusoidal_pos_embds=true is not supported "
-                     "(only learned position embeddings, as in the released models).")
-  out = {ours: values[theirs] for theirs, ours in _DISTILBERT_NAMES.items() if theirs in values}
-  out.update({k: v for k, v in values.items() if k not in _DISTILBERT_NAMES})
-  out.update(type_vocab_size=0, layer_norm_eps=1e-12)
-  return out
-
-
-def _to_distilbert(config: BertConfig, architectures) -> dict[str, Any]:
-  """Our config as transformers' `DistilBertConfig` writes it."""
-  if config.layer_norm_eps != 1e-12 or config.type_vocab_size != 0:
-    raise ValueError(f"DistilBERT has no token types and LayerNorm ε 1e-12; this model has "
-                     f"type_vocab_size={config.type_vocab_size}, "
-                     f"layer_norm_eps={config.layer_norm_eps}.")
-  out = {theirs: getattr(config, ours) for theirs, ours in _DISTILBERT_NAMES.items()}
-  out.update(vocab_size=config.vocab_size, max_position_embeddings=config.max_position_embeddings,
-             initializer_range=config.initializer_range, sinusoidal_pos_embds=False,
-             model_type="distilbert", pad_token_id=0, torch_dtype="float32",
-             architectures=list(architectures))
-  return out
-
-
-def _family_fields(model_type: str, values: Mapping[str, Any], source: str) -> dict[str, Any]:
-  """The family fields implied by a Hugging Face (or ALBERT/RoBERTa release) config.
-
-  ALBERT: its layer groups must be one group of one inner layer, which is sharing "all";
-  other groupings are refused by name. RoBERTa: positions start after `pad_token_id`.
-  Values that our own writers put in (`share_parameters`, `position_offset`) win.
-  """
-  out: dict[str, Any] = {"model_type": model_type}
-  if model_type == "albert":
-    groups = values.get("num_hidden_groups", 1)
-    inner = values.get("inner_group_num", 1)
-    if "share_parameters" not in values and (groups != 1 or inner != 1):
-      raise ValueError(f"{source}: ALBERT with num_hidden_groups={groups}, inner_group_num="
-                       f"{inner}; only num_hidden_groups=1 and inner_group_num=1 (every layer "
-                       "shares one set of weights, as in every released ALBERT) are supported.")
-    out["share_parameters"] = values.get("share_parameters", "all")
-    out["embedding_size"] = values.get("embedding_size", 128)
-  elif model_type == "electra":
-    # Hugging Face writes embedding_size always (= hidden_size when not factorized).
-    embedding = values.get("embedding_size")
-    if embedding is not None and embedding != values.get("hidden_size"):
-      out["embedding_size"] = embedding
-  elif model_type == "roberta":
-    pad = values.get("pad_token_id", 1)
-    out["position_offset"] = values.get("position_offset", (1 if pad is None else pad) + 1)
-  return out
+def read_config_json(path: str) -> dict[str, Any]:
+  """The JSON object of a config file, refused naming the file (and line) when it is not one."""
+  from bert_jax import file_io
+  text = file_io.read_text(path)
+  try:
+    values = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: line {e.lineno}: not valid JSON ({e.msg}).") from e
+  if not isinstance(values, dict):
+    raise ValueError(f"{path}: expected a JSON object with BERT config fields.")
+  return values
 
 
 # --------------------------------------------------------------------------------- presets

@@ -206,60 +206,6 @@ class _PreTrainingHeads(nn.Module):
     return mlm_logits, nsp_logits
 
 
-# ----------------------------------------------------------------------------------- losses
-def masked_lm_loss(logits: jax.Array, masked_lm_ids: jax.Array,
-                   masked_lm_weights: jax.Array) -> dict[str, jax.Array]:
-  """The original's weighted cross-entropy: sum(w · loss) / (sum(w) + 1e-5).
-
-  Padding predictions (weight 0) contribute nothing. Returns the loss plus the sums that make
-  exact averages over many batches (`*_sum` and `weight_sum`).
-  """
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  labels = masked_lm_ids.astype(jnp.int32)
-  per_position = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
-  weights = masked_lm_weights.astype(jnp.float32)
-  loss_sum = jnp.sum(weights * per_position)
-  weight_sum = jnp.sum(weights)
-  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-  return {
-      "loss": loss_sum / (weight_sum + 1e-5),
-      "loss_sum": loss_sum,
-      "correct_sum": jnp.sum(weights * correct),
-      "weight_sum": weight_sum,
-  }
-
-
-def next_sentence_loss(logits: jax.Array, labels: jax.Array,
-                       weights: jax.Array | None = None) -> dict[str, jax.Array]:
-  """Mean 2-way cross-entropy; label 1 means "B is a random segment", as in the original.
-
-  Packed rows give logits (batch, k, 2) and labels (batch, k) with `weights` (batch, k): 1 for
-  a real instance, 0 for an unused slot; the mean is then over the real instances.
-  """
-  labels = labels.reshape(-1).astype(jnp.int32)
-  logits = logits.reshape(-1, logits.shape[-1])
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  per_example = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
-  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-  if weights is None:
-    count = jnp.asarray(labels.shape[0], jnp.float32)
-    return {
-        "loss": jnp.mean(per_example),
-        "loss_sum": jnp.sum(per_example),
-        "correct_sum": jnp.sum(correct),
-        "weight_sum": count,
-    }
-  weights = weights.reshape(-1).astype(jnp.float32)
-  loss_sum = jnp.sum(weights * per_example)
-  weight_sum = jnp.sum(weights)
-  return {
-      "loss": loss_sum / jnp.maximum(weight_sum, 1.0),
-      "loss_sum": loss_sum,
-      "correct_sum": jnp.sum(weights * correct),
-      "weight_sum": weight_sum,
-  }
-
-
 # ------------------------------------------------------------------------- fine-tuning heads
 class BertForSequenceClassification(nn.Module):
   """`BertModel` + dropout + a dense layer on the pooled [CLS] vector (`run_classifier.py`).
@@ -288,31 +234,6 @@ class BertForSequenceClassification(nn.Module):
     return logits.astype(jnp.float32)
 
 
-def classification_loss(logits: jax.Array, labels: jax.Array,
-                        weights: jax.Array) -> dict[str, jax.Array]:
-  """Weighted softmax cross-entropy; weight 0 marks padding examples of a partial batch."""
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  labels = labels.astype(jnp.int32)
-  per_example = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
-  weights = weights.astype(jnp.float32)
-  weight_sum = jnp.sum(weights)
-  loss_sum = jnp.sum(weights * per_example)
-  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-  return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
-          "correct_sum": jnp.sum(weights * correct), "weight_sum": weight_sum}
-
-
-def regression_loss(predictions: jax.Array, targets: jax.Array,
-                    weights: jax.Array) -> dict[str, jax.Array]:
-  """Weighted mean squared error of a one-output head (as transformers does for STS-B)."""
-  predictions = predictions.reshape(-1).astype(jnp.float32)
-  weights = weights.astype(jnp.float32)
-  loss_sum = jnp.sum(weights * jnp.square(predictions - targets.astype(jnp.float32)))
-  weight_sum = jnp.sum(weights)
-  return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
-          "weight_sum": weight_sum}
-
-
 class BertForQuestionAnswering(nn.Module):
   """`BertModel` + a dense layer giving each token a start and an end logit (`run_squad.py`).
 
@@ -339,28 +260,10 @@ class BertForQuestionAnswering(nn.Module):
     return logits[..., 0], logits[..., 1]
 
 
-def span_loss(start_logits: jax.Array, end_logits: jax.Array, start_positions: jax.Array,
-              end_positions: jax.Array, weights: jax.Array) -> dict[str, jax.Array]:
-  """The original's SQuAD loss: (start cross-entropy + end cross-entropy) / 2 over positions,
-  averaged over the examples of weight 1 (weight 0 marks padding rows of a partial batch)."""
-  def cross_entropy(logits, positions):
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return -jnp.take_along_axis(log_probs, positions.astype(jnp.int32)[:, None], axis=-1)[:, 0]
-  weights = weights.astype(jnp.float32)
-  per_example = 0.5 * (cross_entropy(start_logits, start_positions)
-                       + cross_entropy(end_logits, end_positions))
-  weight_sum = jnp.sum(weights)
-  loss_sum = jnp.sum(weights * per_example)
-  both = ((jnp.argmax(start_logits, axis=-1) == start_positions)
-          & (jnp.argmax(end_logits, axis=-1) == end_positions)).astype(jnp.float32)
-  return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
-          "correct_sum": jnp.sum(weights * both), "weight_sum": weight_sum}
-
-
 class BertForTokenClassification(nn.Module):
   """`BertModel` + dropout + a dense layer giving every token `num_labels` logits (the paper's
   NER fine-tuning, Section 4.3 / 5.3: the first piece of each word is classified; which
-  positions count is the loss's business, `token_classification_loss`).
+  positions count is the loss's business: the tagging objective's).
 
   Returns float32 logits (batch, length, num_labels). No pooler: nothing reads it. The head is
   `classifier`, as transformers' `BertForTokenClassification` names it.
@@ -441,21 +344,6 @@ class _BiLstmTagger(nn.Module):
       x = Dropout(cfg.hidden_dropout_prob, cfg.dropout_bits)(x, deterministic=deterministic)
     return nn.Dense(self.num_labels, kernel_init=bert_initializer(cfg.initializer_range),
                     name="classifier")(x).astype(jnp.float32)
-
-
-def token_classification_loss(logits: jax.Array, label_ids: jax.Array,
-                              label_weights: jax.Array) -> dict[str, jax.Array]:
-  """Softmax cross-entropy at the positions of weight 1 (each word's first piece); the other
-  pieces, context, special tokens and padding weigh 0. Sums over words, for exact averages."""
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  labels = label_ids.astype(jnp.int32)
-  per_token = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
-  weights = label_weights.astype(jnp.float32)
-  weight_sum = jnp.sum(weights)
-  loss_sum = jnp.sum(weights * per_token)
-  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-  return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
-          "correct_sum": jnp.sum(weights * correct), "weight_sum": weight_sum}
 
 
 class BertForMultipleChoice(nn.Module):

@@ -126,7 +126,7 @@ class MaskedLm(Objective):
                       ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The masked-LM term of the loss and its sums (`mlm_loss_sum`, `mlm_correct_sum`,
     `mlm_weight_sum`)."""
-    mlm = heads.masked_lm_loss(mlm_logits, batch[features.MASKED_LM_IDS],
+    mlm = masked_lm_loss(mlm_logits, batch[features.MASKED_LM_IDS],
                                batch[features.MASKED_LM_WEIGHTS])
     return mlm["loss_sum"] / denominators["mlm"], {
         "mlm_loss_sum": mlm["loss_sum"], "mlm_correct_sum": mlm["correct_sum"],
@@ -166,3 +166,26 @@ class MaskedLm(Objective):
     """Forward FLOPs of the heads beside the masked-LM one."""
     del bert_config, batch_size
     return 0.0
+
+
+# --------------------------------------------------------------------------------------- the loss
+def masked_lm_loss(logits: jax.Array, masked_lm_ids: jax.Array,
+                   masked_lm_weights: jax.Array) -> dict[str, jax.Array]:
+  """The original's weighted cross-entropy: sum(w · loss) / (sum(w) + 1e-5).
+
+  Padding predictions (weight 0) contribute nothing. Returns the loss plus the sums that make
+  exact averages over many batches (`*_sum` and `weight_sum`).
+  """
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  labels = masked_lm_ids.astype(jnp.int32)
+  per_position = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+  weights = masked_lm_weights.astype(jnp.float32)
+  loss_sum = jnp.sum(weights * per_position)
+  weight_sum = jnp.sum(weights)
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  return {
+      "loss": loss_sum / (weight_sum + 1e-5),
+      "loss_sum": loss_sum,
+      "correct_sum": jnp.sum(weights * correct),
+      "weight_sum": weight_sum,
+  }

@@ -89,7 +89,7 @@ class MaskedLmSentencePair(MaskedLm):
     loss, sums = self.masked_lm_terms(mlm_logits, batch, denominators)
     weights = self._sentence_weights(batch)
     labels = batch[features.NEXT_SENTENCE_LABELS]
-    sentence = heads.next_sentence_loss(sentence_logits, labels, weights)
+    sentence = next_sentence_loss(sentence_logits, labels, weights)
     loss = loss + sentence["loss_sum"] / denominators[self.prefix]
     positives = labels.astype(jnp.float32)
     if weights is not None:
@@ -143,3 +143,35 @@ def pretraining_loss(mlm_logits: jax.Array, nsp_logits: jax.Array, batch: Mappin
   metrics = dict(sums, loss=loss, mlm_loss=sums["mlm_loss_sum"] / denominators["mlm"],
                  nsp_loss=sums["nsp_loss_sum"] / denominators["nsp"])
   return loss, metrics
+
+
+# --------------------------------------------------------------------------------------- the loss
+def next_sentence_loss(logits: jax.Array, labels: jax.Array,
+                       weights: jax.Array | None = None) -> dict[str, jax.Array]:
+  """Mean 2-way cross-entropy; label 1 means "B is a random segment", as in the original.
+
+  Packed rows give logits (batch, k, 2) and labels (batch, k) with `weights` (batch, k): 1 for
+  a real instance, 0 for an unused slot; the mean is then over the real instances.
+  """
+  labels = labels.reshape(-1).astype(jnp.int32)
+  logits = logits.reshape(-1, logits.shape[-1])
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  per_example = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  if weights is None:
+    count = jnp.asarray(labels.shape[0], jnp.float32)
+    return {
+        "loss": jnp.mean(per_example),
+        "loss_sum": jnp.sum(per_example),
+        "correct_sum": jnp.sum(correct),
+        "weight_sum": count,
+    }
+  weights = weights.reshape(-1).astype(jnp.float32)
+  loss_sum = jnp.sum(weights * per_example)
+  weight_sum = jnp.sum(weights)
+  return {
+      "loss": loss_sum / jnp.maximum(weight_sum, 1.0),
+      "loss_sum": loss_sum,
+      "correct_sum": jnp.sum(weights * correct),
+      "weight_sum": weight_sum,
+  }

@@ -28,7 +28,7 @@ from absl import logging
 
 from bert_jax.model import heads, modeling
 from bert_jax.model.configuration import BertConfig
-from bert_jax.objectives.mlm import MaskedLm
+from bert_jax.objectives.mlm import MaskedLm, masked_lm_loss
 from bert_jax.text import features
 
 
@@ -126,7 +126,7 @@ class MaskedLmSpanBoundary(MaskedLm):
     mlm_logits, sbo_logits = outputs
     loss, sums = self.masked_lm_terms(mlm_logits, batch, denominators)
     # The same weighted cross-entropy against the same targets, from the boundaries.
-    sbo = heads.masked_lm_loss(sbo_logits, batch[features.MASKED_LM_IDS],
+    sbo = masked_lm_loss(sbo_logits, batch[features.MASKED_LM_IDS],
                                batch[features.MASKED_LM_WEIGHTS])
     sums.update(sbo_loss_sum=sbo["loss_sum"], sbo_correct_sum=sbo["correct_sum"])
     return loss + sbo["loss_sum"] / denominators["mlm"], sums

@@ -190,10 +190,17 @@ def quiet_libtpu(slice_: Slice) -> None:
 
 
 def topology_devices(slice_: Slice | str) -> list:
-  """Compile-only devices of the slice's real topology (needs the `libtpu` package)."""
+  """Compile-only devices of the slice's real topology (needs the `libtpu` package).
+
+  JAX's persistent compilation cache is turned off for the process: a compile-only client
+  writes its executables there but cannot load them back (each later compile would warn and
+  compile again), and a full-size model's TPU executable is large. (The switch is read when
+  the process first compiles; a process that compiled with the cache before keeps it.)"""
   slice_ = parse(slice_) if isinstance(slice_, str) else slice_
   quiet_libtpu(slice_)
+  import jax  # pylint: disable=g-import-not-at-top
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_enable_compilation_cache", False)
   try:
     topology = topologies.get_topology_desc(
         topology_name=slice_.topology, platform="tpu",

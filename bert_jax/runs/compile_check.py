@@ -30,6 +30,7 @@ import ml_collections
 from bert_jax.parallel import hlo_costs
 from bert_jax.parallel import tpu_slices
 from bert_jax.runs import pretraining
+from bert_jax.training import metrics
 
 GIB = 2**30
 
@@ -315,3 +316,22 @@ def _fitting_batch(config: ml_collections.ConfigDict, batch: int, used: float | 
     return None
   micro = batch // int(config.grad_accum_steps)
   return max(int(micro * capacity / used), 1)
+
+
+def check_slices(config, accelerators, config_name: str, steps: int) -> None:
+  """`pretrain --compile_for=A,B`: the check of each slice, logged; any slice that does not fit
+  fails the run after all were checked."""
+  refused = []
+  for accelerator in accelerators:
+    metrics.log(f"compiling {config_name} for {accelerator} (a minute or a few for a full-size "
+                f"model)...")
+    try:
+      report = check(config, accelerator, config_name=config_name, steps=steps)
+    except DoesNotFit as e:
+      refused.append(f"{accelerator}: {e}")
+      metrics.log(f"DOES NOT FIT {accelerator}: {e}")
+      continue
+    for line in report.lines():
+      metrics.log(line)
+  if refused:
+    raise ValueError("the step does not fit " + "; ".join(refused))

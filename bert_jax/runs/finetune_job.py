@@ -21,11 +21,11 @@ import numpy as np
 
 from bert_jax import file_io, inference
 from bert_jax.data import arrays, packed_examples
-from bert_jax.interop import checkpoints
+from bert_jax.interop import checkpoints, hf_config
 from bert_jax.model import configuration
 from bert_jax.parallel import sharding
 from bert_jax.text import vocab_files
-from bert_jax.training import loop, metrics, optimizer
+from bert_jax.training import checkpointing, init_order, loop, metrics, optimizer
 from bert_jax.training import step as step_lib
 
 
@@ -52,7 +52,7 @@ def setup(config, output_dir, tokenizer, init_checkpoint, bert_config_file, max_
     if size % sharding.data_parallel_size(mesh):
       raise ValueError(f"--{name}={size} is not divisible by the "
                        f"{sharding.data_parallel_size(mesh)} data-parallel devices.")
-  ckpt = checkpoints.run_checkpoints(output_dir, max_to_keep=1)
+  ckpt = checkpointing.run_checkpoints(output_dir, max_to_keep=1)
   if ckpt.latest_step() is not None:  # this directory's own model: its config
     bert_config = checkpoints.read_config(output_dir, bert_config_file)
   else:
@@ -139,7 +139,7 @@ def run_training(job: Job, objective, model, tx, schedule, init, feats, num_step
                                     seed=[seed, config.shuffle_seed_offset],
                                     trim=objective.trim_batches, position=init.position,
                                     pack=pack)
-  meta = {"bert_config": job.bert_config.to_hf_dict(),
+  meta = {"bert_config": hf_config.to_hf_dict(job.bert_config),
           "do_lower_case": bool(tokenizer.do_lower_case), **metadata}
   result = loop.train(
       init.state, train_step, batches, objective=objective,
@@ -166,10 +166,10 @@ def fit(job: Job, objective, model, tokenizer, *, feats, num_steps: int, batch_s
   tx, schedule = make_optimizer(job.config, num_steps, learning_rate, warmup_proportion,
                                 num_layers=job.bert_config.num_hidden_layers,
                                 frozen_scopes=objective.frozen_scopes)
-  init = checkpoints.initial_state(objective, model, tx, job.mesh, job.rules,
-                                   batch_size=batch_size, seed=seed,
-                                   checkpoints=job.checkpoints, init_checkpoint=init_checkpoint,
-                                   bert_config_file=bert_config_file)
+  init = init_order.initial_state(objective, model, tx, job.mesh, job.rules,
+                                  batch_size=batch_size, seed=seed,
+                                  checkpoints=job.checkpoints, init_checkpoint=init_checkpoint,
+                                  bert_config_file=bert_config_file)
   metrics.log(f"{header}: {init.origin}; {job.bert_config.num_hidden_layers} layers; mesh "
               f"{dict(job.mesh.shape)}")
   if feats is None:

@@ -2,7 +2,7 @@
 
 `train_and_evaluate(config, workdir)` runs (or resumes) a run; the init order (this workdir's
 checkpoint, else `config.init_checkpoint`, else from scratch) is
-`interop.checkpoints.initial_state`. `compile_train_step(config)` builds the same step for the
+`training.init_order.initial_state`. `compile_train_step(config)` builds the same step for the
 config's mesh without data or weights, to check that a config fits its pod before a run.
 """
 
@@ -21,11 +21,12 @@ from absl import logging
 
 from bert_jax import file_io, objectives
 from bert_jax.data import input_pipeline, tfrecords
-from bert_jax.interop import checkpoints
+from bert_jax.interop import checkpoints, hf_config
 from bert_jax.model import configuration, modeling
 from bert_jax.parallel import sharding
 from bert_jax.text import features, masking, tokenization, vocab_files
-from bert_jax.training import loop, metrics, optimizer, step as step_lib, workdir_lock
+from bert_jax.training import checkpointing, init_order, loop, metrics, optimizer
+from bert_jax.training import step as step_lib, workdir_lock
 from bert_jax.training import state as state_lib
 from bert_jax.training.objective import Objective
 
@@ -381,8 +382,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: 
                                              shuffle=False, repeat=False, **data_kwargs)
 
   writer = metrics.MetricWriter(workdir, tensorboard=config.tensorboard)
-  ckpt = checkpoints.run_checkpoints(workdir, max_to_keep=config.max_checkpoints_to_keep)
-  init = checkpoints.initial_state(
+  ckpt = checkpointing.run_checkpoints(workdir, max_to_keep=config.max_checkpoints_to_keep)
+  init = init_order.initial_state(
       run.objective, run.model, run.tx, run.mesh, run.rules,
       batch_size=config.global_batch_size, seed=config.seed, checkpoints=ckpt,
       init_checkpoint=config.init_checkpoint or None, init_mode=config.init_mode)
@@ -419,7 +420,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: 
           flops_per_step=run.objective.flops_per_step(run.bert_config,
                                                       config.global_batch_size)),
       writer=writer, checkpoints=ckpt,
-      metadata={"bert_config": run.bert_config.to_hf_dict(), "run": config.to_dict()},
+      metadata={"bert_config": hf_config.to_hf_dict(run.bert_config), "run": config.to_dict()},
       evaluate=evaluator(run.objective, eval_step, eval_data, config.eval_steps))
   ckpt.close()
   writer.close()

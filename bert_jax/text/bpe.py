@@ -1,4 +1,5 @@
-"""Byte-level BPE files (GPT-2 / RoBERTa `vocab.json` + `merges.txt`): read, checked, trained.
+"""Byte-level BPE (GPT-2 / RoBERTa `vocab.json` + `merges.txt`): the files read, checked and
+trained, and the tokenizer over them (`ByteLevelBPETokenizer`).
 
 RoBERTa replaced BERT's WordPiece with GPT-2's byte-level BPE: text is cut into words by GPT-2's
 regular expression (a word keeps the space before it), each word's UTF-8 bytes are written as
@@ -9,7 +10,7 @@ files as read by this module, so that a damaged file is refused by name and line
 message from inside the library.
 
 The released RoBERTa vocabulary puts `<s>`, `<pad>`, `</s>`, `<unk>` at ids 0-3 and `<mask>` last;
-`train` writes that layout. Files are JSON and text only: nothing here unpickles.
+`train_vocab` writes that layout. Files are JSON and text only: nothing here unpickles.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Iterable
+from typing import Iterable, Sequence
+
+import numpy as np
 
 from bert_jax import file_io
+from bert_jax.text.tokenization import Tokenizer, check_specials
 
 BOS, PAD, EOS, UNK, MASK = "<s>", "<pad>", "</s>", "<unk>", "<mask>"
 # The roles pad, unk, cls, sep, mask (the order of `Tokenizer.special_ids`): RoBERTa's classifier
@@ -143,3 +147,100 @@ def train_vocab(sentences: Iterable[str], vocab_file: str, merges_file: str, voc
   vocab[MASK] = len(vocab)
   file_io.write_text_atomic(vocab_file, json.dumps(vocab, ensure_ascii=False) + "\n")
   file_io.write_text_atomic(merges_file, merges)
+
+
+class ByteLevelBPETokenizer(Tokenizer):
+  """GPT-2 / RoBERTa byte-level BPE over a `vocab.json` and its `merges.txt` (read and checked as
+  above).
+
+  Ids equal transformers' `RobertaTokenizer` built from the same two files, with its defaults:
+  no space is added before the text, so a word at the start of a text is a different piece from
+  the same word after a space ("Hello" vs "ĠHello"), and nothing is lower-cased. The special
+  tokens by role are <pad>, <unk>, <s> (classifier), </s> (separator) and <mask>.
+  """
+
+  # RoBERTa separates a pair with two separators: <s> A </s></s> B </s>.
+  pair_separators = 2
+  flavour = "roberta"
+  word_prefix = " "
+  do_lower_case = False  # byte-level BPE keeps case
+  lossless = True
+
+  def __init__(self, vocab_file: str, merges_file: str | None = None,
+               split_special_tokens: bool = False):
+    self.vocab_file = vocab_file
+    self.merges_file = merges_file or default_merges_file(vocab_file)
+    self.split_special_tokens = split_special_tokens
+    self.vocab = load_vocab_json(vocab_file)
+    self.vocab_size = len(self.vocab)
+    self.id_to_token = [""] * self.vocab_size
+    for token, index in self.vocab.items():
+      if index >= self.vocab_size:
+        raise ValueError(f"{vocab_file}: the id of {token[:40]!r} is {index} but there are "
+                         f"{self.vocab_size} tokens; ids must be 0 to {self.vocab_size - 1}.")
+      self.id_to_token[index] = token
+    check_specials(vocab_file, self.vocab, SPECIAL_TOKENS,
+                   how="keys of vocab.json, as in RoBERTa's")
+    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+        self.vocab[t] for t in SPECIAL_TOKENS)
+    self._byte_of = {symbol: b for b, symbol in enumerate(byte_symbols())}
+    merges = load_merges(self.merges_file, self.vocab)
+    self._special_set = set(self.special_ids.values())
+    self._is_special = np.zeros(self.vocab_size, bool)
+    self._is_special[list(self.special_ids.values())] = True
+    self.word_start_table = self._is_special | np.array(
+        [t.startswith(WORD_START) for t in self.id_to_token], bool)
+    self._rust = build(self.vocab, merges, () if split_special_tokens else SPECIAL_TOKENS)
+
+  def encode(self, text: str) -> list[int]:
+    return self._rust.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [e.ids for e in self._rust.encode_batch(list(texts), add_special_tokens=False)]
+
+  def word_starts(self, ids) -> np.ndarray:
+    """As `Tokenizer.word_starts`, and also the first piece of a text: at the start of `ids`'
+    last axis or after a special token ("Hello" in "<s>Hello": no "Ġ", as no space precedes it)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    starts = self.word_start_table[ids]
+    if ids.ndim and ids.shape[-1]:
+      starts[..., 0] = True
+      starts[..., 1:] |= self._is_special[ids[..., :-1]]
+    return starts
+
+  def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+    return [self.vocab.get(t, self.unk_id) for t in tokens]
+
+  def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+    return [self.id_to_token[int(i)] for i in ids]
+
+  def char_spans(self, text: str, ids: Sequence[int]) -> list[tuple[int, int]] | None:
+    """Each piece's characters in `text`, from its bytes (one symbol per byte): a piece that
+    holds part of a character's UTF-8 bytes gets that whole character. None when a special
+    token stands for text ("<mask>" written in the text)."""
+    owner = [i for i, char in enumerate(text) for _ in range(len(char.encode("utf-8")))]
+    spans, pos = [], 0
+    for piece_id, piece in zip(ids, self.convert_ids_to_tokens(ids)):
+      width = len(piece)
+      if int(piece_id) in self._special_set or not width or pos + width > len(owner):
+        return None
+      spans.append((owner[pos], owner[pos + width - 1] + 1))
+      pos += width
+    return spans if pos == len(owner) else None
+
+  def piece_text(self, piece: str) -> str:
+    """The bytes a piece stands for, as text, without the space that starts a word; a piece that
+    holds only part of a character's UTF-8 bytes stands for no whole character: ""."""
+    if piece in self.special_tokens:
+      return piece
+    data = bytes(self._byte_of[c] for c in piece if c in self._byte_of)
+    return data.decode("utf-8", errors="ignore").lstrip(" ")
+
+
+def default_merges_file(vocab_file: str) -> str:
+  """The merges.txt beside a vocab.json: "vocab.json" at the end of the name becomes
+  "merges.txt" (vocab.json → merges.txt, spm.vocab.json → spm.merges.txt)."""
+  if not vocab_file.endswith("vocab.json"):
+    raise ValueError(f"{vocab_file}: give merges_file; only for a file named ...vocab.json is "
+                     "the merges.txt beside it found by name.")
+  return vocab_file[:-len("vocab.json")] + "merges.txt"

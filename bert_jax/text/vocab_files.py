@@ -67,9 +67,8 @@ class VocabularyFiles:
   def with_merges(self) -> "VocabularyFiles":
     """The same, with the merges.txt beside a vocab.json named when none was given."""
     if self.byte_level and not self.merges_file:
-      from bert_jax.text import tokenization  # pylint: disable=g-import-not-at-top
-      return dataclasses.replace(self, merges_file=tokenization.default_merges_file(
-          self.vocab_file))
+      from bert_jax.text import bpe  # pylint: disable=g-import-not-at-top
+      return dataclasses.replace(self, merges_file=bpe.default_merges_file(self.vocab_file))
     return self
 
   def load(self, model_type: str | None = None, do_lower_case: bool | None = None,

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
-from bert_jax.training import checkpointing, metrics, perf
+from bert_jax.training import checkpointing, data_position, metrics, perf
 from bert_jax.training.objective import Objective
 from bert_jax.training.step import STEP_SCALARS
 
@@ -207,7 +207,7 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
       if is_eval:
         run_evaluation()
       if checkpoints is not None and (is_ckpt or stopping):
-        checkpoints.save(step, state, checkpointing.gather_positions(position), metadata or {})
+        checkpoints.save(step, state, data_position.gather_positions(position), metadata or {})
         last_good_step = step
       if is_ckpt or is_eval:
         window_start = time.time()  # evaluation and saving are not training throughput

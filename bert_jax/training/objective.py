@@ -53,14 +53,14 @@ class Objective(abc.ABC):
   def with_checkpoints(self, reader) -> "Objective":
     """This objective, ready to read the checkpoints it names besides the run's own (a
     distillation teacher). A run calls it once, before building the model, with the checkpoint
-    reader (`interop.checkpoints`: `read_config`, `load_any`, `in_layout`), which objectives
-    cannot import (it comes later in the flow). Default: `self`, nothing to read."""
+    reader (`interop.checkpoints`: `read_config`, `load_any`, `in_layout`). Default: `self`,
+    nothing to read."""
     del reader
     return self
 
   def initialize_params(self, params: dict) -> dict:
     """The parameters a run *starts* from (host arrays): called by the init order
-    (`interop.checkpoints.initial_state`) after a fresh initialisation or an `init_checkpoint`
+    (`training.init_order.initial_state`) after a fresh initialisation or an `init_checkpoint`
     was merged in — never on a resumed or continued state, which already holds them. Returns a
     tree of the same structure and shapes (a distillation teacher's weights loaded into its
     scope). Default: unchanged (and the core skips the host round trip)."""

@@ -37,7 +37,7 @@ MODEL_STATE_COLLECTIONS = (fp8_ops.OVERWRITE_WITH_GRADIENT,)
 
 @flax.struct.dataclass
 class TrainState:
-  """Everything a resumed run needs besides the data position (kept by checkpointing)."""
+  """Everything a resumed run needs besides the data position (`training/data_position.py`)."""
   step: jax.Array
   params: Any
   opt_state: Any

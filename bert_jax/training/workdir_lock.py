@@ -77,25 +77,6 @@ def _boot_id() -> str | None:
     return None
 
 
-def pid_alive(pid: int) -> bool:
-  """Whether process `pid` of this machine is running (a zombie is not; another user's is)."""
-  try:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-      if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
-        return False  # exited, not yet reaped by its parent
-  except (OSError, IndexError):
-    pass
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # another user's process: alive
-    return True
-  except OSError:
-    return False
-  return True
-
-
 def _record() -> dict[str, Any]:
   now = time.time()
   return {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
@@ -150,7 +131,7 @@ def _why_stale(path: str, holder: dict[str, Any] | None, stale_after_s: float) -
     if holder.get("boot_id") and _boot_id() and holder["boot_id"] != _boot_id():
       return "the machine has rebooted since"
     pid = holder.get("pid")
-    if not isinstance(pid, int) or not pid_alive(pid):
+    if not isinstance(pid, int) or not file_io.pid_alive(pid):
       return f"pid {pid} is no longer running"
     recorded, current = holder.get("proc_start"), _proc_start(pid)
     if recorded is not None and current is not None and recorded != current:

@@ -1,7 +1,7 @@
 """GLUE classification / regression (and custom TSV tasks) as a plug-in of the training core.
 
-The data side — files, labels, metrics, prediction files — is `tasks/glue.py`; this module adds
-what training needs: the model (encoder + a dense layer on the pooled [CLS] vector, as
+The data side — files, labels, metrics, prediction files — is `data.py` beside it; this module
+adds what training needs: the model (encoder + a dense layer on the pooled [CLS] vector, as
 `run_classifier.py`), the features of a batch, and the loss and accuracy sums.
 """
 
@@ -11,12 +11,13 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.model import heads
 from bert_jax.model.configuration import BertConfig
-from bert_jax.tasks import glue
-from bert_jax.text import pairs, tokenization
+from bert_jax.tasks.classification import data as glue
+from bert_jax.text import pairs, unknown_tokens
 from bert_jax.text import features
 from bert_jax.training import perf
 from bert_jax.training.objective import Objective, per_example_averages
@@ -37,7 +38,7 @@ def featurize(task: glue.Task, examples: Sequence[glue.Example], tokenizer,
   feats = pairs.encode_examples(tokenizer, [e.text_a for e in examples],
                                 [e.text_b for e in examples], max_seq_length)
   # A vocabulary that does not fit the text turns it into [UNK]s: said, not trained on.
-  tokenization.check_unknown_rate(tokenizer, *tokenization.count_unknown(
+  unknown_tokens.check_unknown_rate(tokenizer, *unknown_tokens.count_unknown(
       tokenizer, feats["input_ids"]), f"{task.name} examples")
   feats["label"] = _labels_array(task, examples)
   feats["weight"] = np.ones(len(examples), np.float32)
@@ -104,9 +105,9 @@ class SequenceClassification(Objective):
       outputs = outputs.reshape(-1, outputs.shape[-1])
       labels, weights = labels.reshape(-1), weights.reshape(-1)
     if self.task.is_regression:
-      out = heads.regression_loss(outputs, labels, weights)
+      out = regression_loss(outputs, labels, weights)
     else:
-      out = heads.classification_loss(outputs, labels, weights)
+      out = classification_loss(outputs, labels, weights)
     sums = {k: v for k, v in out.items() if k != "loss"}
     return out["loss_sum"] / denominators["examples"], sums
 
@@ -118,3 +119,29 @@ class SequenceClassification(Objective):
     forward = perf.encoder_forward_flops(bert_config, batch_size, self.max_seq_length)
     forward += batch_size * (2 * h * h + 2 * h * self.num_labels)
     return perf.training_flops(forward)
+
+
+# --------------------------------------------------------------------------------------- the loss
+def classification_loss(logits: jax.Array, labels: jax.Array,
+                        weights: jax.Array) -> dict[str, jax.Array]:
+  """Weighted softmax cross-entropy; weight 0 marks padding examples of a partial batch."""
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  labels = labels.astype(jnp.int32)
+  per_example = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
+  weights = weights.astype(jnp.float32)
+  weight_sum = jnp.sum(weights)
+  loss_sum = jnp.sum(weights * per_example)
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
+          "correct_sum": jnp.sum(weights * correct), "weight_sum": weight_sum}
+
+
+def regression_loss(predictions: jax.Array, targets: jax.Array,
+                    weights: jax.Array) -> dict[str, jax.Array]:
+  """Weighted mean squared error of a one-output head (as transformers does for STS-B)."""
+  predictions = predictions.reshape(-1).astype(jnp.float32)
+  weights = weights.astype(jnp.float32)
+  loss_sum = jnp.sum(weights * jnp.square(predictions - targets.astype(jnp.float32)))
+  weight_sum = jnp.sum(weights)
+  return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
+          "weight_sum": weight_sum}

@@ -37,8 +37,8 @@ import numpy as np
 from absl import logging
 
 from bert_jax import file_io
-from bert_jax.tasks import classification
-from bert_jax.text import tokenization
+from bert_jax.tasks.classification import metrics as classification
+from bert_jax.text import characters
 
 # More malformed rows than this share of a file means a wrong or corrupt file, never "a few rows".
 MAX_SKIPPED_FRACTION = 0.01
@@ -212,8 +212,8 @@ def read_text_tsv(path: str, has_header: Any = "auto") -> list[tuple[str, str | 
     if len(fields) > 2:
       raise ValueError(f"{path}: line {line_number}: {len(fields)} tab-separated fields; "
                        "expected text or text<TAB>text_b.")
-    if not tokenization.has_text(fields[0]) or (len(fields) == 2 and
-                                                not tokenization.has_text(fields[1])):
+    if not characters.has_text(fields[0]) or (len(fields) == 2 and
+                                                not characters.has_text(fields[1])):
       raise ValueError(f"{path}: line {line_number}: an empty text field; every input needs "
                        "its text.")
     inputs.append((fields[0], fields[1] if len(fields) == 2 else None))
@@ -362,7 +362,7 @@ class Task:
           continue
         raise ValueError(message)
       empty = [role for role in ("text_a", "text_b")
-               if role in columns and not tokenization.has_text(fields[columns[role]])]
+               if role in columns and not characters.has_text(fields[columns[role]])]
       if empty:
         message = (f"{path}: line {line_number}: the {self._field_name(layout, empty[0])} field "
                    "is empty; every example needs its text.")

@@ -20,19 +20,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import file_io
+from bert_jax import file_io, inference
 from bert_jax.runs import finetune_config, finetune_job
-from bert_jax.tasks import multiple_choice, swag
+from bert_jax.tasks import registry
+from bert_jax.tasks.multiple_choice import objective as multiple_choice
+from bert_jax.tasks.multiple_choice import data as swag
 from bert_jax.training import metrics, workdir_lock
 
-CHOICE_TASKS = multiple_choice.TASK_NAMES
 _PREDICTION_FILES = {"dev": "dev_predictions.csv", "test": "test_predictions.csv"}
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-  logits = np.asarray(logits, np.float64)
-  e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-  return e / e.sum(axis=-1, keepdims=True)
 
 
 def _num_choices(examples, source: str) -> int:
@@ -99,7 +94,7 @@ def run_multiple_choice(*, task_name: str = "swag", data_dir: str, tokenizer,
                        f"the model chooses among {num_choices}.")
     split_feats = swag.featurize(examples, tokenizer, max_seq_length)
     batch_size = eval_batch_size if split == "dev" else predict_batch_size
-    probabilities = softmax(finetune_job.predict(predictor, objective, state.params,
+    probabilities = inference.softmax(finetune_job.predict(predictor, objective, state.params,
                                                  split_feats, batch_size,
                                                  desc=f"{split} choices"))
     path = file_io.join(output_dir, _PREDICTION_FILES[split])
@@ -125,3 +120,20 @@ def run_multiple_choice(*, task_name: str = "swag", data_dir: str, tokenizer,
       metrics.log(f"{split}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                            for k, v in split_metrics.items()))
   return finetune_job.finish(job, results)
+
+
+def run_from_config(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
+  """The run a config describes (`registry.run_from_config` dispatches here)."""
+  if not config.data_dir:
+    raise ValueError(f"--task_name={config.task_name} needs --data_dir (the task's files, or a "
+                     "prepared tensorflow-datasets directory for conll2003).")
+  return run_multiple_choice(
+      task_name=config.task_name.lower(), data_dir=config.data_dir,
+      tokenizer=tokenizer, init_checkpoint=config.init_checkpoint, output_dir=config.output_dir,
+      bert_config_file=config.bert_config_file,
+      max_seq_length=registry.MULTIPLE_CHOICE.max_length(config.max_seq_length),
+      train_batch_size=config.train_batch_size, eval_batch_size=config.eval_batch_size,
+      predict_batch_size=config.predict_batch_size, learning_rate=config.learning_rate,
+      num_train_epochs=config.num_train_epochs, warmup_proportion=config.warmup_proportion,
+      do_train=config.do_train, do_eval=config.do_eval, do_predict=config.do_predict,
+      seed=config.seed, config=config)

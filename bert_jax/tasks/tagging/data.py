@@ -45,7 +45,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from bert_jax import file_io
-from bert_jax.text import tokenization
+from bert_jax.text import tokenization, unknown_tokens
 
 # IOB2, in the order the model's outputs use (the order tfds's conll2003 and transformers'
 # CoNLL-2003 datasets use too).
@@ -511,7 +511,7 @@ def convert_to_features(sentences: Sequence[Sentence], tokenizer: tokenization.T
                         label_list: Sequence[str], max_seq_length: int, *,
                         document_context: bool = False, progress: bool = True,
                         max_target_pieces: int | None = None,
-                        max_unknown_rate: float = tokenization.MAX_UNKNOWN_RATE
+                        max_unknown_rate: float = unknown_tokens.MAX_UNKNOWN_RATE
                         ) -> TaggingFeatures:
   """Sentences → model rows (see the module docstring and `TaggingFeatures`).
 
@@ -528,7 +528,7 @@ def convert_to_features(sentences: Sequence[Sentence], tokenizer: tokenization.T
   source file and `document`; never across a -DOCSTART-).
 
   A vocabulary that turns more than `max_unknown_rate` of the pieces into [UNK] is an error
-  (`tokenization.check_unknown_rate`).
+  (`unknown_tokens.check_unknown_rate`).
   """
   budget = max_seq_length - 2
   if budget < 1:
@@ -553,12 +553,12 @@ def convert_to_features(sentences: Sequence[Sentence], tokenizer: tokenization.T
   distinct = list(word_ids)
   encoded = (tokenizer.encode_batch([tokenizer.word_prefix + w for w in distinct])
              if distinct else [])
-  per_word = np.asarray([tokenization.count_unknown(tokenizer, [ids]) for ids in encoded],
+  per_word = np.asarray([unknown_tokens.count_unknown(tokenizer, [ids]) for ids in encoded],
                         np.int64).reshape(-1, 2)
   unknown, pieces = (int(v) for v in np.asarray(occurrences, np.int64) @ per_word)
   report["pieces"] = pieces
   report["unknown_pieces"] = unknown
-  tokenization.check_unknown_rate(
+  unknown_tokens.check_unknown_rate(
       tokenizer, unknown, pieces, _sources_of(sentences), max_rate=max_unknown_rate,
       override="raise max_unknown_rate (1 turns the check off)")
   word_pieces = [np.asarray(ids[:budget] if ids else [tokenizer.unk_id], np.int32)

@@ -38,7 +38,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax import file_io
-from bert_jax.text import tokenization
+from bert_jax.text import characters, tokenization, unknown_tokens
 from bert_jax.text.tokenization import SPM_WORD_START, UNK
 
 # How far from its `answer_start` an answer's text is still accepted (and used where it is).
@@ -154,7 +154,7 @@ def parse_squad_json(dataset: Any, source: str) -> list[SquadExample]:
                                                       source):
     context = require(paragraph, "context", str, source, where.split(".qas[")[0])
     question = require(qa, "question", str, source, where)
-    if not tokenization.has_text(question):
+    if not characters.has_text(question):
       raise ValueError(f"{source}: {where}: the question is empty.")
     is_impossible = qa.get("is_impossible", False)
     if not isinstance(is_impossible, bool):
@@ -200,7 +200,7 @@ def read_squad_tfds(data_dir: str | None, split: str, version_2_with_negative: b
     answers = [Answer(text(t), int(s)) for t, s in zip(record["answers"]["text"],
                                                        record["answers"]["answer_start"])]
     qas_id = text(record["id"])
-    if not tokenization.has_text(text(record["question"])):
+    if not characters.has_text(text(record["question"])):
       raise ValueError(f"{name}[{split}] id {qas_id}: the question is empty.")
     examples.append(SquadExample(qas_id, text(record["question"]), text(record["context"]),
                                  answers, bool(record.get("is_impossible", False)),
@@ -414,12 +414,12 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer,
                                  max_seq_length: int = 384, doc_stride: int = 128,
                                  max_query_length: int = 64, is_training: bool = False,
                                  progress: bool = True,
-                                 max_unknown_rate: float = tokenization.MAX_UNKNOWN_RATE
+                                 max_unknown_rate: float = unknown_tokens.MAX_UNKNOWN_RATE
                                  ) -> Features:
   """Windows of every example, with training targets when `is_training`.
 
   When more than `max_unknown_rate` of the word pieces of the questions and contexts are [UNK],
-  the vocabulary does not fit the text (`tokenization.check_unknown_rate`): an error.
+  the vocabulary does not fit the text (`unknown_tokens.check_unknown_rate`): an error.
   """
   if doc_stride <= 0:
     raise ValueError(f"--doc_stride must be positive, not {doc_stride}.")
@@ -495,12 +495,12 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer,
       example_index.append(i)
       context_piece.append(piece)
       max_context.append(best)
-  unknown, pieces = tokenization.count_unknown(tokenizer, questions)
+  unknown, pieces = unknown_tokens.count_unknown(tokenizer, questions)
   for tokens in cache.values():
-    more_unknown, more_pieces = tokenization.count_unknown(tokenizer, tokens.ids)
+    more_unknown, more_pieces = unknown_tokens.count_unknown(tokenizer, tokens.ids)
     unknown, pieces = unknown + more_unknown, pieces + more_pieces
   report["unknown_piece_fraction"] = round(unknown / pieces, 6) if pieces else 0.0
-  tokenization.check_unknown_rate(
+  unknown_tokens.check_unknown_rate(
       tokenizer, unknown, pieces, _source_of(examples), max_rate=max_unknown_rate,
       override="raise max_unknown_rate (1 turns the check off)")
   report["examples"] = len(examples)

@@ -1,8 +1,8 @@
 """Multiple choice (SWAG, HellaSwag) as a plug-in of the training core.
 
 The data side — the SWAG CSV and HellaSwag JSONL readers, the (context, ending) pairs, the
-prediction file — is `tasks/swag.py`. This module adds what training needs: the model (one score
-per pair from the pooled [CLS], the paper's Section 4.4), the features of a batch
+prediction file — is `data.py` beside it. This module adds what training needs: the model (one
+score per pair from the pooled [CLS], the paper's Section 4.4), the features of a batch
 (batch, choices, length), and the softmax cross-entropy over the choices.
 """
 
@@ -16,12 +16,11 @@ import numpy as np
 
 from bert_jax.model import heads
 from bert_jax.model.configuration import BertConfig
+from bert_jax.tasks.classification import objective as sequence_classification
 from bert_jax.text import features
 from bert_jax.training import perf
 from bert_jax.training.objective import Objective, per_example_averages
 
-# Task names that mean choosing among endings.
-TASK_NAMES = ("swag", "hellaswag")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +56,7 @@ class MultipleChoice(Objective):
             "weight": jax.ShapeDtypeStruct((batch_size,), np.float32)}
 
   def loss(self, outputs, batch, denominators):
-    out = heads.classification_loss(outputs, batch["label"], batch["weight"])
+    out = sequence_classification.classification_loss(outputs, batch["label"], batch["weight"])
     return out["loss_sum"] / denominators["examples"], {k: v for k, v in out.items()
                                                         if k != "loss"}
 

@@ -63,9 +63,10 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from bert_jax import file_io
-from bert_jax.text import pairs, tokenization
+from bert_jax.tasks import registry
+from bert_jax.text import characters, pairs, unknown_tokens
 
-TASKS = ("swag", "hellaswag")
+TASKS = registry.MULTIPLE_CHOICE.names
 SPLITS = ("train", "dev", "test")
 # The file names each split is looked for under, in order (local directory or gs://).
 SPLIT_FILES = {
@@ -197,7 +198,7 @@ class _LabelConsistency:
 
 def _text_field(fields: list[str], column: dict[str, int], name: str, where: str) -> str:
   value = fields[column[name]]
-  if not tokenization.has_text(value):
+  if not characters.has_text(value):
     raise ValueError(f"{where}: the {name} column is empty; every example needs its context and "
                      "all of its endings.")
   return value
@@ -312,7 +313,7 @@ def read_hellaswag_jsonl(path: str) -> list[ChoiceExample]:
       raise ValueError(f"{where}: endings is {_describe(endings)} "
                        f"{endings!r:.80}; expected a list of at least two strings.")
     for j, ending in enumerate(endings):
-      if not tokenization.has_text(ending):
+      if not characters.has_text(ending):
         raise ValueError(f"{where}: endings[{j}] is empty; every ending needs its text.")
     if first_count is None:
       first_count = (len(endings), line)
@@ -320,11 +321,11 @@ def read_hellaswag_jsonl(path: str) -> list[ChoiceExample]:
       raise ValueError(f"{where}: {len(endings)} endings, but line {first_count[1]} has "
                        f"{first_count[0]}; every example of a file has the same number.")
     ctx_a = item.get("ctx_a", "")
-    if tokenization.has_text(ctx_a):
+    if characters.has_text(ctx_a):
       context, start = ctx_a, item.get("ctx_b", "")
     else:
       context, start = item.get("ctx", ""), ""
-    if not tokenization.has_text(context):
+    if not characters.has_text(context):
       raise ValueError(f"{where}: ctx_a and ctx are empty; every example needs its context.")
     label = _parse_label(item.get("label"), len(endings), where)
     labels.see(label, line)
@@ -394,7 +395,7 @@ def featurize(examples: Sequence[ChoiceExample], tokenizer,
   shape = (len(examples), num_endings, max_seq_length)
   feats = {name: values.reshape(shape) for name, values in flat.items()}
   # A vocabulary that does not fit the text turns it into [UNK]s: said, not trained on.
-  tokenization.check_unknown_rate(tokenizer, *tokenization.count_unknown(
+  unknown_tokens.check_unknown_rate(tokenizer, *unknown_tokens.count_unknown(
       tokenizer, feats["input_ids"]), f"{_source_file(examples)} examples")
   feats["label"] = np.asarray([e.label if e.label is not None else 0 for e in examples],
                               np.int32)

@@ -2,7 +2,7 @@
 training core.
 
 The data side — the CoNLL files, tfds, IOB schemes, word pieces and windows, predictions back
-to words, the prediction file — is `tasks/conll.py`; the score is `tasks/conlleval.py`. This
+to words, the prediction file — is `data.py` beside it; the score is `metrics.py`. This
 module adds what training needs: the model, the features of a batch, and the loss over each
 word's first piece (the paper's rule: other pieces, context, special tokens and padding weigh
 0, through `label_weights`).
@@ -29,9 +29,6 @@ from bert_jax.text import features
 from bert_jax.training import perf
 from bert_jax.training.objective import Objective
 
-# Task names that mean token tagging; `conll2003` has its tag set, the others need
-# --label_list.
-TASK_NAMES = ("conll2003", "tagging", "ner")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +98,7 @@ class TokenClassification(Objective):
 
   def loss(self, outputs, batch, denominators):
     weights = batch["label_weights"] * batch["weight"][:, None].astype(jnp.float32)
-    out = heads.token_classification_loss(outputs, batch["label_ids"], weights)
+    out = token_classification_loss(outputs, batch["label_ids"], weights)
     return out["loss_sum"] / denominators["words"], {k: v for k, v in out.items() if k != "loss"}
 
   def summarize(self, sums: Mapping[str, Any]) -> dict[str, float]:
@@ -122,3 +119,19 @@ class TokenClassification(Objective):
       width = 2 * self.lstm_size
     head = tokens * 2 * width * self.num_labels
     return forward + perf.training_flops(lstm + head)
+
+
+# --------------------------------------------------------------------------------------- the loss
+def token_classification_loss(logits: jax.Array, label_ids: jax.Array,
+                              label_weights: jax.Array) -> dict[str, jax.Array]:
+  """Softmax cross-entropy at the positions of weight 1 (each word's first piece); the other
+  pieces, context, special tokens and padding weigh 0. Sums over words, for exact averages."""
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  labels = label_ids.astype(jnp.int32)
+  per_token = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+  weights = label_weights.astype(jnp.float32)
+  weight_sum = jnp.sum(weights)
+  loss_sum = jnp.sum(weights * per_token)
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
+          "correct_sum": jnp.sum(weights * correct), "weight_sum": weight_sum}

@@ -1,9 +1,9 @@
 """SQuAD v1.1 / v2.0 answer spans as a plug-in of the training core.
 
 The data side — reading the official JSON or tfds, sliding windows, answer maps, n-best
-post-processing, prediction files — is `tasks/squad.py`, the official scores
-`tasks/squad_eval.py`; this module adds the model (a start and an end logit per token, as `run_squad.py`), the features
-of a batch and the original's span loss. Unpacked batches keep their full length: the
+post-processing, prediction files — is `data.py` beside it, the official scores `metrics.py`;
+this module adds the model (a start and an end logit per token, as `run_squad.py`), the
+features of a batch and the original's span loss. Unpacked batches keep their full length: the
 original's softmax runs over every position, padding included. Packed batches (`packing`) give
 each window a softmax over its own tokens.
 """
@@ -90,7 +90,7 @@ class SquadSpans(Objective):
           window_logits(logits, batch[features.SEQUENCE_IDS], k).reshape(-1, length)
           for logits in (start_logits, end_logits))
       starts, ends, weights = starts.reshape(-1), ends.reshape(-1), weights.reshape(-1)
-    out = heads.span_loss(start_logits, end_logits, starts, ends, weights)
+    out = span_loss(start_logits, end_logits, starts, ends, weights)
     sums = {k: v for k, v in out.items() if k != "loss"}
     return out["loss_sum"] / denominators["examples"], sums
 
@@ -101,3 +101,22 @@ class SquadSpans(Objective):
     forward = perf.encoder_forward_flops(bert_config, batch_size, self.max_seq_length)
     forward += batch_size * self.max_seq_length * 2 * bert_config.hidden_size * 2
     return perf.training_flops(forward)
+
+
+# --------------------------------------------------------------------------------------- the loss
+def span_loss(start_logits: jax.Array, end_logits: jax.Array, start_positions: jax.Array,
+              end_positions: jax.Array, weights: jax.Array) -> dict[str, jax.Array]:
+  """The original's SQuAD loss: (start cross-entropy + end cross-entropy) / 2 over positions,
+  averaged over the examples of weight 1 (weight 0 marks padding rows of a partial batch)."""
+  def cross_entropy(logits, positions):
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(log_probs, positions.astype(jnp.int32)[:, None], axis=-1)[:, 0]
+  weights = weights.astype(jnp.float32)
+  per_example = 0.5 * (cross_entropy(start_logits, start_positions)
+                       + cross_entropy(end_logits, end_positions))
+  weight_sum = jnp.sum(weights)
+  loss_sum = jnp.sum(weights * per_example)
+  both = ((jnp.argmax(start_logits, axis=-1) == start_positions)
+          & (jnp.argmax(end_logits, axis=-1) == end_positions)).astype(jnp.float32)
+  return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
+          "correct_sum": jnp.sum(weights * both), "weight_sum": weight_sum}

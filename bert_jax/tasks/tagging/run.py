@@ -22,10 +22,12 @@ import numpy as np
 
 from bert_jax import file_io
 from bert_jax.runs import finetune_config, finetune_job
-from bert_jax.tasks import conll, conlleval, token_classification
+from bert_jax.tasks import registry
+from bert_jax.tasks.tagging import data as conll
+from bert_jax.tasks.tagging import metrics as conlleval
+from bert_jax.tasks.tagging import objective as token_classification
 from bert_jax.training import metrics, workdir_lock
 
-TAGGING_TASKS = token_classification.TASK_NAMES
 # Where each split's sentences come from, and the name of its prediction file.
 _PREDICTION_FILES = {"dev": "dev_predictions.txt", "test": "test_predictions.txt"}
 
@@ -162,3 +164,21 @@ def run_tagging(*, task_name: str = "conll2003", data_dir: str, tokenizer,
                                          if isinstance(v, (int, float))})
       metrics.log(f"{split} ({source}), entity level as conlleval counts:\n" + scores.report())
   return finetune_job.finish(job, results)
+
+
+def run_from_config(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
+  """The run a config describes (`registry.run_from_config` dispatches here)."""
+  if not config.data_dir:
+    raise ValueError(f"--task_name={config.task_name} needs --data_dir (the task's files, or a "
+                     "prepared tensorflow-datasets directory for conll2003).")
+  return run_tagging(
+      task_name=config.task_name.lower(), label_list=config.label_list,
+      data_format=config.data_format, data_dir=config.data_dir, tokenizer=tokenizer,
+      init_checkpoint=config.init_checkpoint, output_dir=config.output_dir,
+      bert_config_file=config.bert_config_file,
+      max_seq_length=registry.TAGGING.max_length(config.max_seq_length),
+      train_batch_size=config.train_batch_size, eval_batch_size=config.eval_batch_size,
+      predict_batch_size=config.predict_batch_size, learning_rate=config.learning_rate,
+      num_train_epochs=config.num_train_epochs, warmup_proportion=config.warmup_proportion,
+      do_train=config.do_train, do_eval=config.do_eval, do_predict=config.do_predict,
+      seed=config.seed, config=config)

@@ -1,0 +1,71 @@
+"""A checkpoint of any kind read and written as another (`python -m bert_jax.convert`): the
+params put in one layout, what the target format has no names for left out (and said), the
+vocabulary copied beside the output."""
+
+from __future__ import annotations
+
+import os
+
+from bert_jax.interop import checkpoints, hf, tf1
+from bert_jax.text import vocab_files
+
+FORMATS = ("hf", "tf1", "orbax")
+
+# Heads that only pre-training uses and that the released formats have no names for: written
+# to Orbax, left out of Hugging Face and TF1 exports (SpanBERT's released checkpoints are the
+# encoder and masked-LM head as well).
+PRETRAINING_ONLY_HEADS = {"pair_target_predictions": "SpanBERT's span-boundary head"}
+
+
+def without_pretraining_only_heads(params: dict) -> dict:
+  """`params` without `cls/<head>` for each of `PRETRAINING_ONLY_HEADS`, saying what went."""
+  heads_ = params.get("cls", {})
+  dropped = [name for name in PRETRAINING_ONLY_HEADS if name in heads_]
+  if not dropped:
+    return params
+  for name in dropped:
+    print(f"left out cls/{name} ({PRETRAINING_ONLY_HEADS[name]}: pre-training only, no name "
+          "in this format; --format=orbax keeps it)")
+  return {**params, "cls": {k: v for k, v in heads_.items() if k not in dropped}}
+
+
+def convert(source: str, target: str, output_format: str,
+            bert_config_file: str | None = None) -> str:
+  """Reads `source` (any kind), writes `target` in `output_format`; returns what was written.
+  Prints what was read (the load report, or the step of an Orbax checkpoint)."""
+  if output_format not in FORMATS:
+    raise ValueError(f"format={output_format!r}; expected one of {', '.join(FORMATS)}.")
+  loaded = checkpoints.load_any(source, bert_config_file)
+  detail = loaded.report.summary() if loaded.report else (
+      f"{loaded.location} step {loaded.step}" if loaded.step is not None else loaded.location)
+  print(f"read {checkpoints.KIND_NAMES[loaded.kind]}: {detail}")
+  params = checkpoints.in_layout(loaded.params, loaded.config, False)
+  if "teacher" in params:  # a distillation workdir: the model is the student; the teacher is
+    params = {k: v for k, v in params.items() if k != "teacher"}  # its own checkpoint
+    print("left out teacher/* (the distillation teacher: convert its own checkpoint)")
+  config = loaded.config.replace(scan_layers=False)
+  if output_format in ("hf", "tf1"):
+    params = without_pretraining_only_heads(params)
+  if output_format == "hf":
+    written = hf.save_hf_checkpoint(params, config, target)
+  elif output_format == "tf1":
+    written = tf1.save_tf1_checkpoint(params, config, target)
+  else:
+    written = checkpoints.save_orbax_params(params, config, target)
+  # The vocabulary travels with the weights: every consumer of a checkpoint needs both.
+  source_dir = tf1.dirname(loaded.location) if loaded.kind == "tf1" else source
+  target_dir = tf1.dirname(written) if output_format == "tf1" else written
+  candidates = [source_dir or "."]
+  if loaded.kind == "orbax":  # a checkpoints/ folder or one of its steps: the run dir above
+    candidates += [os.path.dirname(loaded.location.rstrip("/")),
+                   os.path.dirname(os.path.dirname(loaded.location.rstrip("/")))]
+  kept = next((k for k in (vocab_files.copy_kept(c, target_dir or ".") for c in candidates
+                           if c) if k), None)
+  if kept:
+    print(f"copied the vocabulary: {kept}")
+  else:
+    print(f"no vocabulary (vocab.txt, spm.model / spiece.model, vocab.json + merges.txt) "
+          f"beside {source}: give the model's own to "
+          "whatever reads the export (predict --vocab_file=...).")
+  print(f"wrote {output_format}: {written}")
+  return written

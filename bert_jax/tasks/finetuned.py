@@ -1,0 +1,168 @@
+"""A fine-tuned (or pre-trained) model read back for prediction: what a `--checkpoint` is and
+which task kind it serves (`registry`), its weights with the task's head, its vocabulary and
+tokenizer, and the forward pass over a task's features. Each kind's `predict.py` builds on these;
+`python -m bert_jax.predict` maps flags onto them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from bert_jax import inference
+from bert_jax.interop import checkpoints
+from bert_jax.model import configuration
+from bert_jax.tasks import registry
+from bert_jax.text import tokenization, vocab_files
+
+FILL_MASK_NEEDS = "a pre-training model (masked-LM head)"
+
+
+class PredictError(ValueError):
+  """A checkpoint, vocabulary or input that does not fit the request; the message says why."""
+
+
+@dataclasses.dataclass
+class CheckpointInfo:
+  """What `--checkpoint` is, read without loading any weights."""
+  path: str
+  kind: str                 # "tf1", "hf" or "orbax" (`checkpoints.checkpoint_kind`)
+  where: str                # the TF1 prefix, or the directory
+  metadata: dict[str, Any]  # an Orbax checkpoint's metadata; {} for the other kinds
+
+  @property
+  def task(self) -> str | None:
+    task = self.metadata.get("task")
+    return str(task) if task else None
+
+  @property
+  def mode(self) -> str:
+    """The mode this checkpoint serves: fine-tuning records its task, pre-training none."""
+    return "fill_mask" if self.task is None else registry.find(self.task).mode
+
+  def describe(self) -> str:
+    if self.kind != "orbax":
+      return f"{checkpoints.KIND_NAMES[self.kind]} ({self.where}), a pre-training model"
+    if self.mode == "fill_mask":
+      return "a pre-training checkpoint (its metadata names no fine-tuned task)"
+    labels = self.metadata.get("num_labels") if self.mode == "classify" else None
+    return (f"{registry.find(self.task).model_name} (task {self.task!r}"
+            + (f", {labels} outputs)" if labels else ")"))
+
+
+def inspect_checkpoint(path: str) -> CheckpointInfo:
+  """The kind of `path` and, for an Orbax checkpoint, its metadata (a small JSON item)."""
+  try:
+    kind, where = checkpoints.checkpoint_kind(path)
+    metadata: dict[str, Any] = checkpoints.run_metadata(where) if kind == "orbax" else {}
+  except (ValueError, FileNotFoundError) as e:
+    raise PredictError(str(e)) from e
+  return CheckpointInfo(path, kind, where, metadata)
+
+
+def check_mode(info: CheckpointInfo, mode: str) -> None:
+  """Refuses a checkpoint of another kind, naming the path, what it is and what would fit."""
+  if info.mode == mode:
+    return
+  hint = f" Use --mode={info.mode} (or --mode=auto) for this checkpoint."
+  needs = FILL_MASK_NEEDS if mode == "fill_mask" else registry.for_mode(mode).serves
+  raise PredictError(f"--mode={mode} needs {needs}, but {info.path} is "
+                     f"{info.describe()}.{hint}")
+
+
+def _load(info: CheckpointInfo, require_heads: bool) -> tuple[configuration.BertConfig, Any]:
+  """`checkpoints.load_pretraining_model`, whose errors (no heads, shapes that do not fit the
+  config, no config beside a TF1 checkpoint) are about the checkpoint, so are reported as such."""
+  try:
+    return checkpoints.load_pretraining_model(info.where, require_heads=require_heads)
+  except (ValueError, FileNotFoundError) as e:
+    raise PredictError(str(e)) from e
+
+
+@dataclasses.dataclass
+class FinetunedModel:
+  """A fine-tuning output directory, loaded: the head, its weights and what fine-tuning saved."""
+  info: CheckpointInfo
+  config: configuration.BertConfig
+  params: Any
+  module: Any  # the task's model: classifier, span, tagging or multiple-choice head
+
+  @property
+  def num_labels(self) -> int:
+    return int(np.shape(self.params["classifier"]["kernel"])[-1])
+
+  @property
+  def version_2_with_negative(self) -> bool:
+    return "v2" in (self.info.task or "")  # fine-tuning records "squad v1.1" / "squad v2.0"
+
+
+def load_finetuned(info: CheckpointInfo, mode: str) -> FinetunedModel:
+  """The model behind a fine-tuned output directory, for `mode` ("classify", "qa", "tag" or
+  "choose").
+
+  The weights are read by the same loader as every other Orbax tree (encoder + the task's head,
+  with the config it was trained with); only the head module differs by task, and is the one
+  the task's kind builds from what the run recorded (`<kind>/predict.py`: `head`, `model`).
+  """
+  check_mode(info, mode)
+  predict = registry.for_mode(mode).module("predict")
+  head = predict.head(info)
+  config, params = _load(info, require_heads=False)
+  if head not in params:
+    raise PredictError(f"{info.path}: the checkpoint records task {info.task!r} but holds no "
+                       f"'{head}' parameters (it has {sorted(params)}).")
+  return FinetunedModel(info, config, params, predict.model(info, config, params))
+
+
+def find_vocab(info: CheckpointInfo, given: vocab_files.VocabularyFiles | None = None,
+               flag: str = "--vocab_file") -> vocab_files.VocabularyFiles:
+  """The given vocabulary (refused when the model keeps another), else the one beside the
+  checkpoint (`vocab_files.resolve`). Called before any weights are read, so that a missing or
+  wrong file fails at once."""
+  try:
+    return vocab_files.resolve(given, checkpoints.vocabulary_directories(info.where), info.path,
+                               flag)
+  except ValueError as e:
+    raise PredictError(str(e)) from None
+
+
+def load_tokenizer(info: CheckpointInfo, config: configuration.BertConfig,
+                   files: vocab_files.VocabularyFiles,
+                   do_lower_case: bool | None = None) -> tokenization.Tokenizer:
+  """The tokenizer of `files` as the model's family reads them; it must fit the model."""
+  tokenizer = files.load(config.model_type, do_lower_case)
+  if tokenizer.vocab_size != config.vocab_size:
+    raise PredictError(f"The vocabulary {files.describe()} has {tokenizer.vocab_size} entries "
+                       f"but the model {info.path} {config.vocab_size}: pass the vocabulary the "
+                       "model was trained with.")
+  return tokenizer
+
+
+def run_model(module: Any, params: Any, feats: dict[str, np.ndarray], batch_size: int,
+              trim: bool, desc: str) -> Any:
+  """The module's outputs for every row of `feats`, by the inference library's forward pass
+  (data-parallel over the local devices, parameters replicated) — the one fine-tuning's
+  evaluation uses, so the outputs equal what fine-tuning computes for the same rows."""
+  predictor = inference.Predictor(module)
+  return predictor(predictor.place(params), feats, batch_size, trim=trim, desc=desc)
+
+
+def check_length(max_seq_length: int, config: configuration.BertConfig) -> None:
+  try:
+    config.check_sequence_length(max_seq_length, "--max_seq_length")
+  except ValueError as e:
+    raise PredictError(str(e)) from e
+
+
+# -------------------------------------------------------------------------------- fill-mask
+def load_fill_mask_model(info: CheckpointInfo) -> tuple[configuration.BertConfig, Any]:
+  """The encoder and its masked-LM head, from any kind of checkpoint (a next-sentence head is
+  not needed: a Hugging Face `BertForMaskedLM` serves)."""
+  check_mode(info, "fill_mask")
+  try:
+    return checkpoints.load_masked_lm(info.where)
+  except (ValueError, FileNotFoundError) as e:
+    raise PredictError(str(e)) from e
+

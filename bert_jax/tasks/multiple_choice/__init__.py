@@ -1,0 +1,1 @@
+"""Choosing the right ending: SWAG and HellaSwag (`registry.MULTIPLE_CHOICE`)."""
