@@ -124,10 +124,12 @@ class SequenceClassification(Objective):
 # --------------------------------------------------------------------------------------- the loss
 def classification_loss(logits: jax.Array, labels: jax.Array,
                         weights: jax.Array) -> dict[str, jax.Array]:
-  """Weighted softmax cross-entropy; weight 0 marks padding examples of a partial batch."""
+  """Weighted softmax cross-entropy over the last axis, for labels of any shape (one per
+  example, one per choice set, one per token); weight 0 marks what is not scored: padding
+  examples of a partial batch, the tokens a tagger does not label."""
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   labels = labels.astype(jnp.int32)
-  per_example = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
+  per_example = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
   weights = weights.astype(jnp.float32)
   weight_sum = jnp.sum(weights)
   loss_sum = jnp.sum(weights * per_example)

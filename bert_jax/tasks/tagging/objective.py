@@ -25,6 +25,7 @@ import numpy as np
 
 from bert_jax.model import heads
 from bert_jax.model.configuration import BertConfig
+from bert_jax.tasks.classification import objective as sequence_classification
 from bert_jax.text import features
 from bert_jax.training import perf
 from bert_jax.training.objective import Objective
@@ -125,13 +126,6 @@ class TokenClassification(Objective):
 def token_classification_loss(logits: jax.Array, label_ids: jax.Array,
                               label_weights: jax.Array) -> dict[str, jax.Array]:
   """Softmax cross-entropy at the positions of weight 1 (each word's first piece); the other
-  pieces, context, special tokens and padding weigh 0. Sums over words, for exact averages."""
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  labels = label_ids.astype(jnp.int32)
-  per_token = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
-  weights = label_weights.astype(jnp.float32)
-  weight_sum = jnp.sum(weights)
-  loss_sum = jnp.sum(weights * per_token)
-  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-  return {"loss": loss_sum / jnp.maximum(weight_sum, 1.0), "loss_sum": loss_sum,
-          "correct_sum": jnp.sum(weights * correct), "weight_sum": weight_sum}
+  pieces, context, special tokens and padding weigh 0. Sums over words, for exact averages:
+  the classifier's weighted loss, per token."""
+  return sequence_classification.classification_loss(logits, label_ids, label_weights)
