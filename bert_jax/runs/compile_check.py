@@ -239,10 +239,10 @@ def check(config: ml_collections.ConfigDict, accelerator: str, config_name: str 
       raise
     used = _used_bytes(str(e))
     batch, capacity = _batch_per_device(config, slice_), slice_.chip.usable_hbm_per_device
-    need = f"needs {used / GIB:.1f} GiB" if used else "does not fit"
+    need = f"needs {used / GIB:.2f} GiB" if used else "does not fit"
     raise DoesNotFit(
         f"{config_name} {need} per device on {slice_.name}, which has "
-        f"{capacity / GIB:.1f} GiB per device. Try "
+        f"{capacity / GIB:.2f} GiB per device. Try "
         f"{fixes(config, batch, _fitting_batch(config, batch, used, capacity))}. (XLA: "
         f"{_first_line(e)})") from None
   seconds = time.perf_counter() - start
