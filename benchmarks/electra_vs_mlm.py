@@ -143,25 +143,22 @@ def finetune(setup: dict, name: str, init_checkpoint: str, seed: int, **distill)
   """The package's fine-tuning of `init_checkpoint` on the task (once per name and seed),
   identical settings for every model; `distill`: a teacher (task-time distillation). Returns
   the dev accuracy."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import finetune_config  # pylint: disable=g-import-not-at-top
   from bert_jax.tasks.classification import run as classification_run  # pylint: disable=g-import-not-at-top
-  from bert_jax.tasks.classification import data as glue  # pylint: disable=g-import-not-at-top
   from bert_jax.text import tokenization  # pylint: disable=g-import-not-at-top
   out_dir = os.path.join(setup["work"], f"finetune_{name}_seed{seed}")
   result_file = os.path.join(out_dir, "benchmark_result.json")
   if not os.path.exists(result_file):
     print(f"\n=== {name}: fine-tuning on {setup['data_dir']}, seed {seed}", flush=True)
-    config = ml_collections.ConfigDict(finetune_config.get_config())
-    config.update(distill)
     start = time.time()
     out = classification_run.run(
-        glue.get_task("SST-2"), data_dir=setup["data_dir"], init_checkpoint=init_checkpoint,
-        tokenizer=tokenization.load_tokenizer(vocab_file=setup["vocab"], do_lower_case=True),
-        bert_config_file=None, output_dir=out_dir, max_seq_length=setup["seq"],
-        train_batch_size=32, eval_batch_size=64, learning_rate=FLAGS.finetune_learning_rate,
-        num_train_epochs=FLAGS.finetune_epochs, warmup_proportion=0.1, do_train=True,
-        do_eval=True, seed=seed, config=config)
+        finetune_config.make(
+            task_name="SST-2", data_dir=setup["data_dir"], init_checkpoint=init_checkpoint,
+            bert_config_file=None, output_dir=out_dir, max_seq_length=setup["seq"],
+            train_batch_size=32, eval_batch_size=64,
+            learning_rate=FLAGS.finetune_learning_rate, num_train_epochs=FLAGS.finetune_epochs,
+            warmup_proportion=0.1, do_train=True, do_eval=True, seed=seed, **distill),
+        tokenization.load_tokenizer(vocab_file=setup["vocab"], do_lower_case=True))
     with open(result_file, "w") as f:
       json.dump({"accuracy": out["dev"]["accuracy"], "seconds": time.time() - start}, f)
   with open(result_file) as f:

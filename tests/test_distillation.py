@@ -292,21 +292,18 @@ def test_task_distillation_teaches_a_smaller_student(tokenizer, tmp_path):
                            num_attention_heads=2, intermediate_size=64,
                            hidden_dropout_prob=0.0,
                            attention_probs_dropout_prob=0.0).to_json_file(student_cfg)
-  common = dict(data_dir=data, tokenizer=tokenizer, init_checkpoint=None, max_seq_length=16,
+  common = dict(data_dir=data, init_checkpoint=None, max_seq_length=16,
                 train_batch_size=16, eval_batch_size=8, learning_rate=1e-3,
-                warmup_proportion=0.1, do_train=True, do_eval=True)
+                warmup_proportion=0.1, do_train=True, do_eval=True, num_train_epochs=40)
   teacher_dir = str(tmp_path / "teacher")
-  taught = classification_run.run(task, bert_config_file=teacher_cfg, output_dir=teacher_dir,
-                          num_train_epochs=40, **common)
+  taught = classification_run.run(finetune_config.make(
+      bert_config_file=teacher_cfg, output_dir=teacher_dir, **common), tokenizer, task)
   assert taught["dev"]["accuracy"] == 1.0
 
-  config = finetune_config.get_config()
-  config.teacher_checkpoint = teacher_dir
-  config.distill_temperature = 2.0
-  config.distill_alpha = 0.5
   student_dir = str(tmp_path / "student")
-  out = classification_run.run(task, bert_config_file=student_cfg, output_dir=student_dir,
-                       num_train_epochs=40, config=config, **common)
+  out = classification_run.run(finetune_config.make(
+      bert_config_file=student_cfg, output_dir=student_dir, teacher_checkpoint=teacher_dir,
+      distill_temperature=2.0, distill_alpha=0.5, **common), tokenizer, task)
   assert out["dev"]["num_examples"] == 16
   assert out["dev"]["accuracy"] >= 0.9, out["dev"]  # the student's own model, evaluated
 

@@ -23,7 +23,6 @@ from bert_jax.interop import tf1 as tf1_io
 from bert_jax.model import configuration, electra, heads
 from bert_jax.runs import finetune_config, pretraining
 from bert_jax.tasks.classification import run as classification_run
-from bert_jax.tasks.classification import data as glue
 from bert_jax.text import tokenization
 from bert_jax.training import metrics
 from bert_jax.training import step as step_lib
@@ -324,14 +323,13 @@ def test_tiny_electra_run_trains_resumes_and_fine_tunes_from_the_discriminator(
   for split in ("train", "dev"):
     (data / f"{split}.tsv").write_text(
         "sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows))
-  config = finetune_config.get_config()
-  config.layerwise_lr_decay = 0.8
   out = classification_run.run(
-      glue.get_task("SST-2"), data_dir=str(data), output_dir=str(tmp_path / "sst2_out"),
-      tokenizer=tokenization.load_tokenizer(vocab_file=str(vocab), do_lower_case=True),
-      init_checkpoint=workdir, bert_config_file=None, max_seq_length=16, train_batch_size=8,
-      eval_batch_size=8, learning_rate=1e-3, num_train_epochs=30, warmup_proportion=0.1,
-      do_train=True, do_eval=True, config=config)
+      finetune_config.make(
+          task_name="SST-2", layerwise_lr_decay=0.8, data_dir=str(data),
+          output_dir=str(tmp_path / "sst2_out"), init_checkpoint=workdir, bert_config_file=None,
+          max_seq_length=16, train_batch_size=8, eval_batch_size=8, learning_rate=1e-3,
+          num_train_epochs=30, warmup_proportion=0.1, do_train=True, do_eval=True),
+      tokenization.load_tokenizer(vocab_file=str(vocab), do_lower_case=True))
   assert out["dev"]["accuracy"] == 1.0
   finetuned = checkpoints.load_any(str(tmp_path / "sst2_out")).params
   assert "pooler" not in finetuned["bert"] and "generator" not in finetuned

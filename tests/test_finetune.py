@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bert_jax import inference
+from bert_jax.runs import finetune_config
 from bert_jax.tasks.classification import run as classification_run
 from bert_jax.tasks.classification import objective as sequence_classification
 from bert_jax.model import configuration
@@ -44,11 +45,11 @@ def _sst2_dir(path, dev_size=None):
 def test_tiny_model_learns_a_tiny_task_and_counts_every_dev_example(tokenizer, bert_config_file,
                                                                      tmp_path):
   data = _sst2_dir(tmp_path / "sst2", dev_size=13)  # 13 dev rows: not a multiple of 8 devices
-  out = classification_run.run(glue.get_task("SST-2"), data_dir=data, tokenizer=tokenizer,
-                     init_checkpoint=None, bert_config_file=bert_config_file,
-                     output_dir=str(tmp_path / "out"), max_seq_length=16, train_batch_size=16,
-                     eval_batch_size=8, learning_rate=1e-3, num_train_epochs=100,
-                     warmup_proportion=0.1, do_train=True, do_eval=True, do_predict=True)
+  out = classification_run.run(finetune_config.make(
+      task_name="SST-2", data_dir=data, init_checkpoint=None, bert_config_file=bert_config_file,
+      output_dir=str(tmp_path / "out"), max_seq_length=16, train_batch_size=16,
+      eval_batch_size=8, learning_rate=1e-3, num_train_epochs=100, warmup_proportion=0.1,
+      do_train=True, do_eval=True, do_predict=True), tokenizer)
   assert out["dev"]["num_examples"] == 13
   assert out["dev"]["accuracy"] == 1.0          # memorised: the dev rows are training rows
   # Beside it, what always answering the most frequent dev label scores.
@@ -61,9 +62,9 @@ def test_tiny_model_learns_a_tiny_task_and_counts_every_dev_example(tokenizer, b
   saved = json.load(open(os.path.join(tmp_path, "out", "eval_results.json")))
   assert saved["dev"]["accuracy"] == 1.0
   # Evaluating later from the fine-tuned output directory gives the same numbers.
-  again = classification_run.run(glue.get_task("SST-2"), data_dir=data, tokenizer=tokenizer,
-                       init_checkpoint=None, output_dir=str(tmp_path / "out"),
-                       max_seq_length=16, eval_batch_size=8, do_eval=True)
+  again = classification_run.run(finetune_config.make(
+      task_name="SST-2", data_dir=data, init_checkpoint=None, output_dir=str(tmp_path / "out"),
+      max_seq_length=16, eval_batch_size=8, do_eval=True), tokenizer)
   assert again["dev"] == out["dev"]
 
 
@@ -101,11 +102,11 @@ def test_regression_task(tokenizer, bert_config_file, tmp_path):
                  enumerate(rows))
   (d / "train.tsv").write_text(header + body)
   (d / "dev.tsv").write_text(header + body)
-  out = classification_run.run(glue.get_task("STS-B"), data_dir=str(d), tokenizer=tokenizer,
-                     init_checkpoint=None, bert_config_file=bert_config_file,
-                     output_dir=str(tmp_path / "out"), max_seq_length=32, train_batch_size=8,
-                     eval_batch_size=8, learning_rate=1e-3, num_train_epochs=150,
-                     do_train=True, do_eval=True)
+  out = classification_run.run(finetune_config.make(
+      task_name="STS-B", data_dir=str(d), init_checkpoint=None,
+      bert_config_file=bert_config_file, output_dir=str(tmp_path / "out"), max_seq_length=32,
+      train_batch_size=8, eval_batch_size=8, learning_rate=1e-3, num_train_epochs=150,
+      do_train=True, do_eval=True), tokenizer)
   assert out["dev"]["num_examples"] == 8
   assert out["dev"]["pearson"] > 0.9  # fits its training pairs
 

@@ -190,21 +190,15 @@ def test_packed_run_trains_and_evaluates_like_an_unpacked_one(tokenizer, bert_co
   """The same examples in the same order: equal training losses step by step; and the packed
   run's model evaluated packed and unpacked gives the same dev predictions."""
   data = _sst2_dir(tmp_path / "sst2", dev_size=13)
-  common = dict(data_dir=data, tokenizer=tokenizer, init_checkpoint=None,
+  common = dict(task_name="SST-2", data_dir=data, init_checkpoint=None,
                 bert_config_file=bert_config_file, max_seq_length=64, train_batch_size=16,
                 eval_batch_size=8, learning_rate=1e-3, num_train_epochs=4,
-                warmup_proportion=0.1)
-
-  def config(packing):
-    c = finetune_config.get_config()
-    c.packing, c.log_every_steps = packing, 1
-    return c
-
-  task = glue.get_task("SST-2")
-  packed = classification_run.run(task, output_dir=str(tmp_path / "packed"), do_train=True,
-                          do_eval=True, do_predict=True, config=config(True), **common)
-  plain = classification_run.run(task, output_dir=str(tmp_path / "plain"), do_train=True,
-                         config=config(False), **common)
+                warmup_proportion=0.1, log_every_steps=1)
+  packed = classification_run.run(finetune_config.make(
+      output_dir=str(tmp_path / "packed"), do_train=True, do_eval=True, do_predict=True,
+      packing=True, **common), tokenizer)
+  plain = classification_run.run(finetune_config.make(
+      output_dir=str(tmp_path / "plain"), do_train=True, packing=False, **common), tokenizer)
   packed_losses, plain_losses = _metric_rows(tmp_path / "packed"), _metric_rows(tmp_path / "plain")
   # (The first step's line is the compilation's; steps 2-4 report.)
   assert sorted(packed_losses) == sorted(plain_losses) == [2, 3, 4]
@@ -217,9 +211,9 @@ def test_packed_run_trains_and_evaluates_like_an_unpacked_one(tokenizer, bert_co
   predictions = tmp_path / "packed" / "SST-2.tsv"
   packed_predictions = predictions.read_text()
   predictions.unlink()
-  again = classification_run.run(task, output_dir=str(tmp_path / "packed"), do_eval=True,
-                         do_predict=True, config=config(False),
-                         **{k: v for k, v in common.items() if k != "bert_config_file"})
+  again = classification_run.run(finetune_config.make(
+      output_dir=str(tmp_path / "packed"), do_eval=True, do_predict=True, packing=False,
+      **{k: v for k, v in common.items() if k != "bert_config_file"}), tokenizer)
   assert again["dev"] == packed["dev"]
   assert again["dev"]["num_examples"] == 13
   assert predictions.read_text() == packed_predictions

@@ -379,7 +379,6 @@ def test_finetuning_run_with_layerwise_decay(tokenizer, bert_config_file, tmp_pa
   """A short GLUE run through the classification run with the decay on: the BertConfig's layer count
   reaches the optimizer, and sharded, jitted training steps take it."""
   from bert_jax.runs import finetune_config
-  from bert_jax.tasks.classification import data as glue
   from bert_jax.tasks.classification import run as classification_run
   data = tmp_path / "sst2"
   data.mkdir()
@@ -387,11 +386,9 @@ def test_finetuning_run_with_layerwise_decay(tokenizer, bert_config_file, tmp_pa
   for split in ("train", "dev"):
     (data / f"{split}.tsv").write_text(
         "sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows))
-  config = finetune_config.get_config()
-  config.layerwise_lr_decay = 0.8
-  out = classification_run.run(glue.get_task("SST-2"), data_dir=str(data), tokenizer=tokenizer,
-                       init_checkpoint=None, bert_config_file=bert_config_file,
-                       output_dir=str(tmp_path / "out"), max_seq_length=16, train_batch_size=8,
-                       eval_batch_size=8, learning_rate=1e-3, num_train_epochs=2,
-                       warmup_proportion=0.0, do_train=True, do_eval=True, config=config)
+  out = classification_run.run(finetune_config.make(
+      task_name="SST-2", layerwise_lr_decay=0.8, data_dir=str(data), init_checkpoint=None,
+      bert_config_file=bert_config_file, output_dir=str(tmp_path / "out"), max_seq_length=16,
+      train_batch_size=8, eval_batch_size=8, learning_rate=1e-3, num_train_epochs=2,
+      warmup_proportion=0.0, do_train=True, do_eval=True), tokenizer)
   assert out["train_steps"] == 2 and out["dev"]["num_examples"] == 8

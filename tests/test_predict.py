@@ -55,11 +55,11 @@ def sst2_out(tmp_path_factory, tokenizer, bert_config_file):
   """A tiny classifier that has memorised the 16 SST-2 sentences."""
   root = tmp_path_factory.mktemp("sst2")
   out = str(root / "out")
-  results = classification_run.run(glue.get_task("SST-2"), data_dir=_sst2_dir(root / "data"),
-                         tokenizer=tokenizer, init_checkpoint=None, bert_config_file=bert_config_file,
-                         output_dir=out, max_seq_length=16, train_batch_size=16,
-                         learning_rate=1e-3, num_train_epochs=80, warmup_proportion=0.1,
-                         do_train=True, do_eval=True)
+  results = classification_run.run(finetune_config.make(
+      task_name="SST-2", data_dir=_sst2_dir(root / "data"), init_checkpoint=None,
+      bert_config_file=bert_config_file, output_dir=out, max_seq_length=16,
+      train_batch_size=16, learning_rate=1e-3, num_train_epochs=80, warmup_proportion=0.1,
+      do_train=True, do_eval=True), tokenizer)
   assert results["dev"]["accuracy"] == 1.0
   return out
 
@@ -71,15 +71,13 @@ def squad_out(tmp_path_factory, tokenizer, bert_config_file):
   root = tmp_path_factory.mktemp("squad")
   data_file = root / "train-v2.0.json"
   data_file.write_text(json.dumps(_overfit_set(), ensure_ascii=False))
-  config = finetune_config.get_config()
-  config.mesh_shape = (4, 1, 2)
   out = str(root / "out")
-  squad_run.run_squad(tokenizer=tokenizer, init_checkpoint=None, output_dir=out,
-                     train_file=str(data_file), predict_file=str(data_file),
-                     version_2_with_negative=True, bert_config_file=bert_config_file,
-                     max_seq_length=64, doc_stride=32, max_query_length=16, train_batch_size=4,
-                     predict_batch_size=8, learning_rate=1e-3, num_train_epochs=200,
-                     do_train=True, do_predict=True, config=config)
+  squad_run.run(finetune_config.make(
+      task_name="squad_v2", mesh_shape=(4, 1, 2), init_checkpoint=None, output_dir=out,
+      train_file=str(data_file), predict_file=str(data_file),
+      bert_config_file=bert_config_file, max_seq_length=64, doc_stride=32,
+      max_query_length=16, train_batch_size=4, predict_batch_size=8, learning_rate=1e-3,
+      num_train_epochs=200, do_train=True, do_predict=True), tokenizer)
   return out, str(data_file)
 
 

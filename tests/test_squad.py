@@ -421,12 +421,13 @@ def test_a_train_set_smaller_than_one_batch_trains(tmp_path, tokenizer, bert_con
   data = json.loads(json.dumps(OFFICIAL))
   data["data"][1]["paragraphs"][0]["qas"] = data["data"][1]["paragraphs"][0]["qas"][:2]
   data_file = _write(tmp_path / "train-v1.1.json", data)
-  results = squad_run.run_squad(
-      tokenizer=tokenizer, init_checkpoint=None, bert_config_file=bert_config_file,
+  from bert_jax.runs import finetune_config
+  results = squad_run.run(finetune_config.make(
+      task_name="squad", init_checkpoint=None, bert_config_file=bert_config_file,
       output_dir=str(tmp_path / "out"), train_file=data_file, predict_file=data_file,
       max_seq_length=128, doc_stride=64, max_query_length=32, train_batch_size=8,
       predict_batch_size=8, learning_rate=1e-3, num_train_epochs=120, do_train=True,
-      do_predict=True)
+      do_predict=True), tokenizer)
   assert results["train_steps"] == 120  # one (padded) batch per epoch
   assert results["eval"]["total"] == 5 and results["eval"]["exact_match"] == 100.0
 

@@ -88,3 +88,15 @@ def get_config() -> ml_collections.ConfigDict:
       "packing": False,              # several examples per row (see the docstring)
       "packing_max_sequences_per_row": 8,
   })
+
+
+def make(**fields) -> ml_collections.ConfigDict:
+  """The default config with `fields` set: how a library caller describes a run (a name the
+  config lacks is refused, as a misspelt flag would be)."""
+  config = get_config()
+  unknown = sorted(set(fields) - set(config.keys()))
+  if unknown:
+    raise ValueError(f"Not fine-tuning settings: {', '.join(unknown)} (see "
+                     "bert_jax/runs/finetune_config.py).")
+  config.update(fields)
+  return config

@@ -43,12 +43,19 @@ class Job:
   started: float
 
 
-def setup(config, output_dir, tokenizer, init_checkpoint, bert_config_file, max_seq_length,
-          batch_sizes: dict[str, int]) -> Job:
+def setup(config, tokenizer, max_seq_length: int,
+          batch_flags: tuple[str, ...] = ("train_batch_size", "eval_batch_size",
+                                          "predict_batch_size")) -> Job:
+  """The output directory, mesh and model config of the run `config` describes; the batch
+  sizes named in `batch_flags` (the ones the task uses) must split over the data-parallel
+  devices."""
   started = time.time()
+  output_dir, init_checkpoint = config.output_dir, config.init_checkpoint
+  bert_config_file = config.bert_config_file
   file_io.makedirs(output_dir)
   mesh, rules = sharding.mesh_from_config(config)
-  for name, size in batch_sizes.items():
+  for name in batch_flags:
+    size = config[name]
     if size % sharding.data_parallel_size(mesh):
       raise ValueError(f"--{name}={size} is not divisible by the "
                        f"{sharding.data_parallel_size(mesh)} data-parallel devices.")
@@ -157,25 +164,28 @@ def run_training(job: Job, objective, model, tx, schedule, init, feats, num_step
   return result
 
 
-def fit(job: Job, objective, model, tokenizer, *, feats, num_steps: int, batch_size: int,
-        learning_rate: float, warmup_proportion: float, seed: int, init_checkpoint,
-        bert_config_file, metadata: dict[str, Any], header: str,
-        results: dict[str, Any]) -> tuple[Any, Any, Any]:
-  """The init order, then (when `feats` are given) training: `(state, init, loop result or
-  None)`. Training settings and time go into `results`."""
-  tx, schedule = make_optimizer(job.config, num_steps, learning_rate, warmup_proportion,
+def fit(job: Job, objective, model, tokenizer, *, feats, num_steps: int,
+        metadata: dict[str, Any], header: str, results: dict[str, Any]
+        ) -> tuple[Any, Any, Any]:
+  """The init order, then (when `feats` are given) training at the config's batch size,
+  learning rate and seed: `(state, init, loop result or None)`. Training settings and time go
+  into `results`."""
+  config = job.config
+  tx, schedule = make_optimizer(config, num_steps, config.learning_rate,
+                                config.warmup_proportion,
                                 num_layers=job.bert_config.num_hidden_layers,
                                 frozen_scopes=objective.frozen_scopes)
   init = init_order.initial_state(objective, model, tx, job.mesh, job.rules,
-                                  batch_size=batch_size, seed=seed,
-                                  checkpoints=job.checkpoints, init_checkpoint=init_checkpoint,
-                                  bert_config_file=bert_config_file)
+                                  batch_size=config.train_batch_size, seed=config.seed,
+                                  checkpoints=job.checkpoints,
+                                  init_checkpoint=config.init_checkpoint,
+                                  bert_config_file=config.bert_config_file)
   metrics.log(f"{header}: {init.origin}; {job.bert_config.num_hidden_layers} layers; mesh "
               f"{dict(job.mesh.shape)}")
   if feats is None:
     return init.state, init, None
   result = run_training(job, objective, model, tx, schedule, init, feats, num_steps,
-                        batch_size, seed, tokenizer, metadata)
+                        config.train_batch_size, config.seed, tokenizer, metadata)
   results["train_steps"] = num_steps
   results["train_seconds"] = time.time() - job.started
   return result.state, init, result

@@ -3,8 +3,8 @@ fine-tuned checkpoint records) is, and where that kind lives.
 
 Four kinds, each a package of the same rooms — `data` (its files: readers, features,
 prediction files), `objective` (the plug-in of the training core: model, batch, loss),
-`metrics`, `run` (the fine-tuning run: `run_from_config`) and `predict` (a fine-tuned model
-applied to new inputs) — so that `finetune` and `predict` dispatch from here and a new kind is
+`metrics`, `run` (the fine-tuning run: `run(config, tokenizer)`) and `predict` (a fine-tuned
+model applied to new inputs) — so that `finetune` and `predict` dispatch from here and a new kind is
 one more package and one more entry:
 
 | kind            | task names                                   | predict mode | length |
@@ -117,6 +117,6 @@ def check_config(config) -> None:
 
 def run_from_config(config, tokenizer) -> dict:
   """Every fine-tuning run a config describes (what `python -m bert_jax.finetune` calls): the
-  task's kind runs it (`<kind>/run.py: run_from_config`)."""
+  task's kind runs it (`<kind>/run.py: run`)."""
   check_config(config)
-  return find(config.task_name).module("run").run_from_config(config, tokenizer)
+  return find(config.task_name).module("run").run(config, tokenizer)

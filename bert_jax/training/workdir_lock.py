@@ -304,17 +304,22 @@ def hold(workdir: str, *, process_index: int | None = None,
 
 
 def holding(workdir_arg: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-  """Decorator: the function runs holding the lock of its argument named `workdir_arg`.
+  """Decorator: the function runs holding the lock of its argument named `workdir_arg`, or of
+  a field of one (`"config.output_dir"`).
 
       @workdir_lock.holding("workdir")
       def train_and_evaluate(config, workdir): ...
   """
+  arg, _, field = workdir_arg.partition(".")
+
   def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-      workdir = signature.bind(*args, **kwargs).arguments[workdir_arg]
+      workdir = signature.bind(*args, **kwargs).arguments[arg]
+      if field:
+        workdir = workdir[field]
       with hold(workdir):
         return fn(*args, **kwargs)
     return wrapper

@@ -26,7 +26,7 @@ import numpy as np
 from bert_jax import file_io
 from bert_jax.data import arrays
 from bert_jax.interop import checkpoints
-from bert_jax.runs import finetune_config, finetune_job
+from bert_jax.runs import finetune_job
 from bert_jax.tasks import distillation as task_distillation
 from bert_jax.tasks import registry
 from bert_jax.tasks.classification import data as glue
@@ -41,21 +41,17 @@ def read_examples(task, data_dir, split, data_format):
                                                                                     split)
 
 
-@workdir_lock.holding("output_dir")
-def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_dir: str,
-        bert_config_file: str | None = None, max_seq_length: int = 128,
-        train_batch_size: int = 32, eval_batch_size: int = 8, predict_batch_size: int = 8,
-        learning_rate: float = 5e-5, num_train_epochs: float = 3.0,
-        warmup_proportion: float = 0.1, do_train: bool = False, do_eval: bool = False,
-        do_predict: bool = False, seed: int = 12345, data_format: str = "auto",
-        config: ml_collections.ConfigDict | None = None) -> dict[str, Any]:
-  """Train / evaluate / predict a GLUE-style task; returns the evaluation results (also in
-  eval_results.json)."""
-  job = finetune_job.setup(config or finetune_config.get_config(), output_dir, tokenizer,
-                           init_checkpoint, bert_config_file, max_seq_length,
-                           {"train_batch_size": train_batch_size,
-                            "eval_batch_size": eval_batch_size,
-                            "predict_batch_size": predict_batch_size})
+@workdir_lock.holding("config.output_dir")
+def run(config: ml_collections.ConfigDict, tokenizer, task=None) -> dict[str, Any]:
+  """Train / evaluate / predict the GLUE-style task of a fine-tuning config
+  (`finetune_config`; `task`: a task object instead of `config.task_name`'s); returns the
+  evaluation results (also in eval_results.json)."""
+  task = task or task_from_config(config)
+  data_dir, output_dir, data_format = config.data_dir, config.output_dir, config.data_format
+  max_seq_length = registry.CLASSIFICATION.max_length(config.max_seq_length)
+  train_batch_size = config.train_batch_size
+  do_train, do_eval, do_predict = config.do_train, config.do_eval, config.do_predict
+  job = finetune_job.setup(config, tokenizer, max_seq_length)
   objective = sequence_classification.SequenceClassification(
       task, max_seq_length, finetune_job.max_sequences_per_row(job.config, max_seq_length))
   if job.config.get("teacher_checkpoint"):  # taught by a fine-tuned teacher
@@ -66,20 +62,17 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
   results: dict[str, Any] = {"task": task.name}
   train_examples = read_examples(task, data_dir, "train", data_format) if do_train else []
   num_steps = (finetune_job.num_train_steps(len(train_examples), train_batch_size,
-                                            num_train_epochs) if do_train else 1)
+                                            config.num_train_epochs) if do_train else 1)
   feats = None
   if do_train:
     feats = objective.featurize(train_examples, tokenizer)
     metrics.log(f"training: {len(train_examples)} examples, {num_steps} steps "
-                f"({num_train_epochs} epochs of "
+                f"({config.num_train_epochs} epochs of "
                 f"{arrays.steps_per_epoch(len(train_examples), train_batch_size)}), "
                 f"batch {train_batch_size}")
   state, init, result = finetune_job.fit(
       job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
-      batch_size=train_batch_size, learning_rate=learning_rate,
-      warmup_proportion=warmup_proportion, seed=seed, init_checkpoint=init_checkpoint,
-      bert_config_file=bert_config_file, header=f"{task.name} ({objective.num_labels} outputs)",
-      results=results, metadata={
+      header=f"{task.name} ({objective.num_labels} outputs)", results=results, metadata={
           "task": task.name, "num_labels": objective.num_labels,
           "max_seq_length": max_seq_length,
           "label_list": None if task.is_regression else list(task.label_list)})
@@ -94,7 +87,8 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
     for split in task.eval_splits:
       examples = read_examples(task, data_dir, split, data_format)
       feats = objective.featurize(examples, tokenizer)
-      logits = finetune_job.predict(predictor, objective, state.params, feats, eval_batch_size,
+      logits = finetune_job.predict(predictor, objective, state.params, feats,
+                                    config.eval_batch_size,
                                     desc=f"eval {split}")
       preds = sequence_classification.to_predictions(task, logits)
       split_metrics = task.compute_metrics(preds, feats["label"])
@@ -111,7 +105,8 @@ def run(task, *, data_dir: str, tokenizer, init_checkpoint: str | None, output_d
     for split, filename in task.predict_splits.items():
       examples = read_examples(task, data_dir, split, data_format)
       feats = objective.featurize(examples, tokenizer)
-      logits = finetune_job.predict(predictor, objective, state.params, feats, predict_batch_size,
+      logits = finetune_job.predict(predictor, objective, state.params, feats,
+                                    config.predict_batch_size,
                                     desc=f"predict {split}")
       path = file_io.join(output_dir, filename)
       if jax.process_index() == 0:
@@ -134,17 +129,3 @@ def task_from_config(config: ml_collections.ConfigDict):
   except ValueError:
     raise ValueError(f"--task_name={config.task_name!r} is not a task: expected "
                      f"{registry.all_names()}.") from None
-
-
-def run_from_config(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
-  """The run a config describes (`registry.run_from_config` dispatches here)."""
-  return run(task_from_config(config), data_dir=config.data_dir, tokenizer=tokenizer,
-             init_checkpoint=config.init_checkpoint, output_dir=config.output_dir,
-             bert_config_file=config.bert_config_file,
-             max_seq_length=registry.CLASSIFICATION.max_length(config.max_seq_length),
-             train_batch_size=config.train_batch_size, eval_batch_size=config.eval_batch_size,
-             predict_batch_size=config.predict_batch_size, learning_rate=config.learning_rate,
-             num_train_epochs=config.num_train_epochs,
-             warmup_proportion=config.warmup_proportion, do_train=config.do_train,
-             do_eval=config.do_eval, do_predict=config.do_predict, seed=config.seed,
-             data_format=config.data_format, config=config)

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from bert_jax.runs import finetune_config, finetune_job
+from bert_jax.runs import finetune_job
 from bert_jax.tasks import registry
 from bert_jax.tasks.squad import data as squad
 from bert_jax.tasks.squad import metrics as squad_eval
@@ -29,37 +29,48 @@ def _squad_examples(path: str | None, data_dir: str | None, split: str, version_
           f"tfds squad/{'v2.0' if version_2 else 'v1.1'}[{split}]")
 
 
-@workdir_lock.holding("output_dir")
-def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
-              train_file: str | None = None, predict_file: str | None = None,
-              data_dir: str | None = None, version_2_with_negative: bool = False,
-              bert_config_file: str | None = None, max_seq_length: int = 384,
-              doc_stride: int = 128, max_query_length: int = 64, train_batch_size: int = 32,
-              predict_batch_size: int = 8, learning_rate: float = 5e-5,
-              num_train_epochs: float = 3.0, warmup_proportion: float = 0.1,
-              n_best_size: int = 20, max_answer_length: int = 30,
-              null_score_diff_threshold: float = 0.0, do_train: bool = False,
-              do_predict: bool = False, seed: int = 12345,
-              config: ml_collections.ConfigDict | None = None) -> dict[str, Any]:
-  """SQuAD v1.1 / v2.0 as the original `run_squad.py`: train on `train_file`, write
-  predictions.json / nbest_predictions.json / null_odds.json for `predict_file`, and, where the
-  file has gold answers (a dev set), the official metrics in eval_results.json."""
-  job = finetune_job.setup(config or finetune_config.get_config(), output_dir, tokenizer,
-                           init_checkpoint, bert_config_file, max_seq_length,
-                           {"train_batch_size": train_batch_size,
-                            "predict_batch_size": predict_batch_size})
+def check(config: ml_collections.ConfigDict) -> bool:
+  """Refuses SQuAD settings that cannot work; returns whether the run is SQuAD 2.0."""
+  squad_version = registry.SQUAD_VERSIONS[config.task_name.lower()]
+  if squad_version is False and config.version_2_with_negative:
+    raise ValueError(f"--task_name={config.task_name} is SQuAD 1.1; drop "
+                     "--version_2_with_negative or use --task_name=squad_v2.")
+  if config.get("teacher_checkpoint"):
+    raise ValueError("--teacher_checkpoint: task-time distillation is for GLUE-style "
+                     "classification and regression tasks, not SQuAD.")
+  if config.do_train and not (config.train_file or config.data_dir):
+    raise ValueError("--do_train needs --train_file (or a tfds --data_dir).")
+  if (config.do_predict or config.do_eval) and not (config.predict_file or config.data_dir):
+    raise ValueError("--do_predict needs --predict_file (or a tfds --data_dir).")
+  return bool(squad_version or config.version_2_with_negative)
+
+
+@workdir_lock.holding("config.output_dir")
+def run(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
+  """SQuAD v1.1 / v2.0 as the original `run_squad.py`, for a fine-tuning config
+  (`finetune_config`): train on `train_file`, write predictions.json / nbest_predictions.json /
+  null_odds.json for `predict_file`, and, where the file has gold answers (a dev set), the
+  official metrics in eval_results.json. --do_eval predicts too, since SQuAD scores its
+  predictions file."""
+  version_2_with_negative = check(config)
+  data_dir, output_dir = config.data_dir, config.output_dir
+  max_seq_length = registry.SQUAD.max_length(config.max_seq_length)
+  train_batch_size = config.train_batch_size
+  job = finetune_job.setup(config, tokenizer, max_seq_length,
+                           ("train_batch_size", "predict_batch_size"))
   objective = question_answering.SquadSpans(
       max_seq_length, version_2_with_negative,
       finetune_job.max_sequences_per_row(job.config, max_seq_length))
   model = objective.model(job.bert_config)
   version = "v2.0" if version_2_with_negative else "v1.1"
   results: dict[str, Any] = {"task": f"squad {version}"}
-  window = {"max_seq_length": max_seq_length, "doc_stride": doc_stride,
-            "max_query_length": max_query_length}
+  window = {"max_seq_length": max_seq_length, "doc_stride": config.doc_stride,
+            "max_query_length": config.max_query_length}
 
   feats = None
-  if do_train:
-    examples, source = _squad_examples(train_file, data_dir, "train", version_2_with_negative)
+  if config.do_train:
+    examples, source = _squad_examples(config.train_file, data_dir, "train",
+                                       version_2_with_negative)
     if not version_2_with_negative and any(e.is_impossible for e in examples):
       raise ValueError(f"{source} has unanswerable questions (is_impossible): SQuAD 2.0 "
                        "needs --version_2_with_negative.")
@@ -67,7 +78,7 @@ def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
                                                   **window)
     feats = features.arrays
     num_steps = finetune_job.num_train_steps(len(feats["weight"]), train_batch_size,
-                                             num_train_epochs)
+                                             config.num_train_epochs)
     results["train_features"] = features.report
     metrics.log(f"training: {len(examples)} questions from {source} → {len(feats['weight'])} "
                 f"windows ({features.report.get('answers_not_found', 0)} answers not found in "
@@ -77,26 +88,25 @@ def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
     num_steps = 1
   state, init, result = finetune_job.fit(
       job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
-      batch_size=train_batch_size, learning_rate=learning_rate,
-      warmup_proportion=warmup_proportion, seed=seed, init_checkpoint=init_checkpoint,
-      bert_config_file=bert_config_file, header=f"SQuAD {version}", results=results,
+      header=f"SQuAD {version}", results=results,
       metadata={"task": f"squad {version}", **window})
   if result is not None and result.stopped_early:
     return finetune_job.stopped(job, result, num_steps, results)
 
-  if do_predict:
-    examples, source = _squad_examples(predict_file, data_dir, "validation",
+  if config.do_predict or config.do_eval:
+    examples, source = _squad_examples(config.predict_file, data_dir, "validation",
                                        version_2_with_negative)
     features = squad.convert_examples_to_features(examples, tokenizer, is_training=False,
                                                   **window)
     # Untrimmed: outputs with a sequence axis are joined across batches.
     start_logits, end_logits = finetune_job.predict(
         finetune_job.make_predictor(job, objective, model, init), objective, state.params,
-        features.arrays, predict_batch_size, desc="predict SQuAD", trim=False)
+        features.arrays, config.predict_batch_size, desc="predict SQuAD", trim=False)
     predictions, nbest, null_odds = squad.postprocess(
-        examples, features, start_logits, end_logits, n_best_size=n_best_size,
-        max_answer_length=max_answer_length, version_2_with_negative=version_2_with_negative,
-        null_score_diff_threshold=null_score_diff_threshold)
+        examples, features, start_logits, end_logits, n_best_size=config.n_best_size,
+        max_answer_length=config.max_answer_length,
+        version_2_with_negative=version_2_with_negative,
+        null_score_diff_threshold=config.null_score_diff_threshold)
     if jax.process_index() == 0:
       results["prediction_files"] = squad.write_prediction_files(
           output_dir, predictions, nbest, null_odds if version_2_with_negative else None)
@@ -113,34 +123,3 @@ def run_squad(*, tokenizer, init_checkpoint: str | None, output_dir: str,
       metrics.log("eval: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                         for k, v in scores.items()))
   return finetune_job.finish(job, results)
-
-
-def run_from_config(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
-  """The run a config describes (`registry.run_from_config` dispatches here); --do_eval
-  predicts too, since SQuAD scores its predictions file."""
-  squad_version = registry.SQUAD_VERSIONS[config.task_name.lower()]
-  if squad_version is False and config.version_2_with_negative:
-    raise ValueError(f"--task_name={config.task_name} is SQuAD 1.1; drop "
-                     "--version_2_with_negative or use --task_name=squad_v2.")
-  do_predict = config.do_predict or config.do_eval
-  if config.get("teacher_checkpoint"):
-    raise ValueError("--teacher_checkpoint: task-time distillation is for GLUE-style "
-                     "classification and regression tasks, not SQuAD.")
-  if config.do_train and not (config.train_file or config.data_dir):
-    raise ValueError("--do_train needs --train_file (or a tfds --data_dir).")
-  if do_predict and not (config.predict_file or config.data_dir):
-    raise ValueError("--do_predict needs --predict_file (or a tfds --data_dir).")
-  return run_squad(
-      tokenizer=tokenizer, init_checkpoint=config.init_checkpoint,
-      output_dir=config.output_dir, train_file=config.train_file,
-      predict_file=config.predict_file, data_dir=config.data_dir,
-      version_2_with_negative=bool(squad_version or config.version_2_with_negative),
-      bert_config_file=config.bert_config_file,
-      max_seq_length=registry.SQUAD.max_length(config.max_seq_length),
-      doc_stride=config.doc_stride, max_query_length=config.max_query_length,
-      train_batch_size=config.train_batch_size, predict_batch_size=config.predict_batch_size,
-      learning_rate=config.learning_rate, num_train_epochs=config.num_train_epochs,
-      warmup_proportion=config.warmup_proportion, n_best_size=config.n_best_size,
-      max_answer_length=config.max_answer_length,
-      null_score_diff_threshold=config.null_score_diff_threshold, do_train=config.do_train,
-      do_predict=do_predict, seed=config.seed, config=config)

@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import file_io
-from bert_jax.runs import finetune_config, finetune_job
+from bert_jax.runs import finetune_job
 from bert_jax.tasks import registry
 from bert_jax.tasks.tagging import data as conll
 from bert_jax.tasks.tagging import metrics as conlleval
@@ -76,33 +76,27 @@ def _file_scheme(sentences: Sequence[conll.Sentence], scheme: str) -> str:
   return conll.detect_scheme(originals) if originals else "iob2"
 
 
-@workdir_lock.holding("output_dir")
-def run_tagging(*, task_name: str = "conll2003", data_dir: str, tokenizer,
-                init_checkpoint: str | None, output_dir: str,
-                bert_config_file: str | None = None, label_list: Sequence[str] | None = None,
-                max_seq_length: int = 128, train_batch_size: int = 32,
-                eval_batch_size: int = 8, predict_batch_size: int = 8,
-                learning_rate: float = 5e-5, num_train_epochs: float = 3.0,
-                warmup_proportion: float = 0.1, do_train: bool = False, do_eval: bool = False,
-                do_predict: bool = False, seed: int = 12345, data_format: str = "auto",
-                config: ml_collections.ConfigDict | None = None) -> dict[str, Any]:
-  """Train on the train split, score dev (`do_eval`) and test (`do_predict`; scored when it
-  has tags, as CoNLL-2003's has) and write their predictions; returns the results (also in
-  eval_results.json)."""
-  config = config or finetune_config.get_config()
+@workdir_lock.holding("config.output_dir")
+def run(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
+  """Train on the train split of a fine-tuning config's task (`finetune_config`), score dev
+  (`do_eval`) and test (`do_predict`; scored when it has tags, as CoNLL-2003's has) and write
+  their predictions; returns the results (also in eval_results.json)."""
+  if not config.data_dir:
+    raise ValueError(f"--task_name={config.task_name} needs --data_dir (the task's files, or a "
+                     "prepared tensorflow-datasets directory for conll2003).")
   if config.get("packing"):
     raise ValueError("--packing is for GLUE-style tasks and SQuAD; tagging windows are "
                      "already filled with context (--document_context).")
   if config.get("teacher_checkpoint"):
     raise ValueError("--teacher_checkpoint: task-time distillation is for GLUE-style "
                      "classification and regression tasks, not tagging.")
+  task_name, data_dir, output_dir = config.task_name.lower(), config.data_dir, config.output_dir
+  max_seq_length = registry.TAGGING.max_length(config.max_seq_length)
+  do_train = config.do_train
   # Without training, the model is the one the output directory holds: its tags and head.
   kept = {} if do_train else finetune_job.recorded(output_dir)
-  labels = labels_for(task_name, label_list or kept.get("label_list"))
-  job = finetune_job.setup(config, output_dir, tokenizer, init_checkpoint, bert_config_file,
-                           max_seq_length, {"train_batch_size": train_batch_size,
-                                            "eval_batch_size": eval_batch_size,
-                                            "predict_batch_size": predict_batch_size})
+  labels = labels_for(task_name, config.label_list or kept.get("label_list"))
+  job = finetune_job.setup(config, tokenizer, max_seq_length)
   objective = token_classification.TokenClassification.with_head_of(
       kept or config, num_labels=len(labels), max_seq_length=max_seq_length,
       task_name=task_name)
@@ -114,7 +108,8 @@ def run_tagging(*, task_name: str = "conll2003", data_dir: str, tokenizer,
                              "feature_based": objective.feature_based, **window}
 
   def featurize(split):
-    sentences, source = read_sentences(task_name, data_dir, split, data_format, scheme, labels)
+    sentences, source = read_sentences(task_name, data_dir, split, config.data_format, scheme,
+                                       labels)
     features = conll.convert_to_features(sentences, tokenizer, labels, max_seq_length,
                                          document_context=context)
     metrics.log(f"{split}: {len(sentences)} sentences from {source} → "
@@ -125,27 +120,25 @@ def run_tagging(*, task_name: str = "conll2003", data_dir: str, tokenizer,
   if do_train:
     _, _, train_features = featurize("train")
     feats = train_features.arrays
-    num_steps = finetune_job.num_train_steps(len(feats["weight"]), train_batch_size,
-                                             num_train_epochs)
+    num_steps = finetune_job.num_train_steps(len(feats["weight"]), config.train_batch_size,
+                                             config.num_train_epochs)
     results["train_features"] = train_features.report
   kind = ("feature-based: frozen encoder + BiLSTM" if objective.feature_based
           else "fine-tuned")
   header = f"{task_name} ({len(labels)} tags, {kind})"
   state, init, result = finetune_job.fit(
-      job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
-      batch_size=train_batch_size, learning_rate=learning_rate,
-      warmup_proportion=warmup_proportion, seed=seed, init_checkpoint=init_checkpoint,
-      bert_config_file=bert_config_file, header=header, results=results,
+      job, objective, model, tokenizer, feats=feats, num_steps=num_steps, header=header,
+      results=results,
       metadata={"task": task_name, "num_labels": len(labels), "label_list": list(labels),
                 "max_seq_length": max_seq_length, **objective.head_settings(), **window})
   if result is not None and result.stopped_early:
     return finetune_job.stopped(job, result, num_steps, results)
 
   predictor = finetune_job.make_predictor(job, objective, model, init)
-  splits = [s for s, wanted in (("dev", do_eval), ("test", do_predict)) if wanted]
+  splits = [s for s, wanted in (("dev", config.do_eval), ("test", config.do_predict)) if wanted]
   for split in splits:
     sentences, source, features = featurize(split)
-    batch_size = eval_batch_size if split == "dev" else predict_batch_size
+    batch_size = config.eval_batch_size if split == "dev" else config.predict_batch_size
     # Untrimmed: per-token outputs are joined across batches.
     logits = finetune_job.predict(predictor, objective, state.params, features.arrays,
                                   batch_size, desc=f"{split} tags", trim=False)
@@ -164,21 +157,3 @@ def run_tagging(*, task_name: str = "conll2003", data_dir: str, tokenizer,
                                          if isinstance(v, (int, float))})
       metrics.log(f"{split} ({source}), entity level as conlleval counts:\n" + scores.report())
   return finetune_job.finish(job, results)
-
-
-def run_from_config(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
-  """The run a config describes (`registry.run_from_config` dispatches here)."""
-  if not config.data_dir:
-    raise ValueError(f"--task_name={config.task_name} needs --data_dir (the task's files, or a "
-                     "prepared tensorflow-datasets directory for conll2003).")
-  return run_tagging(
-      task_name=config.task_name.lower(), label_list=config.label_list,
-      data_format=config.data_format, data_dir=config.data_dir, tokenizer=tokenizer,
-      init_checkpoint=config.init_checkpoint, output_dir=config.output_dir,
-      bert_config_file=config.bert_config_file,
-      max_seq_length=registry.TAGGING.max_length(config.max_seq_length),
-      train_batch_size=config.train_batch_size, eval_batch_size=config.eval_batch_size,
-      predict_batch_size=config.predict_batch_size, learning_rate=config.learning_rate,
-      num_train_epochs=config.num_train_epochs, warmup_proportion=config.warmup_proportion,
-      do_train=config.do_train, do_eval=config.do_eval, do_predict=config.do_predict,
-      seed=config.seed, config=config)
