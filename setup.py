@@ -45,7 +45,7 @@ EXTRAS_REQUIRE = {
         "torchmetrics>=1.0",
         # An independent entity-level precision/recall/F1 to cross-check the CoNLL scorer with.
         "seqeval>=1.2",
-        # Running the notebooks in notebooks/ (tests/test_notebooks.py).
+        # Running the notebooks in notebooks/ (tests/e2e/test_notebooks.py).
         "nbclient>=0.10",
         "nbformat>=5.9",
         "ipykernel>=6.29",

@@ -28,6 +28,12 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 helpers.repair_compilation_cache(os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 
+import json  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import filelock  # noqa: E402
 import pytest  # noqa: E402  (after the environment above, which must precede any JAX import)
 
 
@@ -48,3 +54,93 @@ def bert_config_file(tmp_path_factory):
   configuration.get_preset("test", vocab_size=30522, hidden_dropout_prob=0.0,
                            attention_probs_dropout_prob=0.0).to_json_file(str(path))
   return str(path)
+
+
+@pytest.fixture(scope="session")
+def plays_corpus(tmp_path_factory):
+  """400 kB of Shakespeare's plays (the text data_prep/demo_corpus.py ships) as one file: what
+  the tokenizers of every family are trained on in the tests."""
+  from data_prep import demo_corpus
+  path = tmp_path_factory.mktemp("plays") / "plays.txt"
+  path.write_text(demo_corpus.corpus_text(max_bytes=400_000), encoding="utf-8")
+  return str(path)
+
+
+def _once(tmp_path_factory, worker_id: str, name: str, build) -> dict:
+  """`build(directory)` run once per test session, however many pytest workers ask: the first
+  builds under a file lock in the session's shared temporary directory, the others wait and
+  read what it recorded (a JSON-able dict)."""
+  root = tmp_path_factory.getbasetemp()
+  if worker_id != "master":  # each worker has its own basetemp inside the session's
+    root = root.parent
+  directory = root / name
+  record = root / f"{name}.json"
+  with filelock.FileLock(str(root / f"{name}.lock")):
+    if record.exists():
+      return json.loads(record.read_text())
+    shutil.rmtree(directory, ignore_errors=True)  # a build that failed half-way
+    result = build(directory)
+    record.write_text(json.dumps(result))
+  return result
+
+
+@pytest.fixture(scope="session")
+def sst2_model(tmp_path_factory, worker_id):
+  """A tiny classifier (the `test` preset, no dropout) fine-tuned through the library call of
+  `finetune` until it has memorised the 16 SST-2 sentences: 13 dev rows (not a multiple of the
+  8 devices), test predictions written. Trained once per session, for the GLUE and `predict`
+  tests: `{"out", "data", "results"}` (the run's eval_results.json)."""
+  def build(directory):
+    from bert_jax.model import configuration
+    from bert_jax.runs import finetune_config
+    from bert_jax.tasks.classification import run as classification_run
+    from bert_jax.text import tokenization
+    from tests import task_helpers
+    directory.mkdir(parents=True)
+    config_file = str(directory / "bert_config.json")
+    configuration.get_preset("test", vocab_size=30522, hidden_dropout_prob=0.0,
+                             attention_probs_dropout_prob=0.0).to_json_file(config_file)
+    data = task_helpers.sst2_dir(directory / "sst2", dev_size=13)
+    out = str(directory / "out")
+    classification_run.run(finetune_config.make(
+        task_name="SST-2", data_dir=data, init_checkpoint=None, bert_config_file=config_file,
+        output_dir=out, max_seq_length=16, train_batch_size=16, eval_batch_size=8,
+        learning_rate=1e-3, num_train_epochs=100, warmup_proportion=0.1, do_train=True,
+        do_eval=True, do_predict=True), tokenization.load_tokenizer(
+            vocab_file=os.path.join(helpers.minilm_dir(), "vocab.txt"), do_lower_case=True))
+    return {"out": out, "data": data,
+            "results": json.loads(open(os.path.join(out, "eval_results.json")).read())}
+  return _once(tmp_path_factory, worker_id, "sst2_model", build)
+
+
+@pytest.fixture(scope="session")
+def squad_v2_model(tmp_path_factory, worker_id):
+  """A tiny BERT fine-tuned through the command line on eight SQuAD 2.0 questions (one
+  unanswerable, `task_helpers.overfit_set`) on a (4 data x 2 model) mesh until it has
+  memorised them, predictions written for the same file. Trained once per session, for the
+  SQuAD and `predict` tests: `{"out", "data_file"}`."""
+  def build(directory):
+    from bert_jax.model import configuration
+    from tests import task_helpers
+    directory.mkdir(parents=True)
+    data_file = directory / "train-v2.0.json"
+    data_file.write_text(json.dumps(task_helpers.overfit_set(), ensure_ascii=False))
+    config_file = str(directory / "bert_config.json")
+    configuration.get_preset("test", vocab_size=30522, attention_probs_dropout_prob=0.0
+                             ).to_json_file(config_file)
+    out = str(directory / "out")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = helpers.REPO + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bert_jax.finetune", "--task_name=squad",
+         "--version_2_with_negative", f"--train_file={data_file}",
+         f"--predict_file={data_file}", f"--bert_config_file={config_file}",
+         f"--vocab_file={os.path.join(helpers.minilm_dir(), 'vocab.txt')}",
+         f"--output_dir={out}", "--do_train", "--do_predict", "--max_seq_length=64",
+         "--doc_stride=32", "--max_query_length=16", "--train_batch_size=4",
+         "--predict_batch_size=8", "--learning_rate=1e-3", "--num_train_epochs=200",
+         "--config.mesh_shape=(4, 1, 2)", "--config.hidden_dropout_prob=0.0"],
+        env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {"out": out, "data_file": str(data_file)}
+  return _once(tmp_path_factory, worker_id, "squad_v2_model", build)

@@ -8,6 +8,28 @@ import time
 
 import numpy as np
 
+# The repository's root (tests live under tests/unit/<room>/ and tests/e2e/).
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Text that real corpora rarely hold but real users' text does.
+HARD_CASES = [
+    "Héllo Wörld naïve café ÀÉÎÕÜ façade Ångström",
+    "中文字符 and 日本語のテキスト and 한국어 text",
+    "emoji 😀👍🏽 and 🇫🇷 flags",
+    "ctrl\x00a\x07b\u200bc\ufeffd\ufffde \x7fdel",
+    "tabs\tand\nnewlines\r\x0bvt\x0cff\u00a0nbsp\u2003em\u2028ls\u3000ideographic",
+    "x" * 150 + " and " + "ab" * 101 + " and " + "a" * 201,
+    "[MASK] is [SEP] and [CLS][PAD][UNK] but [mask] is not",
+    "don't stop—believing… “quoted” «guillemets» ¿qué? ¡sí!",
+    "1,000.50 $5 ^caret `tick` ~tilde",
+    "ﬁ ligature Ⅻ ½ ² ㎏ №",
+    "İstanbul ΑΘΗΝΑ σοφία",
+    "A\u0301 combining e\u0308 and precomposed é",
+    "  leading and trailing  ",
+    "",
+    "mixed123abc CamelCaseWord snake_case_word email@example.com http://x.org/a?b=c",
+]
+
 
 def xla_flags(devices: int) -> str:
   """XLA_FLAGS for `devices` fake CPU devices. XLA:CPU aborts the process (SIGABRT, no Python

@@ -1,11 +1,13 @@
-"""Task directories in the official layouts for the downstream tests: CoNLL-2003 (as released:
-`-DOCSTART-` lines, four columns, IOB1 tags) and SWAG (the swagaf CSV header), small enough to be
-memorised by a tiny model in a few dozen epochs, so that a test sees the whole route work."""
+"""Task data in the official layouts for the downstream tests: CoNLL-2003 (as released:
+`-DOCSTART-` lines, four columns, IOB1 tags), SWAG (the swagaf CSV header), SST-2 (GLUE's TSV
+files) and SQuAD (the official JSON), small enough to be memorised by a tiny model in a few dozen
+epochs, so that a test sees the whole route work."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 
 # Two documents of real-looking news sentences, IOB1 as CoNLL-2003 was released: a chunk starts
@@ -121,3 +123,72 @@ def swag_dir(path) -> str:
     with open(os.path.join(path, name), "w", encoding="utf-8") as f:
       f.write(swag_csv(labelled=labelled))
   return str(path)
+
+
+# SST-2: sixteen sentences a tiny model memorises (the GLUE tests and the commands that serve
+# the fine-tuned model).
+POSITIVE = ["a moving and beautiful film", "funny , warm and wise", "a triumph of acting",
+            "great fun from start to finish", "a smart and tender story", "simply wonderful",
+            "an absolute delight", "brilliant and touching"]
+NEGATIVE = ["a dull and lifeless mess", "tedious , boring and long", "a waste of good actors",
+            "painfully unfunny", "the plot makes no sense", "flat and forgettable",
+            "an ugly , stupid movie", "badly written and worse acted"]
+
+
+def sst2_dir(path, dev_size=None):
+  """An SST-2 directory in the official layout; dev = the training sentences (odd count)."""
+  os.makedirs(path, exist_ok=True)
+  rows = [(s, 1) for s in POSITIVE] + [(s, 0) for s in NEGATIVE]
+  with open(os.path.join(path, "train.tsv"), "w") as f:
+    f.write("sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows))
+  dev = rows[:dev_size] if dev_size else rows
+  with open(os.path.join(path, "dev.tsv"), "w") as f:
+    f.write("sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in dev))
+  with open(os.path.join(path, "test.tsv"), "w") as f:
+    f.write("index\tsentence\n" + "".join(f"{i}\t{s}\n" for i, (s, _) in enumerate(rows[:5])))
+  return str(path)
+
+
+# Hand-checked: every answer below is the text at its answer_start.
+CONTEXT_1 = ("Super Bowl 50 was an American football game to determine the champion of the "
+             "National Football League (NFL) for the 2015 season. The American Football "
+             "Conference (AFC) champion Denver Broncos defeated the National Football Conference "
+             "(NFC) champion Carolina Panthers 24–10 to earn their third Super Bowl title.")
+CONTEXT_2 = ("Beyoncé Giselle Knowles-Carter (born September 4, 1981) is an American singer.\u00a0"
+             "She rose to fame in the late 1990s as lead singer of Destiny's Child. Café  Zürich\t"
+             "serves 東京 tea for $5.99 — cheap!")
+OFFICIAL = {
+    "version": "1.1",
+    "data": [
+        {"title": "Super_Bowl_50", "paragraphs": [{"context": CONTEXT_1, "qas": [
+            {"id": "q1", "question": "Which NFL team won Super Bowl 50?",
+             "answers": [{"text": "Denver Broncos", "answer_start": 177}]},
+            {"id": "q2", "question": "What was the final score?",
+             "answers": [{"text": "24–10", "answer_start": 267}]},
+            {"id": "q3", "question": "Which league's champion did the game determine?",
+             "answers": [{"text": "National Football League", "answer_start": 77}]}]}]},
+        {"title": "Beyoncé", "paragraphs": [{"context": CONTEXT_2, "qas": [
+            {"id": "q4", "question": "When was Beyoncé born?",
+             "answers": [{"text": "September 4, 1981", "answer_start": 37}]},
+            {"id": "q5", "question": "Which group did she lead?",
+             "answers": [{"text": "Destiny's Child", "answer_start": 132}]},
+            {"id": "q6", "question": "Where is the café?",
+             "answers": [{"text": "Zürich", "answer_start": 155}]},
+            {"id": "q7", "question": "What does the tea cost?",
+             "answers": [{"text": "$5.99", "answer_start": 180}]}]}]},
+    ],
+}
+
+
+def overfit_set():
+  """Eight questions on two contexts, one of them unanswerable (SQuAD 2.0)."""
+  data = json.loads(json.dumps(OFFICIAL))
+  data["version"] = "v2.0"
+  data["data"][1]["paragraphs"][0]["qas"].append(
+      {"id": "q8", "question": "How many moons does Jupiter have?", "answers": [],
+       "is_impossible": True})
+  for article in data["data"]:
+    for paragraph in article["paragraphs"]:
+      for qa in paragraph["qas"]:
+        qa.setdefault("is_impossible", False)
+  return data

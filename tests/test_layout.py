@@ -137,3 +137,28 @@ def test_one_step_one_loop_one_forward_pass():
   assert checkpoint_dirs == ["interop.kinds"], checkpoint_dirs
   loops = [m for m, p in _modules() if re.search(r"^def train\(", open(p).read(), re.M)]
   assert loops == ["training.loop"], loops
+
+
+def test_tests_mirror_the_package():
+  """A test file lives under tests/unit/<room>/ (a room of the package, or `data_prep`, the
+  offline preparation beside it) or tests/e2e/ (files whose tests mostly run commands); no test
+  file sits loose beside the shared helpers, and no test module imports another."""
+  tests = os.path.dirname(os.path.abspath(__file__))
+  rooms = set(ORDER) | {"data_prep"}
+  found = []
+  for root, _, files in os.walk(tests):
+    for name in files:
+      if name.startswith("test_") and name.endswith(".py"):
+        rel = os.path.relpath(os.path.join(root, name), tests).split(os.sep)
+        found.append(rel)
+        if rel == ["test_layout.py"]:
+          continue
+        assert (len(rel) == 3 and rel[0] == "unit" and rel[1] in rooms) or \
+            (len(rel) == 2 and rel[0] == "e2e"), "/".join(rel)
+        source = open(os.path.join(root, name), encoding="utf-8").read()
+        assert not re.search(r"^\s*from tests(\.\w+)*\.test_\w+ import|^\s*from tests(\.\w+)* "
+                             r"import .*\btest_\w+", source, re.M), (
+            f"{'/'.join(rel)} imports another test module: shared pieces belong in "
+            "tests/helpers.py, tests/task_helpers.py, a room's helper module or a conftest.py "
+            "fixture")
+  assert len(found) > 40

@@ -18,7 +18,7 @@ Three pieces, used by `data_prep` (offline) and the input pipeline (online) alik
   in bulk. Plain decreasing packing (Krell et al.'s SPFHP, first-fit decreasing) pairs long
   instances with long ones, and where `max_sequences_per_row` binds (short documents) leaves
   the short ones three to a mostly empty row: on such histograms it packed worse than first
-  fit in random order, which this beats (tests/test_packing_data.py). A row holds at most `max_sequences_per_row` instances, and, when
+  fit in random order, which this beats (tests/unit/data/test_packing_data.py). A row holds at most `max_sequences_per_row` instances, and, when
   the masked-LM budget is given, its instances' predictions add up to at most
   `max_predictions_per_seq` (the budget is per row for packed data: e.g. 80 at 512).
 * `pack_rows` / `unpack_rows` lay instances (rows of the unpacked layout) into packed rows and

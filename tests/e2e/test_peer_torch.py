@@ -1,0 +1,234 @@
+"""The GPU suite's pieces, checked on the CPU: the PyTorch peer (`benchmarks/peer_torch.py`), the
+variants and HLO counts of `benchmarks/accelerator_step.py`, and `benchmarks/gpu_suite.sh`.
+
+GPU time is scarce and the suite must run whole in one short run, so a mistake found there
+costs that run. The peer runs here on the tiny preset in eager mode only:
+`torch.compile` of even the tiny model took about three minutes on this 2-core machine, so
+compile mode is left to the GPU suite. The benchmark scripts run in subprocesses, as the suite
+runs them (they define absl flags and set JAX's platform at import).
+"""
+
+import ast
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_jax.model import configuration
+from tests import helpers
+
+ROOT = helpers.REPO
+VOCAB = 30522  # the tiny preset keeps BERT's vocabulary
+
+
+def _peer(tmp_path, *extra) -> tuple[list[dict], str]:
+  out, js = tmp_path / "peer.md", tmp_path / "peer.json"
+  cmd = [sys.executable, "benchmarks/peer_torch.py", "--device=cpu", "--configs=tiny",
+         "--batch=tiny=4", "--steps=1", "--repeats=1", "--warmup=1", "--modes=eager",
+         "--mlm=full,gathered", "--dtype=float32", f"--out={out}", f"--json_out={js}", *extra]
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  with open(js, encoding="utf-8") as f:
+    data = json.load(f)
+  assert data["failures"] == []
+  return data["results"], out.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def random_rows(tmp_path_factory):
+  return _peer(tmp_path_factory.mktemp("peer"))
+
+
+def _check_losses(results):
+  by_head = {r["mlm"]: r for r in results}
+  assert set(by_head) == {"full", "gathered"}
+  for r in results:
+    assert all(math.isfinite(x) for x in r["losses"]), r["losses"]
+    # Random initialisation predicts nearly uniformly: step 1's masked-LM loss is ln(vocab)
+    # plus a little (logits of std ~0.2), and next-sentence ln 2 give or take.
+    assert abs(r["first_mlm"] - math.log(VOCAB)) < 0.3, r["first_mlm"]
+    assert abs(r["first_nsp"] - math.log(2)) < 0.3, r["first_nsp"]
+  # Same weights, rows and dropout masks: the head over every position and the head over the
+  # gathered masked positions give the same masked-LM loss.
+  assert by_head["full"]["first_mlm"] == pytest.approx(by_head["gathered"]["first_mlm"],
+                                                       abs=1e-3)
+
+
+@pytest.mark.slow
+def test_peer_rows_and_file(random_rows):
+  results, markdown = random_rows
+  assert len(results) == 2
+  for r in results:
+    assert r["impl"] == "torch" and r["mode"] == "eager" and r["recipe"] == "paper"
+    assert r["shape"] == dict(batch=4, length=128, predictions=20, real=1.0, packed=False)
+    assert r["step_s"] > 0 and r["first_step_s"] > 0 and r["mfu"] is None  # no peak on a CPU
+  full = next(r for r in results if r["mlm"] == "full")
+  gathered = next(r for r in results if r["mlm"] == "gathered")
+  assert full["analytic"] == gathered["analytic"] == gathered["executed"] < full["executed"]
+  assert "| config | batch × seq (masked) | peer | mode | first step (s) |" in markdown
+  for head in ("full", "gathered"):
+    assert (f"| tiny | 4 × 128 (20) random, 100% real | HF sdpa paper (attn dropout 0.1), "
+            f"MLM head {head} | eager |") in markdown
+
+
+def test_peer_losses_random_rows(random_rows):
+  _check_losses(random_rows[0])
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_peer_packed_rows(tmp_path):
+  """Packed rows: block-diagonal mask, per-instance positions, NSP at each instance's [CLS]."""
+  rng = np.random.RandomState(1)
+  batch, length, predictions, slots = 2, 128, 20, 3
+  lengths = [(50, 40, 30), (70, 58, 0)]  # the second row has an unused slot and no padding
+  arrays = {k: np.zeros((batch, length), np.int32) for k in (
+      "input_ids", "input_mask", "segment_ids", "position_ids", "sequence_ids")}
+  arrays["cls_positions"] = np.zeros((batch, slots), np.int32)
+  arrays["next_sentence_labels"] = rng.randint(0, 2, (batch, slots)).astype(np.int32)
+  arrays["next_sentence_weights"] = np.zeros((batch, slots), np.float32)
+  for row, parts in enumerate(lengths):
+    start = 0
+    for slot, n in enumerate(parts):
+      if not n:
+        continue
+      span = slice(start, start + n)
+      arrays["input_ids"][row, span] = rng.randint(1000, VOCAB, n)
+      arrays["input_mask"][row, span] = 1
+      arrays["segment_ids"][row, start + n // 2:start + n] = 1
+      arrays["position_ids"][row, span] = np.arange(n)
+      arrays["sequence_ids"][row, span] = slot + 1
+      arrays["cls_positions"][row, slot] = start
+      arrays["next_sentence_weights"][row, slot] = 1.0
+      start += n
+  positions = np.zeros((batch, predictions), np.int32)
+  weights = np.zeros((batch, predictions), np.float32)
+  for row in range(batch):
+    real = np.flatnonzero(arrays["input_mask"][row])
+    chosen = np.sort(rng.choice(real[1:], predictions - 3 * row, replace=False))
+    positions[row, :len(chosen)] = chosen
+    weights[row, :len(chosen)] = 1.0  # the second row leaves 3 prediction slots unused
+  arrays["masked_lm_positions"] = positions
+  arrays["masked_lm_ids"] = np.take_along_axis(arrays["input_ids"], positions, axis=1)
+  arrays["masked_lm_weights"] = weights
+  path = tmp_path / "packed.npz"
+  np.savez(path, **arrays)
+  results, markdown = _peer(tmp_path, f"--batch_file={path}")
+  _check_losses(results)
+  assert all(r["shape"]["packed"] for r in results)
+  assert "| tiny | 2 × 128 (20) packed, 97% real |" in markdown
+
+
+def _variants() -> dict[str, dict]:
+  """`accelerator_step.VARIANTS`, read from the source (no JAX, no absl flags imported)."""
+  path = os.path.join(ROOT, "benchmarks", "accelerator_step.py")
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  for node in tree.body:
+    if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+        and node.targets[0].id == "VARIANTS"):
+      return {ast.literal_eval(k): {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
+              for k, v in zip(node.value.keys, node.value.values)}
+  raise AssertionError("no VARIANTS in accelerator_step.py")
+
+
+def test_variants_name_only_config_fields():
+  """Each variant's overrides are `BertConfig` fields with values it accepts (the fields come
+  from the model's side: this fails until they exist)."""
+  variants = _variants()
+  assert {"paper", "fast-xla", "fast-cudnn", "nodrop-cudnn", "paper-cudnn",
+          "paper-cudnn-f32res", "paper-cudnn-bits32", "paper-cudnn-fp8"} <= set(variants)
+  fields = {f.name for f in dataclasses.fields(configuration.BertConfig)}
+  for name, overrides in variants.items():
+    assert set(overrides) <= fields, (name, sorted(set(overrides) - fields))
+    configuration.get_preset("base", dtype="bfloat16", **overrides)
+
+
+# A small optimized module in the form `compiled.as_text()` prints (a backslash continues a long
+# instruction line).
+_HLO = """HloModule jit_train_step, is_scheduled=true
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+
+%fused_computation (param_0: f32[8,16]) -> f32[8] {
+  %param_0 = f32[8,16]{1,0} parameter(0)
+  %constant = f32[] constant(0)
+  ROOT %reduce.1 = f32[8]{0} reduce(%param_0, %constant), dimensions={1}, to_apply=%add, \
+metadata={op_name="jit(step)/jvp(M)/bert/encoder/layer_0/output/LayerNorm/reduce_sum"}
+}
+
+%fused_computation.1 (param_0.1: f32[8,16]) -> f32[8,16] {
+  %param_0.1 = f32[8,16]{1,0} parameter(0)
+  ROOT %rsqrt.1 = f32[8,16]{1,0} rsqrt(%param_0.1), \
+metadata={op_name="jit(step)/transpose(jvp(M))/bert/encoder/layer_0/output/LayerNorm/rsqrt"}
+}
+
+%fused_computation.2 (param_0.2: f32[8,16]) -> f32[16] {
+  %param_0.2 = f32[8,16]{1,0} parameter(0)
+  %constant.2 = f32[] constant(0)
+  ROOT %reduce.2 = f32[16]{0} reduce(%param_0.2, %constant.2), dimensions={0}, to_apply=%add
+}
+
+%inner (param_0.4: f32[2,4,16]) -> f32[2,4] {
+  %param_0.4 = f32[2,4,16]{2,1,0} parameter(0)
+  %constant.4 = f32[] constant(0)
+  ROOT %reduce.4 = f32[2,4]{1,0} reduce(f32[2,4,16]{2,1,0} %param_0.4, f32[] %constant.4), \
+dimensions={2}, to_apply=%add
+}
+
+%fused_computation.3 (param_0.3: f32[2,4,16]) -> f32[2,4] {
+  %param_0.3 = f32[2,4,16]{2,1,0} parameter(0)
+  ROOT %fusion.9 = f32[2,4]{1,0} fusion(%param_0.3), kind=kLoop, calls=%inner
+}
+
+ENTRY %main (p: f32[8,16]) -> f32[8] {
+  %p = f32[8,16]{1,0} parameter(0)
+  %fusion = f32[8]{0} fusion(%p), kind=kInput, calls=%fused_computation
+  %fusion.1 = f32[8,16]{1,0} fusion(%p), kind=kLoop, calls=%fused_computation.1
+  %fusion.2 = f32[16]{0} fusion(%fusion.1), kind=kInput, calls=%fused_computation.2
+  %custom-call = f32[8,16]{1,0} custom-call(%p), custom_call_target="__cublas$gemm"
+  %b = f32[2,4,16]{2,1,0} bitcast(%p)
+  ROOT %fusion.3 = f32[2,4]{1,0} fusion(%b), kind=kCustom, calls=%fused_computation.3, \
+backend_config={"fusion_backend_config":{"kind":"__triton"}}
+}
+"""
+
+
+@pytest.mark.e2e
+def test_hlo_summary_counts(tmp_path):
+  """Kernels are top-level fusions (a nested one is part of its parent); a LayerNorm reduce is
+  over the hidden axis of the tokens' rows, its operand's shape printed inline or looked up."""
+  path = tmp_path / "step.hlo.txt"
+  path.write_text(_HLO, encoding="utf-8")
+  code = ("import json, sys; from benchmarks import accelerator_step as a; "
+          f"h = a.hlo_summary(open({str(path)!r}).read(), 16, {{8}}); "
+          "print(json.dumps(h)); print(a.describe_hlo(h, 4))")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300, check=False, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary, line = proc.stdout.strip().splitlines()[-2:]
+  h = json.loads(summary)
+  assert h["kernels"] == 4
+  assert h["kinds"] == {"kInput": 2, "kLoop": 1, "kCustom": 1}
+  assert h["custom_fusions"] == {"__triton": 1}
+  assert h["custom_calls"] == {"__cublas$gemm": 1}
+  assert h["ln_reduce_kernels"] == 2  # %fusion, and %fusion.3 through the nested %inner
+  assert h["ln_rsqrt_kernels"] == 1
+  assert h["ln_per_site"] == {"bert/encoder/layer_0/output/LayerNorm": 2}
+  assert "4 fusion kernels" in line and "1 sites named (model: 4)" in line
+
+
+@pytest.mark.e2e
+def test_gpu_suite_parses():
+  proc = subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", "gpu_suite.sh")],
+                        capture_output=True, text=True, check=False)
+  assert proc.returncode == 0, proc.stderr
