@@ -28,6 +28,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 helpers.repair_compilation_cache(os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 
+import collections  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
@@ -35,6 +36,17 @@ import sys  # noqa: E402
 
 import filelock  # noqa: E402
 import pytest  # noqa: E402  (after the environment above, which must precede any JAX import)
+
+
+def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
+  """Heaviest files first (a test marked slow weighs 10, any other 1), each file's tests in
+  their own order: the workers of `make test` take whole files in this order, and a heavy file
+  started last would run alone at the end."""
+  weight = collections.Counter()
+  for item in items:
+    weight[item.path] += 10 if item.get_closest_marker("slow") else 1
+  first = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+  items.sort(key=lambda item: (-weight[item.path], first[item.path]))
 
 
 @pytest.fixture(scope="module")
