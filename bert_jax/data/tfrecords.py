@@ -62,6 +62,13 @@ def masked_crc32c(data: bytes) -> int:
   return (((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF
 
 
+def frame(data: bytes) -> bytes:
+  """One record in its TFRecord frame (length, its checksum, the data, its checksum)."""
+  length = struct.pack("<Q", len(data))
+  return (length + struct.pack("<I", masked_crc32c(length)) + data +
+          struct.pack("<I", masked_crc32c(data)))
+
+
 def frame_header(lengths: np.ndarray) -> np.ndarray:
   """The (records, 12) bytes before each record: its length and the masked checksum of that."""
   lengths = np.asarray(lengths).astype("<u8").reshape(-1)
@@ -109,7 +116,8 @@ def fill_checksums(buffer: np.ndarray, ends: np.ndarray) -> None:
 _MAX_VALUE = 1 << 35  # token ids, positions, flags: far below; keeps every varint ≤ 5 bytes
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+  """A non-negative integer as protobuf's base-128 varint."""
   out = bytearray()
   while True:
     byte = n & 0x7F
@@ -186,7 +194,7 @@ class _RecordLayout:
     """A per-row length (or one length for all rows)."""
     values = np.asarray(values)
     if values.ndim == 0 or values.min() == values.max():
-      self.constant(_varint(int(values.flat[0])))
+      self.constant(varint(int(values.flat[0])))
       return
     width = int(_varint_size(values.max()))
     data, sizes = _varint_slots(values, width)
@@ -271,7 +279,7 @@ def encode_examples_flat(batch: Mapping[str, np.ndarray], features: Sequence[Fea
       payload, used, payload_len = _int_payload(np.asarray(values).reshape(rows, f.length))
     values_len = 1 + _varint_size(payload_len) + payload_len
     feature_len = 1 + _varint_size(values_len) + values_len
-    key = b"\x0a" + _varint(len(f.name)) + f.name.encode() + b"\x12"
+    key = b"\x0a" + varint(len(f.name)) + f.name.encode() + b"\x12"
     entry_len = len(key) + _varint_size(feature_len) + feature_len
     body = body + 1 + _varint_size(entry_len) + entry_len
     entries.append((f, key, entry_len, feature_len, values_len, payload_len, payload, used))

@@ -2,7 +2,8 @@
 
 Metrics arrive as flat `{name: float}` dicts grouped by prefix (`train/loss`, `eval/mlm_accuracy`,
 `perf/tokens_per_sec`). The JSONL file is the machine-readable record (one object per line with
-the step); TensorBoard gets the same scalars; the console gets one readable line per report.
+the step); TensorBoard gets the same scalars (`training/tensorboard.py`, without TensorFlow); the
+console gets one readable line per report.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax
 from absl import logging
 
 from bert_jax import file_io
+from bert_jax.training import tensorboard as tensorboard_events
 
 
 class MetricWriter:
@@ -31,8 +33,7 @@ class MetricWriter:
     self.jsonl_path = file_io.join(workdir, "metrics.jsonl")
     self.tensorboard_dir = file_io.join(workdir, "tensorboard")
     if tensorboard:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      self._tb = tf.summary.create_file_writer(self.tensorboard_dir)
+      self._tb = tensorboard_events.EventWriter(self.tensorboard_dir)
     if file_io.is_remote(self.jsonl_path):
       # Buckets cannot append: keep the file's text and rewrite it whole at each report.
       self._remote_text = (file_io.read_text(self.jsonl_path)
@@ -52,11 +53,7 @@ class MetricWriter:
       self._jsonl.write(line)
       self._jsonl.flush()
     if self._tb is not None:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      with self._tb.as_default(step=int(step)):
-        for name, value in clean.items():
-          if math.isfinite(value):
-            tf.summary.scalar(name, value)
+      self._tb.scalars(int(step), clean)
       self._tb.flush()
 
   def close(self) -> None:
