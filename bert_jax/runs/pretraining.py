@@ -9,9 +9,6 @@ config's mesh without data or weights, to check that a config fits its pod befor
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import json
-import os
 from typing import Any
 
 import jax
@@ -20,11 +17,11 @@ import numpy as np
 from absl import logging
 
 from bert_jax import file_io, objectives
-from bert_jax.data import input_pipeline, tfrecords
+from bert_jax.data import input_pipeline, records_summary
 from bert_jax.interop import checkpoints, hf_config
 from bert_jax.model import configuration, modeling
 from bert_jax.parallel import sharding
-from bert_jax.text import features, masking, tokenization, vocab_files
+from bert_jax.text import masking, tokenization, vocab_files
 from bert_jax.training import checkpointing, init_order, loop, metrics, optimizer
 from bert_jax.training import step as step_lib, workdir_lock
 from bert_jax.training import state as state_lib
@@ -73,7 +70,7 @@ def check_records_objective(config: ml_collections.ConfigDict, files: list[str])
   sentence order, or back, train a head on the wrong question without any error."""
   name = config.get("objective", "mlm_nsp")
   wanted = getattr(objectives.OBJECTIVES.get(name), "sentence_objective", None)
-  summary = data_summary(files)
+  summary = records_summary.summary(files)
   if wanted is None or not summary:  # the label is not read, or records of the original tool
     return
   found = summary.get("sentence_objective", "nsp")  # summaries from before the key were NSP
@@ -136,87 +133,26 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.init_mode={config.init_mode!r}: expected 'continue' or 'params'.")
 
 
-def data_summary(files: list[str]) -> dict[str, Any]:
-  """The `summary.json` data_prep wrote beside the records (empty if there is none)."""
-  path = file_io.join(os.path.dirname(files[0]), "summary.json")
-  if not file_io.exists(path):
-    return {}
-  try:
-    summary = json.loads(file_io.read_text(path))
-  except ValueError as e:
-    raise ValueError(f"{path}: not valid JSON ({e}); it is data_prep's summary of the records "
-                     "beside it: rewrite it by running data_prep again, or delete it.") from None
-  summary["path"] = path
-  return summary
-
-
-def max_token_id(path: str, num_records: int = 1000) -> int:
-  """The largest token id in the first records of `path` (inputs and masked-LM labels).
-  Damaged records are passed over here: the input pipeline names them."""
-  tf = file_io.tensorflow()
-  largest = 0
-  for raw in itertools.islice(tfrecords.iter_records(path, on_damage=lambda damage: None),
-                              num_records):
-    feature = tf.train.Example.FromString(raw).features.feature
-    for name in (features.INPUT_IDS, features.MASKED_LM_IDS):
-      if name in feature and feature[name].int64_list.value:
-        largest = max(largest, max(feature[name].int64_list.value))
-  return largest
-
-
 def resolve_vocabulary(config: ml_collections.ConfigDict, files: list[str]
                        ) -> ml_collections.ConfigDict:
-  """`model.vocab_size` checked against the data: taken from data_prep's `summary.json` when
-  the config leaves it unset, refused when it is smaller than the data's vocabulary or than the
-  ids in the records (an embedding lookup past the table's end gives NaN losses, not an error).
-  Returns the config with the resolved size."""
-  summary = data_summary(files)
-  data_vocab = summary.get("vocab_size")
+  """`model.vocab_size` checked against the data (`records_summary.check_vocab_size`): taken
+  from data_prep's `summary.json` when the config leaves it unset. Returns the config with the
+  resolved size."""
   config = ml_collections.ConfigDict(config.to_dict())
   if config.model.vocab_size is None:
-    config.model.vocab_size = data_vocab or configuration.get_preset(
+    found = records_summary.summary(files)
+    config.model.vocab_size = found.get("vocab_size") or configuration.get_preset(
         config.model.preset).vocab_size
-    if data_vocab:
-      logging.info("model.vocab_size=%d from %s", data_vocab, summary["path"])
-  size = config.model.vocab_size
-  if data_vocab and size < data_vocab:
-    raise ValueError(
-        f"config.model.vocab_size={size} but the records were written with a vocabulary of "
-        f"{data_vocab} entries ({summary['path']}): set --config.model.vocab_size={data_vocab} "
-        "or leave it unset (it is then read from there).")
-  largest = max_token_id(files[0])
-  if largest >= size:
-    raise ValueError(
-        f"{files[0]} holds token id {largest} but config.model.vocab_size={size}: set "
-        f"--config.model.vocab_size to the size of the vocabulary the records were written with "
-        f"(at least {largest + 1}).")
+    if found.get("vocab_size"):
+      logging.info("model.vocab_size=%d from %s", found["vocab_size"], found["path"])
+  records_summary.check_vocab_size(config.model.vocab_size, files)
   return config
 
 
-def records_vocabulary(config: ml_collections.ConfigDict, files: list[str]
-                       ) -> tuple[vocab_files.VocabularyFiles | None, dict[str, Any]]:
-  """The run's vocabulary and the data settings that go with it: `config.data.vocab_file` /
-  `spm_model_file` (and `merges_file`), else the files named in the `summary.json` data_prep
-  wrote beside the records, with that summary's settings (lower-casing, flavour, masking);
-  `(None, settings)` when neither names one."""
-  settings = data_summary(files).get("settings", {})
-  data = config.data
-  if data.vocab_file or data.spm_model_file:
-    return vocab_files.VocabularyFiles(
-        vocab_file=data.vocab_file or None, spm_model_file=data.spm_model_file or None,
-        merges_file=data.get("merges_file") or None, do_lower_case=bool(data.do_lower_case)), {}
-  if settings.get("vocab_file") or settings.get("spm_model_file"):
-    return vocab_files.VocabularyFiles(
-        vocab_file=settings.get("vocab_file"), spm_model_file=settings.get("spm_model_file"),
-        merges_file=settings.get("merges_file"), flavour=settings.get("flavour"),
-        do_lower_case=bool(settings.get("do_lower_case", data.do_lower_case))), settings
-  return None, settings
-
-
 def keep_vocabulary(config: ml_collections.ConfigDict, files: list[str], workdir: str) -> None:
-  """Copies the run's vocabulary (`records_vocabulary`) into the workdir with its hash, so that
-  exports, fine-tuning and `predict` use the vocabulary the model was trained with."""
-  found, _ = records_vocabulary(config, files)
+  """Copies the run's vocabulary (`records_summary.vocabulary`) into the workdir with its hash,
+  so that exports, fine-tuning and `predict` use the vocabulary the model was trained with."""
+  found, _ = records_summary.vocabulary(config.data, files)
   if found is None:
     return
   missing = [p for p in found.with_merges().paths if not file_io.exists(p)]
@@ -295,36 +231,10 @@ def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_
 
 
 def masking_config(config, files) -> masking.MaskingConfig | None:
-  """Dynamic-masking records need the vocabulary's special ids; static ones carry masks.
-
-  The vocabulary is `config.data.vocab_file` / `spm_model_file`, or else the one named in the
-  `summary.json` that data_prep wrote beside the records.
-  """
-  if input_pipeline.detect_masking(files[0]) != features.DYNAMIC:
-    return None
-  found, settings = records_vocabulary(config, files)
-  if found is None:
-    raise ValueError(f"{files[0]} holds dynamic-masking records: set config.data.vocab_file "
-                     "or config.data.spm_model_file so masks can be drawn.")
-  # Masks as data_prep was asked to draw them when the vocabulary comes from its summary (the
-  # config's settings otherwise).
-  data = {**config.data.to_dict(), **{
-      k: settings[k] for k in ("masking_strategy", "max_ngram", "span_p", "max_span_length")
-      if k in settings}}
-  whole_word = settings.get("do_whole_word_mask", config.data.whole_word_mask)
-  if settings:
-    logging.info("Dynamic masking with the vocabulary and masking named in %s.",
-                 data_summary(files).get("path"))
-  # The family only decides how a SentencePiece model reads text; masks need the special ids
-  # and word starts, which every family's tokenizer gives.
-  tokenizer = found.load(bert_config_from(config).model_type if "model" in config else None)
-  return masking.MaskingConfig.from_tokenizer(
-      tokenizer, masked_lm_prob=config.data.masked_lm_prob,
-      max_predictions_per_seq=config.data.max_predictions_per_seq,
-      whole_word_mask=whole_word, per_word_draw=config.data.per_word_draw,
-      strategy=data.get("masking_strategy", "token"),
-      **{k: data.get(k, v) for k, v in (("max_ngram", 3), ("span_p", 0.2),
-                                        ("max_span_length", 10))})
+  """How masks are drawn for dynamic-masking records (`records_summary.masking_config`), None
+  for static ones."""
+  return records_summary.masking_config(
+      config.data, files, bert_config_from(config).model_type if "model" in config else None)
 
 
 def evaluator(objective: Objective, eval_step, data: input_pipeline.PretrainingData,
