@@ -45,22 +45,19 @@ fewer rows — up to `--max_sequences_per_row` per row, packed per shard by
 instance still gets its own ~15%, and rows are packed so that their predictions fit.
 
 A shard is written under a temporary name and renamed when complete; a rerun with the same
-settings skips finished shards. Every shard leaves `<shard>.stats.json`; the run ends with a
-summary printed and written to `summary.json` in `--output_dir` (or `<output_file>.summary.json`).
+settings skips finished shards (`shard_files.py`). Every shard leaves `<shard>.stats.json`; the
+run ends with a summary printed and written to `summary.json` in `--output_dir` (or
+`<output_file>.summary.json`; `run_summary.py`). Worker processes die with the command and
+report progress to its bars (`workers.py`).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import multiprocessing
 import os
-import queue as queue_lib
 import shutil
-import signal
 import sys
-import tempfile
-import threading
 import time
 from typing import Any, Callable
 
@@ -76,7 +73,8 @@ from bert_jax import file_io
 from bert_jax.data import packing as packing_lib
 from bert_jax.data import tfrecords
 from bert_jax.text import masking, tokenization, unknown_tokens
-from data_prep import corpus_io, instances as instances_lib, records
+from data_prep import corpus_io, instances as instances_lib, records, run_summary
+from data_prep import shard_files, workers
 # pylint: enable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
@@ -161,8 +159,7 @@ def define_flags() -> None:
 
 
 _CHUNK = 2048  # instances masked and serialised per vectorised step
-PAIRS, FULL_SENTENCES, DOC_SENTENCES = "pairs", "full_sentences", "doc_sentences"
-SEQUENCE_MODES = (PAIRS, FULL_SENTENCES, DOC_SENTENCES)
+PAIRS, FULL_SENTENCES, DOC_SENTENCES = SEQUENCE_MODES = instances_lib.SEQUENCE_MODES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,176 +281,10 @@ def mask_config(s: dict[str, Any], **special_ids) -> masking.MaskingConfig:
     raise ValueError(f"--masking_strategy={strategy}: {e}") from e
 
 
-def output_paths(output_file: str | None, output_dir: str | None,
-                 num_output_shards: int) -> tuple[list[str], str]:
-  """The shard files and the summary file."""
-  if bool(output_file) == bool(output_dir):
-    raise ValueError("Give exactly one of --output_file (comma-separated files) and "
-                     "--output_dir (with --num_output_shards).")
-  if output_file:
-    paths = [p.strip() for p in output_file.split(",") if p.strip()]
-    if len(set(paths)) != len(paths):
-      raise ValueError("--output_file lists the same file twice.")
-    return paths, paths[0] + ".summary.json"
-  if num_output_shards < 1:
-    raise ValueError("--num_output_shards must be at least 1.")
-  paths = [file_io.join(output_dir, f"pretrain-{i:05d}-of-{num_output_shards:05d}.tfrecord")
-           for i in range(num_output_shards)]
-  return paths, file_io.join(output_dir, "summary.json")
-
-
-def _directory(path: str) -> str:
-  return path.rsplit("/", 1)[0] if file_io.is_remote(path) else (os.path.dirname(path) or ".")
-
-
-def check_writable(paths: list[str]) -> None:
-  """Fails before any work if an output directory cannot be created or written."""
-  for directory in sorted({_directory(p) for p in paths}):
-    probe = file_io.join(directory, f".write-test-{os.getpid()}")
-    try:
-      file_io.makedirs(directory)
-      file_io.write_bytes_atomic(probe, b"")
-      if file_io.is_remote(probe):
-        import tensorflow as tf  # pylint: disable=g-import-not-at-top
-        tf.io.gfile.remove(probe)
-      else:
-        os.remove(probe)
-    except Exception as e:  # pylint: disable=broad-except
-      raise PermissionError(f"Cannot write to output directory {directory}: {e}") from e
-
-
-def stats_path(shard_path: str) -> str:
-  return shard_path + ".stats.json"
-
-
-def finished_shards(paths: list[str], settings: dict[str, Any]) -> dict[int, dict]:
-  """Shards already complete from an earlier run with the same settings (their stats)."""
-  done = {}
-  for index, path in enumerate(paths):
-    if not (file_io.exists(path) and file_io.exists(stats_path(path))):
-      continue
-    stats = json.loads(file_io.read_text(stats_path(path)))
-    size = _file_size(path)
-    if "bytes" in stats and size != stats["bytes"]:
-      logging.warning("%s has %d bytes but was written with %d (cut short or altered): writing "
-                      "it again.", path, size, stats["bytes"])
-      continue
-    if stats.get("settings") != settings:
-      differing = sorted(k for k in set(settings) | set(stats.get("settings", {}))
-                         if settings.get(k) != stats.get("settings", {}).get(k))
-      raise ValueError(f"{path} exists from a run with other settings (differing: "
-                       f"{', '.join(differing)}). Delete it or write somewhere else.")
-    done[index] = stats
-  return done
-
-
-def _file_size(path: str) -> int:
-  if file_io.is_remote(path):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.io.gfile.stat(path).length
-  return os.path.getsize(path)
-
-
-def remove_stale_temporaries(paths: list[str]) -> None:
-  """Half-written shards of an interrupted run (`<shard>.tmp-<pid>`) go before a rerun."""
-  for directory in sorted({_directory(p) for p in paths}):
-    if file_io.is_remote(directory):
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      names = [p for p in tf.io.gfile.glob(directory + "/*.tmp-*")]
-      for name in names:
-        if any(os.path.basename(name).startswith(os.path.basename(p) + ".tmp-") for p in paths):
-          tf.io.gfile.remove(name)
-      continue
-    if not os.path.isdir(directory):
-      continue
-    shard_names = {os.path.basename(p) for p in paths}
-    for name in os.listdir(directory):
-      base = name.split(".tmp-")[0]
-      if records.is_temporary_name(name) and (base in shard_names or
-                                              base[:-len(".stats.json")] in shard_names):
-        os.remove(os.path.join(directory, name))
-
-
-SPLIT_DIR_PREFIX = "bert_jax_split_"
-
-
-def make_split_dir(tmp_dir: str | None) -> str:
-  """A fresh local folder for the split step, `bert_jax_split_<pid>_*`; the folders that runs
-  killed before their cleanup left there (their process is gone) are removed first, so a rerun
-  after `kill -9` leaves no copy of the corpus behind."""
-  base = tmp_dir or tempfile.gettempdir()
-  os.makedirs(base, exist_ok=True)
-  for name in os.listdir(base):
-    if not name.startswith(SPLIT_DIR_PREFIX):
-      continue
-    pid = name[len(SPLIT_DIR_PREFIX):].split("_", 1)[0]
-    if pid.isdigit() and int(pid) != os.getpid() and not file_io.pid_alive(int(pid)):
-      logging.info("Removing %s, left by an interrupted run (process %s).", name, pid)
-      shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-  return tempfile.mkdtemp(prefix=f"{SPLIT_DIR_PREFIX}{os.getpid()}_", dir=base)
-
-
 # ---------------------------------------------------------------------------------------------
 # Work done in worker processes
 
 _TOKENIZERS: dict[tuple, tokenization.Tokenizer] = {}
-_PROGRESS_QUEUE = None
-
-
-def _init_worker(progress_queue, parent_pid: int) -> None:
-  global _PROGRESS_QUEUE
-  die_with_parent(parent_pid)
-  _PROGRESS_QUEUE = progress_queue
-  os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker
-  keep_freed_memory()
-
-
-def die_with_parent(parent_pid: int) -> None:
-  """Ends this worker when the command that started it dies, even by `kill -9` (which gives the
-  pool no chance to stop its workers): on Linux the kernel sends SIGKILL (PR_SET_PDEATHSIG),
-  elsewhere a thread watches the parent process id."""
-  try:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    pr_set_pdeathsig = 1  # from <sys/prctl.h>
-    watched = libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) == 0
-  except (OSError, AttributeError):
-    watched = False
-  if os.getppid() != parent_pid:  # the parent died before the line above took effect
-    os._exit(1)  # pylint: disable=protected-access
-  if watched:
-    return
-
-  def watch():
-    while os.getppid() == parent_pid:
-      time.sleep(1.0)
-    os._exit(1)  # pylint: disable=protected-access
-
-  threading.Thread(target=watch, daemon=True, name="watch-parent").start()
-
-
-def keep_freed_memory() -> None:
-  """Has glibc keep freed memory for reuse instead of handing it back to the kernel at once.
-
-  Every step of 2048 instances allocates and frees the same large numpy temporaries (several
-  MB each); by default glibc unmaps them, and the kernel then zero-fills fresh pages for the next
-  step: on the benchmark that was about 0.2 s of system time in a run of about 2.4 s CPU. The
-  largest step still bounds the memory, so the peak stays what it was. Done in this program's
-  own processes only (the command line and its workers); a no-op without glibc.
-  """
-  try:
-    libc = ctypes.CDLL("libc.so.6")
-  except OSError:
-    return
-  m_trim_threshold, m_mmap_threshold = -1, -3  # mallopt parameters, from <malloc.h>
-  libc.mallopt(m_mmap_threshold, 1 << 26)
-  libc.mallopt(m_trim_threshold, 1 << 28)
-
-
-def _report(kind: str, amount: float) -> None:
-  if _PROGRESS_QUEUE is not None:
-    _PROGRESS_QUEUE.put((kind, amount))
-
-
 def get_tokenizer(settings: dict[str, Any]) -> tokenization.Tokenizer:
   key = (settings["vocab_file"], settings["spm_model_file"], settings["do_lower_case"],
          settings.get("merges_file"), settings.get("flavour"))
@@ -470,7 +301,7 @@ def split_task(task: dict[str, Any]) -> dict:
   return corpus_io.split_into_buckets(
       task["path"], task["file_index"], task["num_shards"], set(task["shards_wanted"]),
       task["random_seed"], task["bucket_dir"], task["decode_errors"],
-      on_bytes=lambda n: _report("split", n))
+      on_bytes=lambda n: workers.report("split", n))
 
 
 def shard_seeds(random_seed: int, shard: int) -> tuple[np.random.Generator, np.random.Generator]:
@@ -519,16 +350,6 @@ def load_shard_documents(bucket_paths: list[str], tokenizer: tokenization.Tokeni
       np.concatenate([[0], np.cumsum(document_sizes)]).astype(np.int64))
 
 
-def new_shard_stats() -> dict[str, Any]:
-  keys = ("documents", "sentences", "lines_without_tokens", "documents_without_tokens",
-          "single_sentence_documents", "sentences_longer_than_max", "document_passes",
-          "short_target_passes", "instances", "tokens", "maskable_tokens", "masked",
-          "masked_to_mask_token", "masked_to_random_token", "masked_kept",
-          "instances_at_max_predictions", "random_next", "slots", "rows", "pieces",
-          "unknown_pieces")
-  return {k: 0 for k in keys}
-
-
 def process_shard(task: dict[str, Any]) -> dict[str, Any]:
   """Tokenize, pair, shuffle, mask and write one shard; returns (and stores) its statistics."""
   started = time.time()
@@ -536,9 +357,9 @@ def process_shard(task: dict[str, Any]) -> dict[str, Any]:
   shard_bytes = max(1, task["bucket_bytes"])
   tokenizer = get_tokenizer(settings)
   max_seq_length = settings["max_seq_length"]
-  stats = new_shard_stats()
+  stats = run_summary.new_shard_stats()
   documents = load_shard_documents(task["bucket_paths"], tokenizer, max_seq_length - 3, stats,
-                                   on_bytes=lambda n: _report("shard", 0.5 * n))
+                                   on_bytes=lambda n: workers.report("shard", 0.5 * n))
   unknown_tokens.check_unknown_rate(
       tokenizer, stats["unknown_pieces"], stats["pieces"],
       f"{settings['input_file']} (the documents of shard {task['shard']})",
@@ -621,16 +442,17 @@ def process_shard(task: dict[str, Any]) -> dict[str, Any]:
       buffer, ends = tfrecords.encode_examples_flat(
           batch, schema, prefix=tfrecords.frame_header, reserve_after=tfrecords.FRAME_AFTER)
       writer.write_framed(buffer, ends)
-      _report("shard", 0.5 * shard_bytes * len(rows) / instances.size)
+      workers.report("shard", 0.5 * shard_bytes * len(rows) / instances.size)
     stats["seconds"] = round(time.time() - started, 3)
     stats["settings"] = settings
     stats["output_path"] = task["output_path"]
     stats["records"] = writer.records_written
     stats["bytes"] = writer.bytes_written
   # Written once the shard is in place: a stats file vouches for a complete shard.
-  file_io.write_text_atomic(stats_path(task["output_path"]), json.dumps(stats, indent=1))
+  file_io.write_text_atomic(shard_files.stats_path(task["output_path"]),
+                            json.dumps(stats, indent=1))
   if instances.size == 0:
-    _report("shard", 0.5 * shard_bytes)
+    workers.report("shard", 0.5 * shard_bytes)
   return stats
 
 
@@ -654,63 +476,6 @@ def _count_masks(stats: dict, masked: dict[str, np.ndarray], mask_id: int,
 # Orchestration
 
 
-class _Progress:
-  """A tqdm bar fed from worker processes through a queue (or directly, in-process)."""
-
-  def __init__(self, enabled: bool, total: float, description: str, unit: str = "B"):
-    self.bar = None
-    if enabled:
-      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-      self.bar = tqdm(total=total, desc=description, unit=unit, unit_scale=True,
-                      dynamic_ncols=True, smoothing=0.1)
-
-  def update(self, amount: float) -> None:
-    if self.bar is not None:
-      self.bar.update(amount)
-
-  def set_postfix(self, text: str) -> None:
-    if self.bar is not None:
-      self.bar.set_postfix_str(text)
-
-  def close(self) -> None:
-    if self.bar is not None:
-      self.bar.close()
-
-
-def _run_tasks(function, tasks: list[dict], pool, progress_queue, progress: _Progress,
-               on_result: Callable[[dict, Any], None]) -> None:
-  """Runs tasks in the pool (or here, without one), feeding progress, failing fast."""
-  global _PROGRESS_QUEUE
-  if pool is None:
-
-    class _Direct:  # in-process: progress goes straight to the bar
-      put = staticmethod(lambda item: progress.update(item[1]))
-
-    _PROGRESS_QUEUE = _Direct()
-    try:
-      for task in tasks:
-        on_result(task, function(task))
-    finally:
-      _PROGRESS_QUEUE = None
-    return
-  pending = {id(task): (task, pool.apply_async(function, (task,))) for task in tasks}
-  while pending:
-    try:
-      while True:
-        progress.update(progress_queue.get(timeout=0.2)[1])
-    except queue_lib.Empty:
-      pass
-    for key, (task, result) in list(pending.items()):
-      if result.ready():
-        on_result(task, result.get())  # re-raises a worker's error here
-        del pending[key]
-  try:
-    while True:
-      progress.update(progress_queue.get_nowait()[1])
-  except queue_lib.Empty:
-    pass
-
-
 def create_pretraining_data(settings: dict[str, Any], output_file: str | None = None,
                             output_dir: str | None = None, num_output_shards: int = 8,
                             num_workers: int = 1, tmp_dir: str | None = None,
@@ -720,13 +485,13 @@ def create_pretraining_data(settings: dict[str, Any], output_file: str | None = 
   """The whole run; returns the summary (also printed and written beside the output)."""
   started = time.time()
   check_settings(settings)
-  paths, summary_path = output_paths(output_file, output_dir, num_output_shards)
+  paths, summary_path = shard_files.output_paths(output_file, output_dir, num_output_shards)
   num_shards = len(paths)
   tokenizer = get_tokenizer(settings)  # fails early on a missing file or missing specials
   input_files = corpus_io.expand_input_patterns(settings["input_file"])
-  check_writable(paths)
-  done = finished_shards(paths, settings)
-  remove_stale_temporaries(paths)
+  shard_files.check_writable(paths)
+  done = shard_files.finished_shards(paths, settings)
+  shard_files.remove_stale_temporaries(paths)
   todo = [i for i in range(num_shards) if i not in done]
   if done:
     logging.info("%d of %d shards are complete from an earlier run; skipping them.", len(done),
@@ -734,15 +499,15 @@ def create_pretraining_data(settings: dict[str, Any], output_file: str | None = 
 
   split_stats: list[dict] = []
   shard_stats = dict(done)
-  bucket_dir = make_split_dir(tmp_dir)
+  bucket_dir = shard_files.make_split_dir(tmp_dir)
   pool = progress_queue = None
   try:
     if todo:
-      workers = max(1, min(num_workers, max(len(todo), len(input_files))))
-      if workers > 1:
+      pool_size = max(1, min(num_workers, max(len(todo), len(input_files))))
+      if pool_size > 1:
         context = multiprocessing.get_context("spawn")
         progress_queue = context.Queue()
-        pool = context.Pool(workers, initializer=_init_worker,
+        pool = context.Pool(pool_size, initializer=workers.init_worker,
                             initargs=(progress_queue, os.getpid()))
       else:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -751,8 +516,8 @@ def create_pretraining_data(settings: dict[str, Any], output_file: str | None = 
                       "random_seed": settings["random_seed"], "bucket_dir": bucket_dir,
                       "decode_errors": settings["decode_errors"]}
                      for i, p in enumerate(input_files)]
-      bar = _Progress(show_progress, total_bytes, "split into shards")
-      _run_tasks(split_task, split_tasks, pool, progress_queue, bar,
+      bar = workers.Progress(show_progress, total_bytes, "split into shards")
+      workers.run_tasks(split_task, split_tasks, pool, progress_queue, bar,
                  lambda task, result: split_stats.append(result))
       bar.close()
       if not sum(s["documents_read"] for s in split_stats):
@@ -766,8 +531,8 @@ def create_pretraining_data(settings: dict[str, Any], output_file: str | None = 
         shard_tasks.append({"shard": shard, "bucket_paths": buckets, "output_path": paths[shard],
                             "bucket_bytes": sum(os.path.getsize(b) for b in buckets),
                             "settings": settings, "max_unknown_rate": max_unknown_rate})
-      bar = _Progress(show_progress, sum(t["bucket_bytes"] for t in shard_tasks),
-                      f"build {len(shard_tasks)} shard(s), {workers} worker(s)")
+      bar = workers.Progress(show_progress, sum(t["bucket_bytes"] for t in shard_tasks),
+                      f"build {len(shard_tasks)} shard(s), {pool_size} worker(s)")
       made = [0]
 
       def on_shard(task, result):
@@ -776,7 +541,7 @@ def create_pretraining_data(settings: dict[str, Any], output_file: str | None = 
         bar.set_postfix(f"{made[0]:,} instances, "
                         f"{made[0] / max(1e-9, time.time() - started):,.0f}/s")
 
-      _run_tasks(process_shard, shard_tasks, pool, progress_queue, bar, on_shard)
+      workers.run_tasks(process_shard, shard_tasks, pool, progress_queue, bar, on_shard)
       bar.close()
   finally:
     if pool is not None:
@@ -784,121 +549,16 @@ def create_pretraining_data(settings: dict[str, Any], output_file: str | None = 
       pool.join()
     shutil.rmtree(bucket_dir, ignore_errors=True)
 
-  summary = summarize(settings, input_files, paths, shard_stats, split_stats, len(done),
+  summary = run_summary.summarize(settings, input_files, paths, shard_stats, split_stats, len(done),
                       time.time() - started, num_workers, tokenizer)
   file_io.write_text_atomic(summary_path, json.dumps(summary, indent=1) + "\n")
-  print_summary(summary, summary_path)
+  run_summary.print_summary(summary, summary_path)
   return summary
-
-
-def summarize(settings, input_files, paths, shard_stats, split_stats, skipped, seconds,
-              num_workers, tokenizer) -> dict[str, Any]:
-  total = new_shard_stats()
-  for stats in shard_stats.values():
-    for key in total:
-      total[key] += stats.get(key, 0)
-
-  def ratio(a, b):
-    return round(a / b, 6) if b else None
-
-  # Shards from before rows were counted: one row per instance.
-  total["rows"] = sum(s.get("rows", s["instances"]) for s in shard_stats.values())
-
-  summary: dict[str, Any] = {
-      "input_files": len(input_files),
-      "input_bytes": sum(s["bytes"] for s in split_stats) if split_stats else None,
-      "input_lines_not_utf8": sum(s["bad_lines"] for s in split_stats) if split_stats else None,
-      "documents": total["documents"],
-      "sentences": total["sentences"],
-      "single_sentence_documents": total["single_sentence_documents"],
-      "documents_without_tokens_dropped": total["documents_without_tokens"],
-      "lines_without_tokens_dropped": total["lines_without_tokens"],
-      "sentences_longer_than_max": total["sentences_longer_than_max"],
-      "instances": total["instances"],
-      "tokens": total["tokens"],
-      # What next_sentence_labels mean: nsp (1 = B is random), sop (1 = A and B swapped) or
-      # none (always 0); and how many are 1.
-      "sentence_objective": settings.get("objective", "nsp"),
-      "sequence_mode": settings.get("sequence_mode", PAIRS),
-      "masking_strategy": settings.get("masking_strategy") or (
-          "whole_word" if settings["do_whole_word_mask"] else "token"),
-      "random_next_fraction": (ratio(total["random_next"], total["instances"])
-                               if settings.get("objective", "nsp") == "nsp" else None),
-      "swapped_fraction": (ratio(total["random_next"], total["instances"])
-                           if settings.get("objective") == "sop" else None),
-      "short_target_fraction": ratio(total["short_target_passes"], total["document_passes"]),
-      "padding_fraction": ratio(total["slots"] - total["tokens"], total["slots"]),
-      # Real tokens / row tokens, packed or not (unpacked: 1 - padding_fraction), so the two
-      # compare; and instances per row (1 unpacked).
-      "packing_efficiency": ratio(total["tokens"], total["slots"]),
-      "sequences_per_row": ratio(total["instances"], total["rows"]),
-      "rows": total["rows"],
-      "mean_tokens_per_instance": ratio(total["tokens"], total["instances"]),
-      "unknown_piece_fraction": ratio(total["unknown_pieces"], total["pieces"]),
-  }
-  if settings["masking"] == features_lib.STATIC:
-    summary.update({
-        "masked_fraction": ratio(total["masked"], total["maskable_tokens"]),
-        "masked_per_instance": ratio(total["masked"], total["instances"]),
-        "instances_at_max_predictions": ratio(total["instances_at_max_predictions"],
-                                              total["instances"]),
-        "mask_token_fraction": ratio(total["masked_to_mask_token"], total["masked"]),
-        "random_token_fraction": ratio(total["masked_to_random_token"], total["masked"]),
-        "kept_token_fraction": ratio(total["masked_kept"], total["masked"]),
-    })
-  warnings = []
-  if total["documents"] and total["single_sentence_documents"] > 0.5 * total["documents"]:
-    warnings.append(f"{total['single_sentence_documents']:,} of {total['documents']:,} documents "
-                    "have one sentence: is the input one sentence per line with a blank line "
-                    "between documents? NSP needs sentences to pair.")
-  few = sorted(i for i, s in shard_stats.items() if s["documents"] < 2)
-  if few and settings.get("objective", "nsp") == "nsp":
-    warnings.append(f"shard(s) {few[:10]} hold fewer than 2 documents, so 'random next' "
-                    "segments come from the same document: use fewer --num_output_shards.")
-  if total["sentences"] and total["sentences_longer_than_max"] > 0.05 * total["sentences"]:
-    warnings.append(f"{total['sentences_longer_than_max']:,} sentences are longer than "
-                    f"max_seq_length - 3 = {settings['max_seq_length'] - 3} tokens and get cut: "
-                    "are lines sentences, or whole paragraphs?")
-  summary.update({
-      "seconds": round(seconds, 2),
-      "instances_per_second": round(total["instances"] / seconds, 1) if seconds else None,
-      "num_workers": num_workers,
-      "shards": len(paths),
-      "shards_skipped_as_complete": skipped,
-      "vocab_size": tokenizer.vocab_size,
-      "output_files": paths,
-      # Per shard file (by name): what the input pipeline checks each file against.
-      "records_per_file": {os.path.basename(paths[i]): stats.get("records", stats["instances"])
-                           for i, stats in sorted(shard_stats.items())},
-      "bytes_per_file": {os.path.basename(paths[i]): stats["bytes"]
-                         for i, stats in sorted(shard_stats.items()) if "bytes" in stats},
-      "settings": settings,
-      "warnings": warnings,
-  })
-  return summary
-
-
-def print_summary(summary: dict[str, Any], summary_path: str) -> None:
-  lines = [f"Wrote {summary['instances']:,} instances to {summary['shards']} shard(s) "
-           f"in {summary['seconds']:,.1f} s ({summary['instances_per_second'] or 0:,.0f} "
-           "instances/s)."]
-  for key in ("documents", "sentences", "tokens", "masked_fraction", "random_next_fraction",
-              "swapped_fraction",
-              "short_target_fraction", "padding_fraction", "packing_efficiency",
-              "sequences_per_row"):
-    if summary.get(key) is not None:
-      value = summary[key]
-      lines.append(f"  {key:24s} {value:,.4f}" if isinstance(value, float) else
-                   f"  {key:24s} {value:,}")
-  for warning in summary["warnings"]:
-    lines.append(f"  warning: {warning}")
-  lines.append(f"Summary: {summary_path}")
-  print("\n".join(lines), flush=True)
 
 
 def main(argv):
   del argv
-  keep_freed_memory()
+  workers.keep_freed_memory()
   try:
     create_pretraining_data(settings_from_flags(), output_file=FLAGS.output_file,
                             output_dir=FLAGS.output_dir,

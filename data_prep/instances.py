@@ -43,6 +43,10 @@ import bisect
 
 import numpy as np
 
+# How segments are laid out (`--sequence_mode`): NSP/SOP sentence pairs (BERT, ALBERT), or single
+# segments of full sentences crossing documents (RoBERTa's FULL-SENTENCES) or within one document.
+SEQUENCE_MODES = ("pairs", "full_sentences", "doc_sentences")
+
 OBJECTIVES = ("nsp", "sop", "none")
 
 
