@@ -11,7 +11,9 @@ STAMP := $(VENV)/.installed
 PIP_QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 PYTEST_ARGS ?=
 # The suite runs on this many pytest workers, each taking whole test files (module fixtures are
-# built once); JAX's compilation cache (.cache/jax-tests) is shared by them and kept between runs.
+# built once) in the order tests/conftest.py gives them, heaviest first (xdist would otherwise
+# order files by their number of tests); JAX's compilation cache (.cache/jax-tests) is shared
+# by them and kept between runs.
 TEST_WORKERS ?= 2
 
 .PHONY: demo test test-fast env lock clean bench-env bench-model bench-pretrain finetune-example
@@ -29,11 +31,11 @@ $(STAMP): setup.py requirements/lock.txt requirements/assets.txt requirements/bu
 	touch $@
 
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The unit tests alone (no test marked slow or e2e): a couple of minutes, for the edit-test loop.
 test-fast: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not e2e" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow and not e2e" $(PYTEST_ARGS)
 
 # Pre-trains a small BERT from Shakespeare on this machine: corpus → vocabulary → TFRecords →
 # pre-training → fill-in-the-[MASK]. About 10 minutes on 2 CPU cores; re-running resumes.
