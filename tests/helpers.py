@@ -91,22 +91,3 @@ def random_pretraining_batch(rng: np.random.RandomState, batch: int, length: int
       "masked_lm_weights": weights,
       "next_sentence_labels": rng.randint(0, 2, size=(batch, 1)).astype(np.int32),
   }
-
-
-def repair_compilation_cache(path: str) -> int:
-  """Gives every entry of JAX's persistent compilation cache at `path` its access-time file.
-
-  With a size limit, JAX reads the access time of every entry before each write and gives up
-  the write when one is missing, which is how an entry looks that a process without the limit
-  wrote: from then on nothing new was kept, and each run compiled again what it could have
-  loaded. Returns how many entries were repaired."""
-  if not os.path.isdir(path):
-    return 0
-  names = set(os.listdir(path))
-  repaired = 0
-  for name in names:
-    if name.endswith("-cache") and name[:-len("-cache")] + "-atime" not in names:
-      with open(os.path.join(path, name[:-len("-cache")] + "-atime"), "wb") as f:
-        f.write(time.time_ns().to_bytes(8, "little"))
-      repaired += 1
-  return repaired
