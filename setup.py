@@ -36,6 +36,8 @@ EXTRAS_REQUIRE = {
         "pytest>=8",
         # `make test` runs the suite on two workers, one test file each at a time.
         "pytest-xdist>=3.5",
+        # Models the suite shares are trained once, under a lock, by the first worker to ask.
+        "filelock>=3.12",
         "torch>=2.2",
         "transformers>=4.40",
         "safetensors>=0.4",
