@@ -79,11 +79,11 @@ def plays_corpus(tmp_path_factory):
 
 
 def _once(tmp_path_factory, worker_id: str, name: str, build) -> dict:
-  """`build(directory)` run once per test session, however many pytest workers ask: the first
-  builds under a file lock in the session's shared temporary directory, the others wait and
+  """`build(directory)` run once per test run, however many pytest workers ask: the first
+  builds under a file lock in the run's shared temporary directory, the others wait and
   read what it recorded (a JSON-able dict)."""
   root = tmp_path_factory.getbasetemp()
-  if worker_id != "master":  # each worker has its own basetemp inside the session's
+  if worker_id != "master":  # each worker has its own basetemp inside the run's
     root = root.parent
   directory = root / name
   record = root / f"{name}.json"
@@ -100,7 +100,7 @@ def _once(tmp_path_factory, worker_id: str, name: str, build) -> dict:
 def sst2_model(tmp_path_factory, worker_id):
   """A tiny classifier (the `test` preset, no dropout) fine-tuned through the library call of
   `finetune` until it has memorised the 16 SST-2 sentences: 13 dev rows (not a multiple of the
-  8 devices), test predictions written. Trained once per session, for the GLUE and `predict`
+  8 devices), test predictions written. Trained once per test run, for the GLUE and `predict`
   tests: `{"out", "data", "results"}` (the run's eval_results.json)."""
   def build(directory):
     from bert_jax.model import configuration
@@ -129,7 +129,7 @@ def sst2_model(tmp_path_factory, worker_id):
 def squad_v2_model(tmp_path_factory, worker_id):
   """A tiny BERT fine-tuned through the command line on eight SQuAD 2.0 questions (one
   unanswerable, `task_helpers.overfit_set`) on a (4 data x 2 model) mesh until it has
-  memorised them, predictions written for the same file. Trained once per session, for the
+  memorised them, predictions written for the same file. Trained once per test run, for the
   SQuAD and `predict` tests: `{"out", "data_file"}`."""
   def build(directory):
     from bert_jax.model import configuration
