@@ -1,11 +1,17 @@
-"""Test-wide setup: 8 fake CPU devices (set before JAX initialises), quiet TensorFlow, and the
-fixtures several test files share."""
+"""Test-wide setup: fake CPU devices (set before JAX initialises, `--fake-devices`), quiet
+TensorFlow, and the fixtures several test files share."""
 
 import os
 
 from tests import helpers
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + helpers.xla_flags(8)).strip()
+# How many fake CPU devices the tests' JAX sees: `--fake-devices` (pytest_configure below, which
+# runs before any test module imports JAX). Tests of sharding are marked `mesh` and need 8; every
+# other test runs as well on one, where a tiny model's step is ~4x faster than split over 8 fake
+# devices on 2 cores. `make test` runs the `mesh` tests on 8 and the rest on 1; a plain `pytest`
+# runs everything on 8.
+MESH_DEVICES = 8
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -38,7 +44,20 @@ import filelock  # noqa: E402
 import pytest  # noqa: E402  (after the environment above, which must precede any JAX import)
 
 
-def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
+def pytest_addoption(parser):
+  parser.addoption(
+      "--fake-devices", type=int, default=MESH_DEVICES,
+      help=f"fake CPU devices of the tests' JAX (default {MESH_DEVICES}); tests marked mesh "
+           f"need {MESH_DEVICES}, the others run on any number (fastest on 1).")
+
+
+def pytest_configure(config):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +
+                             helpers.xla_flags(config.getoption("fake_devices"))).strip()
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` and `-k` have deselected what they leave out
+def pytest_collection_modifyitems(config, items):
   """Heaviest files first (a test marked slow weighs 10, any other 1), each file's tests in
   their own order: the workers of `make test` take whole files in this order, and a heavy file
   started last would run alone at the end."""
@@ -47,6 +66,12 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
     weight[item.path] += 10 if item.get_closest_marker("slow") else 1
   first = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
   items.sort(key=lambda item: (-weight[item.path], first[item.path]))
+  devices = config.getoption("fake_devices")
+  mesh = [item.nodeid for item in items if item.get_closest_marker("mesh")]
+  if mesh and devices < MESH_DEVICES:
+    raise pytest.UsageError(
+        f"{len(mesh)} selected tests are marked mesh and need --fake-devices={MESH_DEVICES} "
+        f"(this run has {devices}), e.g. {mesh[0]}; leave them out with -m 'not mesh'.")
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +125,7 @@ def _once(tmp_path_factory, worker_id: str, name: str, build) -> dict:
 def sst2_model(tmp_path_factory, worker_id):
   """A tiny classifier (the `test` preset, no dropout) fine-tuned through the library call of
   `finetune` until it has memorised the 16 SST-2 sentences: 13 dev rows (not a multiple of the
-  8 devices), test predictions written. Trained once per test run, for the GLUE and `predict`
+  eval batch of 8), test predictions written. Trained once per test run, for the GLUE and `predict`
   tests: `{"out", "data", "results"}` (the run's eval_results.json)."""
   def build(directory):
     from bert_jax.model import configuration
@@ -141,7 +166,7 @@ def squad_v2_model(tmp_path_factory, worker_id):
     configuration.get_preset("test", vocab_size=30522, attention_probs_dropout_prob=0.0
                              ).to_json_file(config_file)
     out = str(directory / "out")
-    env = dict(os.environ)
+    env = dict(os.environ, XLA_FLAGS=helpers.xla_flags(MESH_DEVICES))  # the (4, 1, 2) mesh
     env["PYTHONPATH"] = helpers.REPO + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
         [sys.executable, "-m", "bert_jax.finetune", "--task_name=squad",

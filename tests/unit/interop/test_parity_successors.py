@@ -379,6 +379,7 @@ def test_partial_sharing_counts_and_accumulates_gradients(share):
     hf_io.params_to_hf_state({"bert": shared}, _small_albert(share))
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 @pytest.mark.parametrize("share,scan", [("all", True), ("attention", False)])
 def test_shared_layers_shard_on_a_mesh(share, scan):

@@ -222,6 +222,7 @@ def test_scanned_rematerialised_layers_carry_the_packing(setup):
   _assert_same_per_instance(setup, np.asarray(mlm), np.asarray(nsp))
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
 def test_packed_rows_equal_unpacked_instances_on_a_mesh(setup, mesh_shape):
@@ -315,6 +316,7 @@ def test_pallas_model_equals_xla_model_on_packed_rows():
   assert _max_abs(pallas, xla) <= TOLERANCE
 
 
+@pytest.mark.mesh
 def test_pallas_attention_under_a_mesh_runs_per_device():
   """Under a mesh the kernel runs in `shard_map` on each device's rows and heads. Numbers on a
   one-device mesh (the interpreter can stall when several fake CPU devices run kernels at

@@ -256,6 +256,7 @@ def test_refusals():
     pallas_attention.flash_attention(q, k, v, ids, block_q=192)
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_the_model_under_a_mesh_gives_every_shard_its_own_masks():
   """The encoder with `attention_implementation="pallas"` and attention dropout, data-parallel

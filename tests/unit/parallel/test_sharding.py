@@ -12,6 +12,8 @@ from bert_jax.objectives import mlm_nsp
 from bert_jax.parallel import sharding
 from tests import helpers
 
+pytestmark = pytest.mark.mesh
+
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 1, 8), (1, 8, 1)]
 
 

@@ -237,6 +237,7 @@ def test_the_launcher_counts_a_slice_as_the_library_does(name, tmp_path):
   assert f"{name}: {s.chips} chips, {s.devices} JAX devices, {s.hosts} worker(s)" in proc.stderr
 
 
+@pytest.mark.mesh
 def test_hlo_costs_count_loops_and_collectives_on_a_real_compiled_program():
   """A scanned matmul and a psum over the test session's 8 CPU devices: the HLO reader counts
   the loop's iterations and finds the all-reduce with its group and bytes."""

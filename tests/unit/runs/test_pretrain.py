@@ -73,6 +73,7 @@ def _batches(records, n, seed=0):
   return [next(it)[0] for _ in range(n)]
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
 def test_sharded_steps_equal_one_device(records, mesh_shape):
@@ -103,6 +104,7 @@ def test_sharded_steps_equal_one_device(records, mesh_shape):
   assert results["one"][0][0] != results["one"][0][2]  # training moved
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch(records):
   config = ph.run_config(records, **{"model.hidden_dropout_prob": 0.0,
@@ -128,6 +130,7 @@ def test_gradient_accumulation_equals_one_big_batch(records):
                                                  jax.tree.leaves(out[4][1]))) <= 1e-5
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_resume_continues_exactly(records, tmp_path):
   """8 steps, stop, resume to 16 == 16 uninterrupted steps: same losses, same parameters."""
@@ -155,6 +158,7 @@ def test_resume_continues_exactly(records, tmp_path):
   assert meta["bert_config"]["num_hidden_layers"] == 2
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_checkpoint_restores_onto_another_mesh(records, tmp_path):
   workdir = str(tmp_path / "run")
@@ -192,6 +196,7 @@ def _env(devices):
   return env
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_two_processes_match_one(records, tmp_path):
@@ -354,6 +359,7 @@ def test_dynamic_masking_draws_fresh_masks_each_epoch(tmp_path):
   assert 0.75 < frac_mask < 0.85 and 0.06 < frac_same < 0.16, (frac_mask, frac_same)
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 @pytest.mark.parametrize("masking,packed_as_read", [("static", False), ("dynamic", False),
                                                      ("dynamic", True)])
@@ -398,6 +404,7 @@ def test_packed_rows_from_real_text_train_end_to_end(tmp_path, masking, packed_a
   assert "cls" in params and bert_config.vocab_size == summary["vocab_size"]
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_real_text_dynamic_masking_end_to_end(tmp_path, capsys):
   """Shakespeare → WordPiece vocab → dynamic-masking TFRecords → pre-training → fill-mask →

@@ -48,6 +48,7 @@ def test_tiny_model_learns_a_tiny_task_and_counts_every_dev_example(sst2_model, 
   assert again["dev"] == out["dev"]
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_padded_batches_do_not_change_predictions(tokenizer, bert_config_file, tmp_path):
   """Every example's logits are the same whatever batch it lands in and however it is padded."""
@@ -118,7 +119,7 @@ def test_cli_mnli_from_a_hugging_face_checkpoint(tmp_path):
   write("test_matched.tsv", False, 3)
   write("test_mismatched.tsv", False, 4)
   (d / "diagnostic.tsv").write_text("index\tsentence1\tsentence2\n0\tA b.\tC d.\n1\tE f.\tG h.\n")
-  env = dict(os.environ)
+  env = dict(os.environ, XLA_FLAGS=helpers.xla_flags(8))  # the command's (8, 1, 1) mesh
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   minilm = helpers.minilm_dir()
   proc = subprocess.run(
@@ -149,7 +150,7 @@ def test_cli_takes_a_config_file_and_the_original_flags_override_it(bert_config_
     rows = f.read().splitlines()
   with open(os.path.join(data, "train.tsv"), "w") as f:
     f.write("\n".join(rows[:14]) + "\n")  # header + 13 rows
-  env = dict(os.environ)
+  env = dict(os.environ, XLA_FLAGS=helpers.xla_flags(8))  # the command's (8, 1, 1) mesh
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   out = tmp_path / "o"
   proc = subprocess.run(

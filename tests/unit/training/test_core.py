@@ -67,6 +67,7 @@ def _data(n, rng):
           "weight": np.ones(n, np.float32)}
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_an_objective_defined_outside_the_package_trains_through_the_core(tmp_path):
   objective = CountRegression()
@@ -123,6 +124,7 @@ def test_an_objective_defined_outside_the_package_trains_through_the_core(tmp_pa
   assert int(resumed.state.step) == 120 and resumed.position == {"epoch": 4, "batch": 20}
 
 
+@pytest.mark.mesh
 def test_in_memory_batches_resume_exactly_and_count_every_row():
   """The fine-tuning stream: a position taken from it restarts it exactly, every row is seen
   once per epoch, and the padding rows of a partial batch carry weight 0."""
@@ -144,6 +146,7 @@ def test_in_memory_batches_resume_exactly_and_count_every_row():
     np.testing.assert_array_equal(np.asarray(got["input_ids"]), np.asarray(expected["input_ids"]))
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_the_loop_keeps_at_most_two_steps_in_flight():
   """JAX dispatches a step before the device has run the previous ones. The loop waits so that
