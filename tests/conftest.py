@@ -10,7 +10,7 @@ from tests import helpers
 # other test runs as well on one, where a tiny model's step is ~4x faster than split over 8 fake
 # devices on 2 cores. `make test` runs the `mesh` tests on 8 and the rest on 1; a plain `pytest`
 # runs everything on 8.
-MESH_DEVICES = 8
+MESH_DEVICES = helpers.MESH_DEVICES
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -166,8 +166,7 @@ def squad_v2_model(tmp_path_factory, worker_id):
     configuration.get_preset("test", vocab_size=30522, attention_probs_dropout_prob=0.0
                              ).to_json_file(config_file)
     out = str(directory / "out")
-    env = dict(os.environ, XLA_FLAGS=helpers.xla_flags(MESH_DEVICES))  # the (4, 1, 2) mesh
-    env["PYTHONPATH"] = helpers.REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env = helpers.command_env(MESH_DEVICES)  # the (4, 1, 2) mesh
     proc = subprocess.run(
         [sys.executable, "-m", "bert_jax.finetune", "--task_name=squad",
          "--version_2_with_negative", f"--train_file={data_file}",

@@ -31,6 +31,20 @@ HARD_CASES = [
 ]
 
 
+# The fake CPU devices of a mesh test (`--fake-devices`, tests/conftest.py).
+MESH_DEVICES = 8
+
+
+def command_env(devices: int | None = None) -> dict[str, str]:
+  """The environment of a command a test runs: this one, with the repository importable, and
+  `devices` fake CPU devices when the command's mesh needs a number the test process may lack."""
+  env = dict(os.environ)
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  if devices is not None:
+    env["XLA_FLAGS"] = xla_flags(devices)
+  return env
+
+
 def xla_flags(devices: int) -> str:
   """XLA_FLAGS for `devices` fake CPU devices. XLA:CPU aborts the process (SIGABRT, no Python
   error) when the devices of one collective reach it more than its timeout apart, which the

@@ -189,13 +189,6 @@ def _cli_args(records, workdir, **overrides):
   return args
 
 
-def _env(devices):
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = helpers.xla_flags(devices)
-  env["PYTHONPATH"] = ph.REPO + os.pathsep + env.get("PYTHONPATH", "")
-  return env
-
-
 @pytest.mark.mesh
 @pytest.mark.slow
 @pytest.mark.e2e
@@ -207,7 +200,7 @@ def test_two_processes_match_one(records, tmp_path):
   procs = [subprocess.Popen(
       _cli_args(records, workdir, train_until_step=5, mesh_shape="(8, 1, 1)") +
       [f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
-      env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      env=helpers.command_env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
       for i in range(2)]
   outputs = [p.communicate(timeout=300)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
@@ -256,8 +249,8 @@ def test_stop_signal_saves_and_resume_continues(records, tmp_path, signum):
   proc = subprocess.Popen(_cli_args(records, workdir, train_until_step=100000,
                                     total_steps=200000, checkpoint_every_steps=100000,
                                     mesh_shape="(8, 1, 1)"),
-                          env=_env(8), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
+                          env=helpers.command_env(8), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
   metrics_file = os.path.join(workdir, "metrics.jsonl")
   helpers.wait_until(lambda: proc.poll() is not None or (
       os.path.exists(metrics_file) and len(metrics.read_jsonl(metrics_file)) >= 3),

@@ -119,8 +119,7 @@ def test_cli_mnli_from_a_hugging_face_checkpoint(tmp_path):
   write("test_matched.tsv", False, 3)
   write("test_mismatched.tsv", False, 4)
   (d / "diagnostic.tsv").write_text("index\tsentence1\tsentence2\n0\tA b.\tC d.\n1\tE f.\tG h.\n")
-  env = dict(os.environ, XLA_FLAGS=helpers.xla_flags(8))  # the command's (8, 1, 1) mesh
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  env = helpers.command_env(helpers.MESH_DEVICES)  # the command's (8, 1, 1) mesh
   minilm = helpers.minilm_dir()
   proc = subprocess.run(
       [sys.executable, "-m", "bert_jax.finetune", "--task_name=MNLI", f"--data_dir={d}",
@@ -150,8 +149,7 @@ def test_cli_takes_a_config_file_and_the_original_flags_override_it(bert_config_
     rows = f.read().splitlines()
   with open(os.path.join(data, "train.tsv"), "w") as f:
     f.write("\n".join(rows[:14]) + "\n")  # header + 13 rows
-  env = dict(os.environ, XLA_FLAGS=helpers.xla_flags(8))  # the command's (8, 1, 1) mesh
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  env = helpers.command_env(helpers.MESH_DEVICES)  # the command's (8, 1, 1) mesh
   out = tmp_path / "o"
   proc = subprocess.run(
       [sys.executable, "-m", "bert_jax.finetune",

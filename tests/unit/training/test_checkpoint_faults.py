@@ -20,6 +20,7 @@ from bert_jax.interop import checkpoint_errors, checkpoint_store
 from bert_jax.runs import pretraining
 from bert_jax.training import checkpointing, metrics, workdir_lock
 from bert_jax.training import state as state_lib
+from tests import helpers
 from tests import pretrain_helpers as ph
 
 
@@ -172,8 +173,7 @@ def test_another_model_still_lists_the_differences_without_fallback(base, tmp_pa
 
 
 def _child(code):
-  env = dict(os.environ, PYTHONPATH=ph.REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
+  return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=helpers.command_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
