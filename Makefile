@@ -39,7 +39,8 @@ $(STAMP): setup.py requirements/lock.txt requirements/assets.txt requirements/bu
 # The few mesh tests are handed out one by one (most are in one file); the others by whole files.
 # A pass that PYTEST_ARGS leaves without tests (pytest's exit status 5) is not a failure.
 test: $(STAMP)
-	$(PYTEST) --dist load --fake-devices=8 -m "mesh$(AND_MARKS)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PYTEST) --dist load --fake-devices=8 --files-marking=mesh -m "mesh$(AND_MARKS)" $(PYTEST_ARGS) \
+	  || [ $$? -eq 5 ]
 	$(PYTEST) --dist loadfile --no-loadscope-reorder --fake-devices=1 -m "not mesh$(AND_MARKS)" \
 	  $(PYTEST_ARGS) || [ $$? -eq 5 ]
 

@@ -13,6 +13,12 @@ from absl import flags, logging
 
 FLAGS = flags.FLAGS
 
+# A command is a process of its own that uses no Keras. TensorFlow (tf.data and gfile here)
+# imports Keras 3 at start-up, and Keras imports scikit-learn and SciPy: ~2.7 s of CPU in every
+# command that reads records. With the legacy switch TensorFlow looks for `tf_keras` instead,
+# which is not installed, and goes on. Set here, before any command imports TensorFlow.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
 # What a user can cause and fix: bad values, missing or unreadable files, a full disk, a
 # diverged run, a damaged checkpoint. Everything else is a defect and keeps its traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FloatingPointError)

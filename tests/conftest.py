@@ -17,6 +17,10 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# TensorFlow (tf.data here) imports Keras 3 at start-up unless told to use the legacy package,
+# which is not installed, and Keras imports scikit-learn and SciPy: ~2.7 s of CPU in every
+# process that imports TensorFlow, and the tests start many. Nothing here uses Keras.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 # The tests run on the CPU's fake devices. With libtpu installed (for the ahead-of-time TPU
 # compiles), JAX would otherwise probe for a TPU in every process a test starts, seconds each.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -49,11 +53,25 @@ def pytest_addoption(parser):
       "--fake-devices", type=int, default=MESH_DEVICES,
       help=f"fake CPU devices of the tests' JAX (default {MESH_DEVICES}); tests marked mesh "
            f"need {MESH_DEVICES}, the others run on any number (fastest on 1).")
+  parser.addoption(
+      "--files-marking", metavar="MARKER", default=None,
+      help="import only the test files that mention pytest.mark.MARKER (with -m MARKER: the "
+           "same tests, without importing every other file in every worker).")
 
 
 def pytest_configure(config):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +
                              helpers.xla_flags(config.getoption("fake_devices"))).strip()
+
+
+def pytest_ignore_collect(collection_path, config):
+  """`--files-marking=mesh` (the first pass of `make test`): test files that never name the
+  marker are not imported; each worker would otherwise import all of them (seconds) for the few
+  files that hold `mesh` tests."""
+  marker = config.getoption("files_marking")
+  if marker and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+    return f"mark.{marker}" not in collection_path.read_text(encoding="utf-8")
+  return None
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` have deselected what they leave out
@@ -153,9 +171,9 @@ def sst2_model(tmp_path_factory, worker_id):
 @pytest.fixture(scope="session")
 def squad_v2_model(tmp_path_factory, worker_id):
   """A tiny BERT fine-tuned through the command line on eight SQuAD 2.0 questions (one
-  unanswerable, `task_helpers.overfit_set`) on a (4 data x 2 model) mesh until it has
-  memorised them, predictions written for the same file. Trained once per test run, for the
-  SQuAD and `predict` tests: `{"out", "data_file"}`."""
+  unanswerable, `task_helpers.overfit_set`) until it has memorised them, predictions written
+  for the same file. Trained once per test run, for the SQuAD and `predict` tests:
+  `{"out", "data_file"}`."""
   def build(directory):
     from bert_jax.model import configuration
     from tests import task_helpers
@@ -166,7 +184,7 @@ def squad_v2_model(tmp_path_factory, worker_id):
     configuration.get_preset("test", vocab_size=30522, attention_probs_dropout_prob=0.0
                              ).to_json_file(config_file)
     out = str(directory / "out")
-    env = helpers.command_env(MESH_DEVICES)  # the (4, 1, 2) mesh
+    env = helpers.command_env()
     proc = subprocess.run(
         [sys.executable, "-m", "bert_jax.finetune", "--task_name=squad",
          "--version_2_with_negative", f"--train_file={data_file}",
@@ -175,7 +193,7 @@ def squad_v2_model(tmp_path_factory, worker_id):
          f"--output_dir={out}", "--do_train", "--do_predict", "--max_seq_length=64",
          "--doc_stride=32", "--max_query_length=16", "--train_batch_size=4",
          "--predict_batch_size=8", "--learning_rate=1e-3", "--num_train_epochs=200",
-         "--config.mesh_shape=(4, 1, 2)", "--config.hidden_dropout_prob=0.0"],
+         "--config.hidden_dropout_prob=0.0"],
         env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {"out": out, "data_file": str(data_file)}

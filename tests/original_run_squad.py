@@ -1,11 +1,12 @@
 """Drives the original `run_squad.py` (PyPI bert-tensorflow 1.0.4) for the SQuAD tests.
 
-Run as a subprocess with a JSON spec: reads the examples, builds the features with its
-`convert_examples_to_features`, and with `logits_seed` also draws logits for every feature and
-writes its `predictions.json` / `nbest_predictions.json` / `null_odds.json` with
-`write_predictions` (which includes `get_final_text`). Its model code (`bert.modeling`,
-`bert.optimization`) needs TF1's `tf.contrib` and is not used here, so those two modules are
-replaced by empty ones before `run_squad` is imported.
+Run as a subprocess with one or more JSON specs, the original imported once. For each: reads the
+examples, builds the features with its `convert_examples_to_features`, and with `logits_seed`
+also draws logits for every feature and writes its `predictions.json` /
+`nbest_predictions.json` / `null_odds.json` with `write_predictions` (which includes
+`get_final_text`). Its model code (`bert.modeling`, `bert.optimization`) needs TF1's
+`tf.contrib` and is not used here, so those two modules are replaced by empty ones before
+`run_squad` is imported.
 """
 
 import json
@@ -23,9 +24,13 @@ def _original():
   return run_squad, tokenization
 
 
-def main(spec_file):
-  spec = json.load(open(spec_file))
+def main(spec_files):
   run_squad, tokenization = _original()
+  for spec_file in spec_files:
+    _run(run_squad, tokenization, json.load(open(spec_file)))
+
+
+def _run(run_squad, tokenization, spec):
   run_squad.FLAGS([
       "run_squad", f"--version_2_with_negative={spec['version_2']}",
       f"--null_score_diff_threshold={spec.get('null_score_diff_threshold', 0.0)}"])
@@ -58,4 +63,4 @@ def main(spec_file):
 
 
 if __name__ == "__main__":
-  main(sys.argv[1])
+  main(sys.argv[1:])

@@ -43,6 +43,19 @@ class Job:
   started: float
 
 
+def refuse_what_the_kind_lacks(config, kind: str, data: str, packing: str) -> None:
+  """The refusals a task kind without packing or task-time distillation (tagging, multiple
+  choice) makes before any work: `data` says what --data_dir holds, `packing` why --packing
+  does not apply."""
+  if not config.data_dir:
+    raise ValueError(f"--task_name={config.task_name} needs --data_dir ({data}).")
+  if config.get("packing"):
+    raise ValueError(f"--packing is for GLUE-style tasks and SQuAD{packing}.")
+  if config.get("teacher_checkpoint"):
+    raise ValueError("--teacher_checkpoint: task-time distillation is for GLUE-style "
+                     f"classification and regression tasks, not {kind}.")
+
+
 def setup(config, tokenizer, max_seq_length: int,
           batch_flags: tuple[str, ...] = ("train_batch_size", "eval_batch_size",
                                           "predict_batch_size")) -> Job:

@@ -43,14 +43,9 @@ def run(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
   """Train on the train split of a fine-tuning config's task (`finetune_config`), score dev
   (`do_eval`) and predict test (`do_predict`; scored when it has labels); returns the results
   (also in eval_results.json)."""
-  if not config.data_dir:
-    raise ValueError(f"--task_name={config.task_name} needs --data_dir (the task's files, or a "
-                     "prepared tensorflow-datasets directory for conll2003).")
-  if config.get("packing"):
-    raise ValueError("--packing is for GLUE-style tasks and SQuAD, not multiple choice.")
-  if config.get("teacher_checkpoint"):
-    raise ValueError("--teacher_checkpoint: task-time distillation is for GLUE-style "
-                     "classification and regression tasks, not multiple choice.")
+  finetune_job.refuse_what_the_kind_lacks(
+      config, "multiple choice", "the task's files: swag's train.csv/val.csv/test.csv or "
+      "hellaswag's *.jsonl", ", not multiple choice")
   task_name, data_dir, output_dir = config.task_name.lower(), config.data_dir, config.output_dir
   max_seq_length = registry.MULTIPLE_CHOICE.max_length(config.max_seq_length)
   do_train = config.do_train

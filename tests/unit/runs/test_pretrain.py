@@ -130,7 +130,6 @@ def test_gradient_accumulation_equals_one_big_batch(records):
                                                  jax.tree.leaves(out[4][1]))) <= 1e-5
 
 
-@pytest.mark.mesh
 @pytest.mark.slow
 def test_resume_continues_exactly(records, tmp_path):
   """8 steps, stop, resume to 16 == 16 uninterrupted steps: same losses, same parameters."""
@@ -247,9 +246,8 @@ def test_two_processes_match_one(records, tmp_path):
 def test_stop_signal_saves_and_resume_continues(records, tmp_path, signum):
   workdir = str(tmp_path / "preempted")
   proc = subprocess.Popen(_cli_args(records, workdir, train_until_step=100000,
-                                    total_steps=200000, checkpoint_every_steps=100000,
-                                    mesh_shape="(8, 1, 1)"),
-                          env=helpers.command_env(8), stdout=subprocess.PIPE,
+                                    total_steps=200000, checkpoint_every_steps=100000),
+                          env=helpers.command_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
   metrics_file = os.path.join(workdir, "metrics.jsonl")
   helpers.wait_until(lambda: proc.poll() is not None or (

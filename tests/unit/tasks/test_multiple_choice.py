@@ -134,6 +134,21 @@ def test_choice_mistakes_get_one_clear_line(bert_config_file, tmp_path):
   assert proc.returncode != 0 and "train.csv" in proc.stderr.strip().splitlines()[-1]
 
 
+def test_what_multiple_choice_does_not_take_is_refused_before_any_work(bert_config_file,
+                                                                         tmp_path):
+  """No --data_dir (the message names the task's files), --packing, --teacher_checkpoint."""
+  base = dict(task_name="swag", bert_config_file=bert_config_file, do_train=True,
+              output_dir=str(tmp_path / "out"))
+  for fields, message in ((dict(data_dir=None), "swag's train.csv"),
+                          (dict(data_dir=str(tmp_path), packing=True),
+                           "--packing .* not multiple choice"),
+                          (dict(data_dir=str(tmp_path), teacher_checkpoint=str(tmp_path)),
+                           "--teacher_checkpoint.* not multiple choice")):
+    with pytest.raises(ValueError, match=message) as refused:
+      registry.run_from_config(finetune_config.make(**base, **fields), _tokenizer())
+    assert "conll2003" not in str(refused.value)
+
+
 def test_configs_hold_the_papers_settings():
   """`configs/swag.py` is the paper's SWAG run (3 epochs, 2e-5, batch 16); `configs/tagging.py`
   its NER run with document context, and the feature-based variant with the last four layers."""

@@ -336,8 +336,8 @@ def test_postprocess_finds_planted_answers_and_respects_the_limits(tokenizer, tm
 @pytest.mark.e2e
 def test_cli_overfits_a_handful_of_questions_v2(squad_v2_model):
   """A tiny BERT learns eight SQuAD 2.0 questions (one unanswerable) through the command line,
-  on a (4 data × 2 model) mesh, then predicts them back with the official files and scores
-  (the run: conftest.py's `squad_v2_model`)."""
+  then predicts them back with the official files and scores (the run: conftest.py's
+  `squad_v2_model`; the same fine-tuning on a model-parallel mesh is checked below)."""
   out = pathlib.Path(squad_v2_model["out"])
   predictions = json.load(open(out / "predictions.json"))
   gold = {qa["id"]: (qa["answers"][0]["text"] if qa["answers"] else "")
@@ -353,6 +353,34 @@ def test_cli_overfits_a_handful_of_questions_v2(squad_v2_model):
   assert set(nbest) == set(gold)
   # 20 candidates, plus the null answer where it did not make the 20 (as the original does).
   assert all(len(v) <= 21 and {x["text"] for x in v} >= {""} for v in nbest.values())
+
+
+@pytest.mark.mesh
+@pytest.mark.slow
+def test_fine_tuning_on_a_model_parallel_mesh_takes_the_steps_of_data_parallel(
+    tmp_path, tokenizer, bert_config_file):
+  """SQuAD 2.0 fine-tuning over a (4 data × 2 model) mesh: the same losses, step by step, as
+  data parallel over the same 8 devices (sharding changes where the numbers live, not what
+  they are)."""
+  from bert_jax.runs import finetune_config
+  from bert_jax.tasks.squad import run as squad_run
+  from bert_jax.training import metrics
+  data_file = _write(tmp_path / "train-v2.0.json", _overfit_set())
+  losses = {}
+  for name, mesh in (("model", (4, 1, 2)), ("data", (8, 1, 1))):
+    out = str(tmp_path / name)
+    results = squad_run.run(finetune_config.make(
+        task_name="squad", version_2_with_negative=True, init_checkpoint=None,
+        bert_config_file=bert_config_file, output_dir=out, train_file=data_file,
+        max_seq_length=64, doc_stride=32, max_query_length=16, train_batch_size=8,
+        learning_rate=1e-3, num_train_epochs=4, do_train=True, log_every_steps=1,
+        mesh_shape=mesh), tokenizer)
+    losses[name] = {r["step"]: r["train/loss"] for r in metrics.read_jsonl(
+        os.path.join(out, "metrics.jsonl")) if "train/loss" in r}
+    assert max(losses[name]) == results["train_steps"] >= 6  # the windows of 4 epochs
+  assert sorted(losses["model"]) == sorted(losses["data"]) and len(losses["data"]) >= 5
+  for step, loss in losses["data"].items():
+    assert losses["model"][step] == pytest.approx(loss, abs=1e-5), step
 
 
 @pytest.mark.slow
@@ -466,40 +494,56 @@ def test_span_head_and_loss_match_the_reference(tmp_path, tokenizer):
 
 
 # ------------------------------------------------------- against the original run_squad.py
-def _original_run_squad(tmp_path, data_file, **spec):
-  """Features (and predictions, with `logits_seed`) of the original code on `data_file`."""
-  out = tmp_path / "original"
-  out.mkdir(exist_ok=True)
-  spec.update(input_file=data_file, vocab_file=VOCAB, output_dir=str(out))
-  spec_file = tmp_path / "spec.json"
-  spec_file.write_text(json.dumps(spec))
-  env = dict(os.environ)
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-  proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "original_run_squad.py"),
-                         str(spec_file)], env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return out, json.load(open(out / "features.json"))
-
-
 WINDOW = {"max_seq_length": 96, "doc_stride": 24, "max_query_length": 24}
+WINDOW_V2 = dict(WINDOW, max_seq_length=40, doc_stride=8)
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory):
+  """What the original run_squad.py makes of the data of the four comparisons below, in one
+  process (TensorFlow and the original code imported once): {(kind, version_2): (data file,
+  output directory, features)}. Training features of 330 questions on 60 real passages (SQuAD
+  1.1) and of the hand-checked set with an unanswerable question (2.0); predictions from drawn
+  logits for another 60 passages, as 1.1 and as 2.0."""
+  work = tmp_path_factory.mktemp("original")
+  dev = _write(work / "dev.json", demo_squad.shakespeare_squad(60, seed=4))
+  specs = {
+      ("features", False): dict(
+          input_file=_write(work / "train.json", demo_squad.shakespeare_squad(60, seed=3)),
+          version_2=False, is_training=True, **WINDOW),
+      ("features", True): dict(input_file=_write(work / "train-v2.json", _overfit_set()),
+                               version_2=True, is_training=True, **WINDOW_V2)}
+  for version_2 in (False, True):
+    specs["predictions", version_2] = dict(
+        input_file=dev, version_2=version_2, is_training=False, logits_seed=5, n_best_size=20,
+        max_answer_length=30, **WINDOW)
+  spec_files = []
+  for i, spec in enumerate(specs.values()):
+    spec.update(vocab_file=VOCAB, output_dir=str(work / f"out{i}"))
+    os.makedirs(spec["output_dir"])
+    spec_files.append(_write(work / f"spec{i}.json", spec))
+  proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "original_run_squad.py"),
+                         *spec_files], env=helpers.command_env(), capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return {key: (spec["input_file"], pathlib.Path(spec["output_dir"]),
+                json.load(open(os.path.join(spec["output_dir"], "features.json"))))
+          for key, spec in specs.items()}
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.parametrize("version_2", [False, True])
-def test_training_features_equal_the_original(tmp_path, tokenizer, version_2):
+def test_training_features_equal_the_original(original, tokenizer, version_2):
   """Every window of 330 questions on 60 real passages (SQuAD 1.1), or of the hand-checked set
   with an unanswerable question (2.0): ids, segments, answer positions and max-context flags
   equal those of the original `convert_examples_to_features`."""
-  data = _overfit_set() if version_2 else demo_squad.shakespeare_squad(60, seed=3)
-  window = dict(WINDOW, max_seq_length=40, doc_stride=8) if version_2 else WINDOW
-  data_file = _write(tmp_path / "train.json", data)
-  _, original = _original_run_squad(tmp_path, data_file, version_2=version_2, is_training=True,
-                                    **window)
+  data_file, _, theirs_all = original["features", version_2]
   examples = squad.read_squad_json(data_file)
-  ours = squad.convert_examples_to_features(examples, tokenizer, is_training=True, **window)
-  assert len(original) == len(ours.example_index) > 2 * len(examples)
-  for f, theirs in enumerate(original):
+  ours = squad.convert_examples_to_features(examples, tokenizer, is_training=True,
+                                            **(WINDOW_V2 if version_2 else WINDOW))
+  assert len(theirs_all) == len(ours.example_index) > 2 * len(examples)
+  for f, theirs in enumerate(theirs_all):
     assert examples[ours.example_index[f]].qas_id == theirs["qas_id"]
     for name, key in (("input_ids", "input_ids"), ("input_mask", "input_mask"),
                       ("segment_ids", "segment_ids")):
@@ -512,12 +556,10 @@ def test_training_features_equal_the_original(tmp_path, tokenizer, version_2):
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.parametrize("version_2", [False, True])
-def test_predictions_equal_the_original_write_predictions(tmp_path, tokenizer, version_2):
+def test_predictions_equal_the_original_write_predictions(original, tokenizer, version_2):
   """The same logits through the original `write_predictions` (n-best, null score,
   `get_final_text`) and through `postprocess` give the same answers and n-best lists."""
-  data_file = _write(tmp_path / "dev.json", demo_squad.shakespeare_squad(60, seed=4))
-  out, _ = _original_run_squad(tmp_path, data_file, version_2=version_2, is_training=False,
-                               logits_seed=5, n_best_size=20, max_answer_length=30, **WINDOW)
+  data_file, out, _ = original["predictions", version_2]
   logits = np.load(out / "logits.npz")
   examples = squad.read_squad_json(data_file)
   feats = squad.convert_examples_to_features(examples, tokenizer, **WINDOW)
