@@ -31,6 +31,7 @@ One table per family (`config.model_type`), all over the same tree of ours:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Mapping
 
 import flax.linen as nn
@@ -561,7 +562,13 @@ def to_numpy(tree):
 def expected_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
   """Shape of every parameter of the pre-training model in the unrolled layout, from the model
   itself (eval_shape), so the table and the modules cannot drift apart unnoticed."""
-  cfg = config.replace(scan_layers=False, remat_policy="none")
+  return dict(_expected_shapes(config.replace(scan_layers=False, remat_policy="none")))
+
+
+@functools.lru_cache(maxsize=16)
+def _expected_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
+  """`expected_shapes`, traced once per configuration in a process (a reader of several
+  checkpoints of one model, and a conversion that reads what it wrote, ask again)."""
   ids = jnp.zeros((1, 8), jnp.int32)
   if cfg.model_type == "electra":
     slots = jnp.zeros((1, 2), jnp.int32)

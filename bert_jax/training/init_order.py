@@ -70,7 +70,7 @@ def initial_state(objective, model, tx, mesh, rules, *, batch_size: int, seed: i
     if init_mode != "params":
       raise ValueError(f"init_mode={init_mode!r}; expected 'continue' or 'params'.")
     state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, seed, example,
-                                                   objective.input_names)
+                                                   objective.input_names, state_sh)
     scopes = objective.init_scopes
     subtree = f"params/{scopes[0]}" if scopes is not None and len(scopes) == 1 else "params"
     loaded = load_any(init_checkpoint, bert_config_file, subtree=subtree)
@@ -83,7 +83,7 @@ def initial_state(objective, model, tx, mesh, rules, *, batch_size: int, seed: i
                         state_sh, None,
                         f"weights from {init_checkpoint}{unused_note(loaded.report)}")
   state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, seed, example,
-                                                 objective.input_names)
+                                                 objective.input_names, state_sh)
   if type(objective).initialize_params is not Objective.initialize_params:
     params = objective.initialize_params(jax.device_get(state.params))
     state = state.replace(params=jax.device_put(params, state_sh.params))

@@ -123,14 +123,18 @@ def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mes
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
                        rules, seed: int, batch: dict[str, Any],
-                       input_names: Sequence[str]
+                       input_names: Sequence[str], shardings: TrainState | None = None
                        ) -> tuple[TrainState, TrainState]:
   """`(state, state_shardings)` with every array created directly in its shards.
 
   Parameters come from `PRNGKey(seed)` split once (parameters, dropout), so a model's initial
-  weights depend only on the seed, never on the mesh.
+  weights depend only on the seed, never on the mesh. `shardings`: those `abstract_train_state`
+  gave for the same arguments, when the caller has them (the model's init is then traced once
+  less: seconds for a large model).
   """
-  _, state_sh = abstract_train_state(model, tx, mesh, rules, batch, input_names)
+  state_sh = shardings
+  if state_sh is None:
+    _, state_sh = abstract_train_state(model, tx, mesh, rules, batch, input_names)
   init_variables = _init_variables_fn(model, batch, input_names)
 
   def init_state(seed_array):
