@@ -71,10 +71,7 @@ def _leaf_fingerprint(x):
                     for seed in _SEEDS])
 
 
-# One small program per distinct shape, dtype and sharding, kept by jit: a model's state has
-# few distinct leaf shapes. (One program over all leaves was traced anew for every tree, at
-# every process's first save and restore: seconds for a large model's state.)
-_fingerprint_leaf = jax.jit(_leaf_fingerprint)
+_fingerprint_leaves = jax.jit(lambda leaves: jnp.stack([_leaf_fingerprint(x) for x in leaves]))
 
 
 def _supported(x) -> bool:
@@ -103,11 +100,18 @@ def fingerprints(tree: Any, prefix: str = "") -> dict[str, str]:
   it for a tree of arrays spread over several processes, as for a save."""
   leaves = {name: leaf for name, leaf in flat_leaves(tree, prefix).items()
             if hasattr(leaf, "dtype") and hasattr(leaf, "shape") and _supported(leaf)}
-  # Every leaf's program is dispatched before any result is read (host arrays go to the
-  # default device).
-  sums = {name: _fingerprint_leaf(leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf))
-          for name, leaf in leaves.items()}
-  return {name: "".join(f"{int(v):08x}" for v in _to_host(s)) for name, s in sums.items()}
+  # One computation per set of devices (a mesh's arrays, host arrays on the default device).
+  groups: dict[Any, list[str]] = {}
+  for name, leaf in leaves.items():
+    key = (frozenset(leaf.sharding.device_set) if isinstance(leaf, jax.Array) else None)
+    groups.setdefault(key, []).append(name)
+  out = {}
+  for names in groups.values():
+    inputs = [leaves[n] if isinstance(leaves[n], jax.Array) else jnp.asarray(leaves[n])
+              for n in names]
+    for name, sums in zip(names, _to_host(_fingerprint_leaves(inputs))):
+      out[name] = "".join(f"{int(v):08x}" for v in sums)
+  return out
 
 
 def json_digest(obj: Any) -> str:
