@@ -350,16 +350,14 @@ def test_dynamic_masking_draws_fresh_masks_each_epoch(tmp_path):
   assert 0.75 < frac_mask < 0.85 and 0.06 < frac_same < 0.16, (frac_mask, frac_same)
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
-@pytest.mark.parametrize("masking,packed_as_read,mesh_shape", [
-    pytest.param("static", False, (2, 2, 2), marks=pytest.mark.mesh, id="static-False-mesh"),
-    pytest.param("dynamic", False, (-1, 1, 1), id="dynamic-False"),
-    pytest.param("dynamic", True, (-1, 1, 1), id="dynamic-True")])
-def test_packed_rows_from_real_text_train_end_to_end(tmp_path, masking, packed_as_read,
-                                                     mesh_shape):
+@pytest.mark.parametrize("masking,packed_as_read", [("static", False), ("dynamic", False),
+                                                     ("dynamic", True)])
+def test_packed_rows_from_real_text_train_end_to_end(tmp_path, masking, packed_as_read):
   """data_prep --packing on Shakespeare → a run that picks the packed objective from the
   records (several instances per row, NSP per instance) and learns; or unpacked dynamic
-  records packed as they are read (`data.packing`). Static records on a (2, 2, 2) mesh."""
+  records packed as they are read (`data.packing`)."""
   from data_prep import create_pretraining_data as cpd
   from data_prep import demo_corpus, train_tokenizer
   corpus = tmp_path / "corpus.txt"
@@ -377,7 +375,7 @@ def test_packed_rows_from_real_text_train_end_to_end(tmp_path, masking, packed_a
     assert summary["packing_efficiency"] > 0.95 and summary["rows"] < summary["instances"]
   config = ph.run_config(str(tmp_path / "data" / "*.tfrecord"), train_until_step=60,
                          total_steps=60, eval_every_steps=60, checkpoint_every_steps=60,
-                         log_every_steps=10, mesh_shape=mesh_shape,
+                         log_every_steps=10, mesh_shape=(2, 2, 2),
                          **{"model.vocab_size": None, "model.hidden_dropout_prob": 0.0,
                             "data.max_seq_length": 64, "data.max_predictions_per_seq": 16,
                             "data.packing": packed_as_read,
@@ -397,6 +395,7 @@ def test_packed_rows_from_real_text_train_end_to_end(tmp_path, masking, packed_a
   assert "cls" in params and bert_config.vocab_size == summary["vocab_size"]
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_real_text_dynamic_masking_end_to_end(tmp_path, capsys):
   """Shakespeare → WordPiece vocab → dynamic-masking TFRecords → pre-training → fill-mask →
@@ -418,7 +417,7 @@ def test_real_text_dynamic_masking_end_to_end(tmp_path, capsys):
   tokenizer = tokenization.load_tokenizer(vocab_file=vocab)
   config = ph.run_config(str(tmp_path / "data" / "*.tfrecord"), train_until_step=60,
                          total_steps=60, eval_every_steps=60, checkpoint_every_steps=60,
-                         log_every_steps=10, tensorboard=True,
+                         log_every_steps=10, mesh_shape=(2, 2, 2), tensorboard=True,
                          **{"model.vocab_size": None,  # unset: read from summary.json
                             "model.hidden_dropout_prob": 0.0,
                             "data.max_seq_length": 64, "data.max_predictions_per_seq": 10,

@@ -67,13 +67,14 @@ def _data(n, rng):
           "weight": np.ones(n, np.float32)}
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_an_objective_defined_outside_the_package_trains_through_the_core(tmp_path):
   objective = CountRegression()
   bert_config = configuration.get_preset("test", vocab_size=64, max_position_embeddings=SEQ,
                                          hidden_dropout_prob=0.0)
   model = objective.model(bert_config)
-  mesh = sharding.create_mesh((-1, 1, 1))
+  mesh = sharding.create_mesh((8, 1, 1))
   rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
   tx, schedule = optimizer.create_optimizer(ml_collections.ConfigDict({
       "name": "adamw", "learning_rate": 3e-3, "total_steps": 120, "warmup_steps": 10,
