@@ -17,9 +17,8 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# TensorFlow (tf.data here) imports Keras 3 at start-up unless told to use the legacy package,
-# which is not installed, and Keras imports scikit-learn and SciPy: ~2.7 s of CPU in every
-# process that imports TensorFlow, and the tests start many. Nothing here uses Keras.
+# No Keras at TensorFlow's start-up, as in the commands (bert_jax/cli.py says why), for the
+# test processes and every process they start.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 # The tests run on the CPU's fake devices. With libtpu installed (for the ahead-of-time TPU
 # compiles), JAX would otherwise probe for a TPU in every process a test starts, seconds each.

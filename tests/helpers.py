@@ -39,7 +39,8 @@ def command_env(devices: int | None = None) -> dict[str, str]:
   """The environment of a command a test runs: this one, with the repository importable, and
   `devices` fake CPU devices when the command's mesh needs a number the test process may lack."""
   env = dict(os.environ)
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  # No empty entry: an empty part of PYTHONPATH puts the command's working directory on its path.
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
   if devices is not None:
     env["XLA_FLAGS"] = xla_flags(devices)
   return env

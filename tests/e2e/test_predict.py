@@ -27,15 +27,13 @@ from tests import helpers
 from tests.task_helpers import NEGATIVE, POSITIVE
 from tests.task_helpers import CONTEXT_1, CONTEXT_2, overfit_set as _overfit_set
 
-REPO = helpers.REPO
 VOCAB = os.path.join(helpers.minilm_dir(), "vocab.txt")
 
 
 def _cli(*args, timeout=300):
-  env = dict(os.environ)
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-  return subprocess.run([sys.executable, "-m", "bert_jax.predict", *args], env=env,
-                        capture_output=True, text=True, timeout=timeout)
+  return subprocess.run([sys.executable, "-m", "bert_jax.predict", *args],
+                        env=helpers.command_env(), capture_output=True, text=True,
+                        timeout=timeout)
 
 
 def _ok(proc):

@@ -32,7 +32,6 @@ from tests.task_helpers import sst2_dir as _sst2_dir
 from tests.task_helpers import OFFICIAL
 from tests import helpers
 
-REPO = helpers.REPO
 VOCAB_SIZE = 1000
 # Tiny models: the route is tested, not the model. No dropout, so a few epochs memorise SST-2.
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -42,9 +41,8 @@ MASKED = ["the king shall [MASK] to-morrow.", "[MASK] you, good my lord, and [MA
 
 
 def _cli(module, *args, timeout=600):
-  env = dict(os.environ)
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-  proc = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True,
+  proc = subprocess.run([sys.executable, "-m", module, *args], env=helpers.command_env(),
+                        capture_output=True,
                         text=True, timeout=timeout)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc

@@ -281,7 +281,7 @@ def test_data_prep_killed_leaves_no_split_folder_and_no_workers(tmp_path):
              f"--input_file={corpus}", f"--vocab_file={VOCAB}", f"--output_dir={out}",
              "--num_output_shards=4", "--num_workers=2", f"--tmp_dir={scratch}",
              "--max_seq_length=64", "--dupe_factor=5", "--noprogress"]
-  environment = dict(os.environ, PYTHONPATH=ROOT)
+  environment = helpers.command_env()
   run = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
   workers = []

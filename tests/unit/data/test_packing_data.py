@@ -407,7 +407,7 @@ def test_command_line_packing(corpus, tmp_path):
        f"--vocab_file={VOCAB}", f"--output_dir={out}", "--num_output_shards=1",
        "--num_workers=1", "--masking=dynamic", "--packing", "--max_sequences_per_row=2",
        "--max_seq_length=256", "--max_predictions_per_seq=40", "--noprogress"],
-      capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT,
+      capture_output=True, text=True, env=helpers.command_env(), cwd=ROOT,
       timeout=300, check=False)
   assert done.returncode == 0, done.stderr
   assert "packing_efficiency" in done.stdout and "sequences_per_row" in done.stdout

@@ -364,7 +364,7 @@ def test_a_vocabulary_that_does_not_fit_the_corpus_stops_the_run(corpus, static_
 @pytest.mark.e2e
 def test_command_line(corpus, tmp_path):
   """The script as users run it: flags, a progress bar, a summary, and errors without a trace."""
-  env = dict(os.environ, PYTHONPATH=ROOT)
+  env = helpers.command_env()
   ok = subprocess.run(
       [sys.executable, os.path.join(ROOT, "data_prep", "create_pretraining_data.py"),
        f"--input_file={corpus}", f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'out'}",

@@ -156,8 +156,7 @@ def test_extract_features_layers_match_reference_hidden_states(minilm, tmp_path)
   lines = ["The cat sat on the mat.", "Where is it? ||| It is under the table, next to the door."]
   (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
   out = tmp_path / "features.npz"
-  env = dict(os.environ)
-  env["PYTHONPATH"] = helpers.REPO
+  env = helpers.command_env()
   proc = subprocess.run(
       [sys.executable, "-m", "bert_jax.extract_features", f"--input_file={tmp_path / 'in.txt'}",
        f"--output_file={out}", f"--init_checkpoint={path}",

@@ -290,7 +290,7 @@ def test_command_line_conversions(pretraining_tf1, tmp_path, capsys):
     np.testing.assert_array_equal(back[key], value, err_msg=key)
 
   # The command itself (absl flags), as users type it.
-  env = dict(os.environ, PYTHONPATH=ph.REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env = helpers.command_env()
   proc = subprocess.run([sys.executable, "-m", "bert_jax.convert", f"--from={directory}",
                          f"--to={tmp_path / 'workdir'}", "--format=orbax"],
                         env=env, capture_output=True, text=True, timeout=300)

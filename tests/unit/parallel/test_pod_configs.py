@@ -4,7 +4,6 @@ Runs in a subprocess with 64 fake CPU devices standing in for the slice (the tes
 """
 
 import json
-import os
 import subprocess
 import sys
 
@@ -41,9 +40,7 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_base_compiles_for_16_chips_and_large_lowers_for_64():
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = helpers.xla_flags(64)
-  env["PYTHONPATH"] = ph.REPO + os.pathsep + env.get("PYTHONPATH", "")
+  env = helpers.command_env(64)
   proc = subprocess.run([sys.executable, "-c", SCRIPT, ph.REPO], env=env, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]

@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from bert_jax.parallel import hlo_costs
 from bert_jax.parallel import tpu_slices
+from tests import helpers
 from tests import pretrain_helpers as ph
 
 # Each case: objective recipe, slice, config overrides. The tiny model of the tests, rows of 64
@@ -125,9 +126,8 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def compiled():
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env = dict(helpers.command_env(), JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
-  env["PYTHONPATH"] = ph.REPO + os.pathsep + env.get("PYTHONPATH", "")
   proc = subprocess.run([sys.executable, "-c", SCRIPT, ph.REPO, json.dumps(CASES)], env=env,
                         capture_output=True, text=True, timeout=1200)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

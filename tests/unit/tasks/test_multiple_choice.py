@@ -23,8 +23,8 @@ VOCAB = os.path.join(helpers.minilm_dir(), "vocab.txt")
 
 
 def _cli(module, *args):
-  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  return subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True,
+  return subprocess.run([sys.executable, "-m", module, *args], env=helpers.command_env(),
+                        capture_output=True,
                         text=True, timeout=900)
 
 

@@ -28,14 +28,11 @@ from bert_jax.tasks.tagging import metrics as conlleval
 from bert_jax.tasks.tagging import objective as token_classification
 from tests import helpers, task_helpers
 
-REPO = helpers.REPO
 
 
 def _cli(module, *args):
-  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  proc = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True,
-                        text=True, timeout=900)
-  return proc
+  return subprocess.run([sys.executable, "-m", module, *args], env=helpers.command_env(),
+                        capture_output=True, text=True, timeout=900)
 
 
 def _hf_bert(tmp_path, cls, layers=2, **kwargs):

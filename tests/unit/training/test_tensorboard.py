@@ -1,7 +1,6 @@
 """TensorBoard event files written without TensorFlow, read back by TensorBoard's own reader and
 by TensorFlow's record reader (which checks every frame's checksums)."""
 
-import os
 import subprocess
 import sys
 
@@ -53,7 +52,7 @@ def test_metric_writer_reports_without_importing_tensorflow(tmp_path):
   script = ("import sys; from bert_jax.training import metrics; "
             f"w = metrics.MetricWriter({str(tmp_path)!r}); w.write(3, {{'train/loss': 2.5}}); "
             "w.close(); print('tensorflow' in sys.modules)")
-  env = dict(os.environ, PYTHONPATH=helpers.REPO)
+  env = helpers.command_env()
   out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                        timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
