@@ -40,8 +40,6 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 import collections  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
 import filelock  # noqa: E402
 import pytest  # noqa: E402  (after the environment above, which must precede any JAX import)
@@ -183,17 +181,15 @@ def squad_v2_model(tmp_path_factory, worker_id):
     configuration.get_preset("test", vocab_size=30522, attention_probs_dropout_prob=0.0
                              ).to_json_file(config_file)
     out = str(directory / "out")
-    env = helpers.command_env()
-    proc = subprocess.run(
-        [sys.executable, "-m", "bert_jax.finetune", "--task_name=squad",
-         "--version_2_with_negative", f"--train_file={data_file}",
-         f"--predict_file={data_file}", f"--bert_config_file={config_file}",
-         f"--vocab_file={os.path.join(helpers.minilm_dir(), 'vocab.txt')}",
-         f"--output_dir={out}", "--do_train", "--do_predict", "--max_seq_length=64",
-         "--doc_stride=32", "--max_query_length=16", "--train_batch_size=4",
-         "--predict_batch_size=8", "--learning_rate=1e-3", "--num_train_epochs=200",
-         "--config.hidden_dropout_prob=0.0"],
-        env=env, capture_output=True, text=True, timeout=900)
+    proc = helpers.run_command(
+        "bert_jax.finetune", "--task_name=squad", "--version_2_with_negative",
+        f"--train_file={data_file}", f"--predict_file={data_file}",
+        f"--bert_config_file={config_file}",
+        f"--vocab_file={os.path.join(helpers.minilm_dir(), 'vocab.txt')}",
+        f"--output_dir={out}", "--do_train", "--do_predict", "--max_seq_length=64",
+        "--doc_stride=32", "--max_query_length=16", "--train_batch_size=4",
+        "--predict_batch_size=8", "--learning_rate=1e-3", "--num_train_epochs=200",
+        "--config.hidden_dropout_prob=0.0")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {"out": out, "data_file": str(data_file)}
   return _once(tmp_path_factory, worker_id, "squad_v2_model", build)

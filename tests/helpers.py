@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.util
+import io
+import logging
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -106,3 +112,53 @@ def random_pretraining_batch(rng: np.random.RandomState, batch: int, length: int
       "masked_lm_weights": weights,
       "next_sentence_labels": rng.randint(0, 2, size=(batch, 1)).astype(np.int32),
   }
+
+
+def run_command(module_name: str, *args) -> subprocess.CompletedProcess:
+  """`python -m module_name args` run inside the test process, for tests that check only a
+  command's flags, exit status, printed output and files: the same `define_flags`, flag parser,
+  one-line errors and `main` as `app.run` calls, with stdout, stderr and log lines captured.
+  Each command process would import TensorFlow, JAX and the package again (seconds of CPU);
+  here they are imported once. Signals, several processes, the wheel and the notebooks need
+  processes of their own and keep them.
+
+  The command's flags exist only for the call (defined, parsed, then reset and removed), so
+  commands defining the same flag names run one after another; the log verbosity a command
+  sets is put back."""
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  from bert_jax import cli  # pylint: disable=g-import-not-at-top
+  module = importlib.import_module(module_name)
+  argv = [module_name, *map(str, args)]
+  # ml_collections reads `--config.*` overrides from sys.argv, when the flag is defined (its
+  # default config) and when it is parsed.
+  program_argv, sys.argv = sys.argv, argv
+  known = set(flags.FLAGS)
+  out, err = io.StringIO(), io.StringIO()
+  log_lines = absl_logging.PythonHandler(stream=err)
+  root = logging.getLogger()
+  verbosity = absl_logging.get_verbosity()
+  root.addHandler(log_lines)
+  code = 0
+  try:
+    module.define_flags()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+      try:
+        try:
+          main_argv = cli.parse_flags(argv)
+          code = cli.one_line_errors(module.main)(main_argv)
+        except app.UsageError as e:
+          app.usage(shorthelp=True, detailed_error=e, exitcode=e.exitcode)
+      except SystemExit as e:
+        code = e.code
+    if isinstance(code, str):  # sys.exit("error: ...") prints its message and exits 1
+      err.write(code + "\n")
+      code = 1
+  finally:
+    sys.argv = program_argv
+    root.removeHandler(log_lines)
+    absl_logging.set_verbosity(verbosity)
+    flags.FLAGS.unparse_flags()
+    for name in [name for name in flags.FLAGS if name not in known]:  # the command's own
+      delattr(flags.FLAGS, name)
+  return subprocess.CompletedProcess(argv, int(code or 0), out.getvalue(), err.getvalue())

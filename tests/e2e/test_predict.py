@@ -5,8 +5,6 @@ and the errors for a checkpoint or vocabulary that does not fit."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -30,10 +28,8 @@ from tests.task_helpers import CONTEXT_1, CONTEXT_2, overfit_set as _overfit_set
 VOCAB = os.path.join(helpers.minilm_dir(), "vocab.txt")
 
 
-def _cli(*args, timeout=300):
-  return subprocess.run([sys.executable, "-m", "bert_jax.predict", *args],
-                        env=helpers.command_env(), capture_output=True, text=True,
-                        timeout=timeout)
+def _cli(*args):
+  return helpers.run_command("bert_jax.predict", *args)
 
 
 def _ok(proc):

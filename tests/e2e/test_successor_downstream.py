@@ -12,8 +12,6 @@ against the PyTorch model.
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -40,10 +38,8 @@ FAMILIES = ["roberta", "albert"]
 MASKED = ["the king shall [MASK] to-morrow.", "[MASK] you, good my lord, and [MASK] well."]
 
 
-def _cli(module, *args, timeout=600):
-  proc = subprocess.run([sys.executable, "-m", module, *args], env=helpers.command_env(),
-                        capture_output=True,
-                        text=True, timeout=timeout)
+def _cli(module, *args):
+  proc = helpers.run_command(module, *args)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
 

@@ -6,9 +6,7 @@ initialised `BertForPreTraining` saved as safetensors (no released package ships
 
 import os
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -150,18 +148,15 @@ def test_export_round_trip_loads_in_transformers(random_pretraining_checkpoint, 
 def test_extract_features_layers_match_reference_hidden_states(minilm, tmp_path):
   """`python -m bert_jax.extract_features` on the MiniLM directory: the .npz layers equal
   transformers' hidden states (embeddings output = layer 0, last layer = -1)."""
-  import subprocess
-  import sys
   path, tokenizer, torch_model, _, _, _ = minilm
   lines = ["The cat sat on the mat.", "Where is it? ||| It is under the table, next to the door."]
   (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
   out = tmp_path / "features.npz"
-  env = helpers.command_env()
-  proc = subprocess.run(
-      [sys.executable, "-m", "bert_jax.extract_features", f"--input_file={tmp_path / 'in.txt'}",
-       f"--output_file={out}", f"--init_checkpoint={path}",
-       f"--vocab_file={os.path.join(path, 'vocab.txt')}", "--layers=-1,-2,-4,0",
-       "--max_seq_length=32"], env=env, capture_output=True, text=True, timeout=300)
+  proc = helpers.run_command(
+      "bert_jax.extract_features", f"--input_file={tmp_path / 'in.txt'}",
+      f"--output_file={out}", f"--init_checkpoint={path}",
+      f"--vocab_file={os.path.join(path, 'vocab.txt')}", "--layers=-1,-2,-4,0",
+      "--max_seq_length=32")
   assert proc.returncode == 0, proc.stderr[-3000:]
   arrays = np.load(out)
   assert arrays["layer_-1"].shape == (2, 32, 384)

@@ -11,8 +11,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -290,10 +288,8 @@ def test_command_line_conversions(pretraining_tf1, tmp_path, capsys):
     np.testing.assert_array_equal(back[key], value, err_msg=key)
 
   # The command itself (absl flags), as users type it.
-  env = helpers.command_env()
-  proc = subprocess.run([sys.executable, "-m", "bert_jax.convert", f"--from={directory}",
-                         f"--to={tmp_path / 'workdir'}", "--format=orbax"],
-                        env=env, capture_output=True, text=True, timeout=300)
+  proc = helpers.run_command("bert_jax.convert", f"--from={directory}",
+                             f"--to={tmp_path / 'workdir'}", "--format=orbax")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"wrote orbax: {tmp_path / 'workdir'}" in proc.stdout
   assert checkpoints.checkpoint_kind(str(tmp_path / "workdir"))[0] == "orbax"

@@ -3,8 +3,6 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -119,15 +117,13 @@ def test_cli_mnli_from_a_hugging_face_checkpoint(tmp_path):
   write("test_matched.tsv", False, 3)
   write("test_mismatched.tsv", False, 4)
   (d / "diagnostic.tsv").write_text("index\tsentence1\tsentence2\n0\tA b.\tC d.\n1\tE f.\tG h.\n")
-  env = helpers.command_env()
   minilm = helpers.minilm_dir()
-  proc = subprocess.run(
-      [sys.executable, "-m", "bert_jax.finetune", "--task_name=MNLI", f"--data_dir={d}",
-       f"--init_checkpoint={minilm}", f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'o'}",
-       "--do_train", "--do_eval", "--do_predict", "--max_seq_length=32",
-       "--train_batch_size=8", "--eval_batch_size=8", "--predict_batch_size=8",
-       "--num_train_epochs=1"],
-      env=env, capture_output=True, text=True, timeout=600)
+  proc = helpers.run_command(
+      "bert_jax.finetune", "--task_name=MNLI", f"--data_dir={d}",
+      f"--init_checkpoint={minilm}", f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'o'}",
+      "--do_train", "--do_eval", "--do_predict", "--max_seq_length=32",
+      "--train_batch_size=8", "--eval_batch_size=8", "--predict_batch_size=8",
+      "--num_train_epochs=1")
   assert proc.returncode == 0, proc.stderr[-4000:]
   results = json.load(open(tmp_path / "o" / "eval_results.json"))
   assert results["dev_matched"]["num_examples"] == 5
@@ -149,15 +145,12 @@ def test_cli_takes_a_config_file_and_the_original_flags_override_it(bert_config_
     rows = f.read().splitlines()
   with open(os.path.join(data, "train.tsv"), "w") as f:
     f.write("\n".join(rows[:14]) + "\n")  # header + 13 rows
-  env = helpers.command_env()
   out = tmp_path / "o"
-  proc = subprocess.run(
-      [sys.executable, "-m", "bert_jax.finetune",
-       f"--config={os.path.join(REPO, 'configs', 'glue.py')}:sst2", f"--data_dir={data}",
-       f"--bert_config_file={bert_config_file}", f"--vocab_file={VOCAB}", f"--output_dir={out}",
-       "--max_seq_length=16", "--train_batch_size=8", "--num_train_epochs=3",
-       "--config.mesh_shape=(1, 1, 1)"],
-      env=env, capture_output=True, text=True, timeout=600)
+  proc = helpers.run_command(
+      "bert_jax.finetune", f"--config={os.path.join(REPO, 'configs', 'glue.py')}:sst2",
+      f"--data_dir={data}", f"--bert_config_file={bert_config_file}", f"--vocab_file={VOCAB}",
+      f"--output_dir={out}", "--max_seq_length=16", "--train_batch_size=8",
+      "--num_train_epochs=3", "--config.mesh_shape=(1, 1, 1)")
   assert proc.returncode == 0, proc.stderr[-4000:]
   results = json.load(open(out / "eval_results.json"))
   assert results["task"] == "sst2" and results["train_steps"] == 6

@@ -6,8 +6,6 @@ evaluated again without retraining, and the mistakes a user makes."""
 import csv
 import json
 import os
-import subprocess
-import sys
 
 import ml_collections
 import numpy as np
@@ -23,9 +21,7 @@ VOCAB = os.path.join(helpers.minilm_dir(), "vocab.txt")
 
 
 def _cli(module, *args):
-  return subprocess.run([sys.executable, "-m", module, *args], env=helpers.command_env(),
-                        capture_output=True,
-                        text=True, timeout=900)
+  return helpers.run_command(module, *args)
 
 
 def _tokenizer():

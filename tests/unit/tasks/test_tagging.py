@@ -6,8 +6,6 @@ real run's prediction file, and the mistakes a user makes."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +29,7 @@ from tests import helpers, task_helpers
 
 
 def _cli(module, *args):
-  return subprocess.run([sys.executable, "-m", module, *args], env=helpers.command_env(),
-                        capture_output=True, text=True, timeout=900)
+  return helpers.run_command(module, *args)
 
 
 def _hf_bert(tmp_path, cls, layers=2, **kwargs):
