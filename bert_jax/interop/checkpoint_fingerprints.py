@@ -7,6 +7,11 @@ of its exact bits (two 32-bit sums of a mixing hash of each element's bits and i
 computed on the devices where the arrays live, so nothing is gathered to a host and the result
 does not depend on the mesh), and digests of the `data` and `meta` items; a read computes the
 same of what it read back (`interop/checkpoint_store.py`).
+
+Arrays that already sit in this process's memory (host arrays, and arrays on the CPU backend's
+devices that this process holds whole) are fingerprinted by numpy, with the same arithmetic: a
+device program over the whole state costs seconds of tracing and compiling at a run's first
+save and at each restore, which numpy does not need there.
 """
 
 from __future__ import annotations
@@ -73,6 +78,39 @@ def _leaf_fingerprint(x):
 
 _fingerprint_leaves = jax.jit(lambda leaves: jnp.stack([_leaf_fingerprint(x) for x in leaves]))
 
+# Elements per numpy pass: bounds the host path's temporaries (a few times 4 MiB) for any size.
+_HOST_CHUNK = 1 << 20
+
+
+def _host_words(x: np.ndarray) -> np.ndarray:
+  """`_words` in numpy: a 64-bit element's two words in memory order, as bitcast_convert_type
+  gives them."""
+  if x.dtype == np.bool_:
+    return x.astype(np.uint32)
+  unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint32}[x.dtype.itemsize]
+  return np.ascontiguousarray(x).view(unsigned)
+
+
+def _host_leaf_fingerprint(x: np.ndarray) -> np.ndarray:
+  """`_leaf_fingerprint` in numpy: the same two sums, modulo 2**32 (numpy's uint32 arithmetic
+  wraps as XLA's does); the position is the element's row-major index among the words."""
+  words = _host_words(x).reshape(-1)
+  sums = np.zeros(len(_SEEDS), np.uint32)
+  for start in range(0, words.size, _HOST_CHUNK):
+    chunk = words[start:start + _HOST_CHUNK].astype(np.uint32)
+    position = (np.arange(start, start + chunk.size, dtype=np.uint64) % 2**32).astype(np.uint32)
+    # Array (not scalar) additions: numpy wraps those silently, as XLA does.
+    sums += np.array([np.sum(_mix(chunk ^ _mix(position ^ np.uint32(seed))), dtype=np.uint32)
+                      for seed in _SEEDS], np.uint32)
+  return sums
+
+
+def _in_host_memory(leaf) -> bool:
+  """A numpy array, or a jax.Array on CPU devices that this process holds whole."""
+  if not isinstance(leaf, jax.Array):
+    return True
+  return leaf.is_fully_addressable and all(d.platform == "cpu" for d in leaf.sharding.device_set)
+
 
 def _supported(x) -> bool:
   """Whole-byte numbers and booleans (not 4-bit types; 64-bit ones only where JAX has them)."""
@@ -94,24 +132,34 @@ def _to_host(x) -> np.ndarray:
   return np.asarray(x)
 
 
-def fingerprints(tree: Any, prefix: str = "") -> dict[str, str]:
+def fingerprints(tree: Any, prefix: str = "", on_devices: bool = False) -> dict[str, str]:
   """`{leaf name: 16 hex digits}` of every array in `tree`, computed where the arrays are
-  (device arrays on their devices; host arrays on the default device). Every process must call
-  it for a tree of arrays spread over several processes, as for a save."""
+  (device arrays on their devices; arrays in this process's memory by numpy, unless
+  `on_devices`: then by the device program on their devices, host arrays on the default one).
+  Every process must call it for a tree of arrays spread over several processes, as for a
+  save."""
   leaves = {name: leaf for name, leaf in flat_leaves(tree, prefix).items()
             if hasattr(leaf, "dtype") and hasattr(leaf, "shape") and _supported(leaf)}
-  # One computation per set of devices (a mesh's arrays, host arrays on the default device).
+  out = {}
+  # One computation per set of devices (a mesh's arrays) for arrays held on accelerators or
+  # across processes.
   groups: dict[Any, list[str]] = {}
   for name, leaf in leaves.items():
-    key = (frozenset(leaf.sharding.device_set) if isinstance(leaf, jax.Array) else None)
-    groups.setdefault(key, []).append(name)
-  out = {}
+    if _in_host_memory(leaf) and not on_devices:
+      out[name] = _hex(_host_leaf_fingerprint(np.asarray(leaf)))
+    else:
+      key = frozenset(leaf.sharding.device_set) if isinstance(leaf, jax.Array) else None
+      groups.setdefault(key, []).append(name)
   for names in groups.values():
     inputs = [leaves[n] if isinstance(leaves[n], jax.Array) else jnp.asarray(leaves[n])
               for n in names]
     for name, sums in zip(names, _to_host(_fingerprint_leaves(inputs))):
-      out[name] = "".join(f"{int(v):08x}" for v in sums)
+      out[name] = _hex(sums)
   return out
+
+
+def _hex(sums) -> str:
+  return "".join(f"{int(v):08x}" for v in sums)
 
 
 def json_digest(obj: Any) -> str:
