@@ -19,6 +19,7 @@ from absl import app, flags
 
 from bert_jax import cli
 from bert_jax.interop import convert
+from bert_jax.tasks import finetuned
 
 FLAGS = flags.FLAGS
 
@@ -38,7 +39,7 @@ def main(argv):
   for name in ("from", "to", "format"):
     if not FLAGS[name].value:
       raise app.UsageError(f"--{name} is required.")
-  convert.convert(FLAGS["from"].value, FLAGS.to, FLAGS.format, FLAGS.bert_config_file)
+  finetuned.convert(FLAGS["from"].value, FLAGS.to, FLAGS.format, FLAGS.bert_config_file)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from bert_jax.interop import checkpoints, hf, tf1
+from bert_jax.interop import checkpoints, hf, hf_tokenizer, task_heads, tf1
 from bert_jax.text import vocab_files
 
 FORMATS = ("hf", "tf1", "orbax")
@@ -30,9 +30,10 @@ def without_pretraining_only_heads(params: dict) -> dict:
 
 
 def convert(source: str, target: str, output_format: str,
-            bert_config_file: str | None = None) -> str:
+            bert_config_file: str | None = None, head: task_heads.Head | None = None) -> str:
   """Reads `source` (any kind), writes `target` in `output_format`; returns what was written.
-  Prints what was read (the load report, or the step of an Orbax checkpoint)."""
+  Prints what was read (the load report, or the step of an Orbax checkpoint). `head`: the task
+  head of a fine-tuned `source`, written as its task class (`task_heads.py`)."""
   if output_format not in FORMATS:
     raise ValueError(f"format={output_format!r}; expected one of {', '.join(FORMATS)}.")
   loaded = checkpoints.load_any(source, bert_config_file)
@@ -47,9 +48,9 @@ def convert(source: str, target: str, output_format: str,
   if output_format in ("hf", "tf1"):
     params = without_pretraining_only_heads(params)
   if output_format == "hf":
-    written = hf.save_hf_checkpoint(params, config, target)
+    written = hf.save_hf_checkpoint(params, config, target, head)
   elif output_format == "tf1":
-    written = tf1.save_tf1_checkpoint(params, config, target)
+    written = tf1.save_tf1_checkpoint(params, config, target, head)
   else:
     written = checkpoints.save_orbax_params(params, config, target)
   # The vocabulary travels with the weights: every consumer of a checkpoint needs both.
@@ -63,6 +64,11 @@ def convert(source: str, target: str, output_format: str,
                            if c) if k), None)
   if kept:
     print(f"copied the vocabulary: {kept}")
+    if output_format == "hf":
+      tokenizer_files = hf_tokenizer.write(target_dir, config)
+      print(f"wrote {tokenizer_files} for transformers' AutoTokenizer" if tokenizer_files else
+            "no tokenizer_config.json: transformers has no tokenizer that reads a SentencePiece "
+            "model in BERT's layout as this package does.")
   else:
     print(f"no vocabulary (vocab.txt, spm.model / spiece.model, vocab.json + merges.txt) "
           f"beside {source}: give the model's own to "

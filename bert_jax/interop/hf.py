@@ -21,7 +21,7 @@ from typing import Mapping
 import numpy as np
 
 from bert_jax import file_io
-from bert_jax.interop import hf_config
+from bert_jax.interop import hf_config, task_heads
 from bert_jax.interop.names import (FAMILIES, HF_GENERATOR as GENERATOR_PREFIX, LoadReport,
                                     apply_table, params_to_state)
 from bert_jax.model.configuration import BertConfig
@@ -136,21 +136,29 @@ def _with_electra_generator(directory: str, config: BertConfig, state: dict
   return config, state
 
 
-def params_to_hf_state(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
-  """Our tree (scanned or not) → Hugging Face tensor names and layouts, numpy float32."""
-  return params_to_state(params, config, "hf", "Hugging Face")
+def params_to_hf_state(params: Mapping, config: BertConfig,
+                       head: task_heads.Head | None = None) -> dict[str, np.ndarray]:
+  """Our tree (scanned or not) → Hugging Face tensor names and layouts, numpy float32; a
+  fine-tuned tree's `head` as its transformers class names it (`task_heads.hf_rows`)."""
+  rows = task_heads.hf_rows(head, config) if head else None
+  return params_to_state(params, config, "hf", "Hugging Face", rows)
 
 
-def save_hf_checkpoint(params: Mapping, config: BertConfig, directory: str) -> str:
+def save_hf_checkpoint(params: Mapping, config: BertConfig, directory: str,
+                       head: task_heads.Head | None = None) -> str:
   """Writes `config.json` + `model.safetensors` that `transformers` loads.
 
   With heads present the architecture is the family's pre-training class (`BertForPreTraining`,
-  `AlbertForPreTraining`, or `AlbertForMaskedLM` without a sentence-order head;
+  `AlbertForPreTraining`, or the masked-LM class without a sentence head;
   `RobertaForMaskedLM`), keys under the family prefix; an encoder-only tree is written as a
-  bare `BertModel` / `AlbertModel` / `RobertaModel`, like most checkpoints on the hub.
+  bare `BertModel` / `AlbertModel` / `RobertaModel`, like most checkpoints on the hub. A
+  fine-tuned tree (`head`) is written as its task class (`BertForSequenceClassification`, ...)
+  with its outputs' names in the config.
   Files are written under temporary names and renamed when complete.
   """
   from safetensors.numpy import save as save_bytes
+  if head is not None:
+    return _save_task_model(params, config, directory, head)
   state = params_to_hf_state(params, config)
   generator = {k[len(GENERATOR_PREFIX):]: v for k, v in state.items()
                if k.startswith(GENERATOR_PREFIX)}
@@ -189,3 +197,20 @@ def _save_electra_generator(state: Mapping[str, np.ndarray], generator: dict, co
   file_io.write_bytes_atomic(file_io.join(directory, "model.safetensors"),
                              save_bytes(generator, metadata={"format": "pt"}))
   hf_config.write_hf_config(gen, file_io.join(directory, "config.json"), ("ElectraForMaskedLM",))
+
+
+def _save_task_model(params: Mapping, config: BertConfig, directory: str,
+                     head: task_heads.Head) -> str:
+  """A fine-tuned model as its transformers task class: the encoder under the family prefix,
+  the head's tensors, `architectures` and the outputs' names in `config.json`."""
+  from safetensors.numpy import save as save_bytes
+  state = params_to_hf_state(params, config, head)
+  scope = task_heads.HEAD_SCOPES[head.name]
+  num_outputs = int(np.shape(params[scope]["kernel"])[-1])
+  file_io.makedirs(directory)
+  file_io.write_bytes_atomic(file_io.join(directory, "model.safetensors"),
+                             save_bytes(state, metadata={"format": "pt"}))
+  hf_config.write_hf_config(config, file_io.join(directory, "config.json"),
+                            (task_heads.hf_class(head, config),),
+                            task_heads.hf_config_fields(head, num_outputs))
+  return directory

@@ -21,7 +21,7 @@ from bert_jax.model.configuration import MODEL_TYPES, BertConfig, read_config_js
 # The Hugging Face classes our trees are written as: (with pre-training heads, with the
 # masked-LM head only, encoder only). A config written without a class names the first.
 ARCHITECTURES = {
-    "bert": ("BertForPreTraining", "BertForPreTraining", "BertModel"),
+    "bert": ("BertForPreTraining", "BertForMaskedLM", "BertModel"),
     "albert": ("AlbertForPreTraining", "AlbertForMaskedLM", "AlbertModel"),
     "roberta": ("RobertaForMaskedLM", "RobertaForMaskedLM", "RobertaModel"),
     "electra": ("ElectraForPreTraining", "ElectraForPreTraining", "ElectraModel"),
@@ -94,10 +94,12 @@ def to_hf_dict(config: BertConfig, architectures=None) -> dict[str, Any]:
   return out
 
 
-def write_hf_config(config: BertConfig, path: str, architectures=None) -> None:
-  """Writes `to_hf_dict` as a `config.json` (sorted keys, indented), atomically."""
-  file_io.write_text_atomic(path, json.dumps(to_hf_dict(config, architectures), indent=2,
-                                             sort_keys=True) + "\n")
+def write_hf_config(config: BertConfig, path: str, architectures=None,
+                    extra: Mapping[str, Any] | None = None) -> None:
+  """Writes `to_hf_dict` (and `extra` fields: a task model's labels) as a `config.json`
+  (sorted keys, indented), atomically."""
+  values = {**to_hf_dict(config, architectures), **(extra or {})}
+  file_io.write_text_atomic(path, json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
 # DistilBERT's config.json names ↔ ours (transformers' DistilBertConfig).

@@ -45,6 +45,7 @@ from bert_jax.model.configuration import BertConfig
 # --------------------------------------------------------------------------------- the table
 # (ours, tf1, tf1 layout, hugging face, hf layout); "{i}" is the layer index.
 _SAME, _T = "", "T"
+SAME, T = _SAME, _T  # for the tables built elsewhere (`task_heads.py`)
 
 EMBEDDING_ROWS = (
     ("bert/embeddings/word_embeddings", "bert/embeddings/word_embeddings", _SAME,
@@ -531,16 +532,16 @@ def apply_table(state: Mapping[str, np.ndarray], config: BertConfig, column: str
 
 
 def params_to_state(params: Mapping, config: BertConfig, column: str,
-                     format_name: str) -> dict[str, np.ndarray]:
+                    format_name: str, rows: list[Row] | None = None) -> dict[str, np.ndarray]:
   """Our tree (scanned or not) → the table's `column` names and layouts, numpy float32.
   Parameters without a row are an error rather than left out, so an export is never silently
-  partial."""
+  partial. `rows`: another table than the family's (a fine-tuned model's, `task_heads.py`)."""
   params = to_numpy(params)
   if any("layer" in scope.get("encoder", {}) for scope in params.values()
          if isinstance(scope, Mapping)):
     params = modeling.unstack_layers(params, config.num_hidden_layers)
   flat = flatten_params(params)
-  rows = family_table(config, column)
+  rows = family_table(config, column) if rows is None else rows
   state = {}
   for row in rows:
     if row.ours in flat:

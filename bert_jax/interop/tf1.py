@@ -22,7 +22,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax import file_io
-from bert_jax.interop import hf_config, kinds
+from bert_jax.interop import hf_config, kinds, task_heads
 from bert_jax.interop.names import LoadReport, apply_table, params_to_state
 from bert_jax.model.configuration import BertConfig
 
@@ -188,9 +188,12 @@ def electra_config(config: BertConfig, shapes: Mapping[str, list[int]], source: 
   return config.replace(**changes)
 
 
-def params_to_tf1_state(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
-  """Our tree (scanned or not) → TF1 variable names and layouts, numpy float32."""
-  return params_to_state(params, config, "tf1", "TF1")
+def params_to_tf1_state(params: Mapping, config: BertConfig,
+                        head: task_heads.Head | None = None) -> dict[str, np.ndarray]:
+  """Our tree (scanned or not) → TF1 variable names and layouts, numpy float32; a fine-tuned
+  tree's `head` as Google's fine-tuning scripts name it (`task_heads.tf1_rows`)."""
+  rows = task_heads.tf1_rows(head, config) if head else None
+  return params_to_state(params, config, "tf1", "TF1", rows)
 
 
 def original_config_json(config: BertConfig) -> str:
@@ -216,7 +219,8 @@ def albert_config_json(config: BertConfig) -> str:
   return json.dumps(values, indent=2, sort_keys=True) + "\n"
 
 
-def save_tf1_checkpoint(params: Mapping, config: BertConfig, path: str) -> str:
+def save_tf1_checkpoint(params: Mapping, config: BertConfig, path: str,
+                        head: task_heads.Head | None = None) -> str:
   """Writes a TF1 checkpoint with the original variable names and layouts, plus
   `bert_config.json` beside it; returns the checkpoint prefix.
 
@@ -224,8 +228,9 @@ def save_tf1_checkpoint(params: Mapping, config: BertConfig, path: str) -> str:
   when its last component contains `.ckpt`, the prefix itself. The files are written by
   TensorFlow's own saver (SaveV2), so TF's reader, `tf.train.init_from_checkpoint` and the
   original `modeling.py` load them. Only weights are written: no optimizer variables, no step.
+  A fine-tuned tree's `head` is named as `run_classifier.py` / `run_squad.py` name it.
   """
-  state = params_to_tf1_state(params, config)
+  state = params_to_tf1_state(params, config, head)
   name = path.rstrip("/").rsplit("/", 1)[-1]
   prefix = path.rstrip("/") if ".ckpt" in name else file_io.join(path, TF1_PREFIX_NAME)
   albert = config.model_type == "albert"

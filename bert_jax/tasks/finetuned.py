@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from bert_jax import inference
-from bert_jax.interop import checkpoints
+from bert_jax.interop import checkpoints, task_heads
+from bert_jax.interop import convert as interop_convert
 from bert_jax.model import configuration
 from bert_jax.tasks import registry
 from bert_jax.text import tokenization, vocab_files
@@ -154,6 +155,27 @@ def check_length(max_seq_length: int, config: configuration.BertConfig) -> None:
     config.check_sequence_length(max_seq_length, "--max_seq_length")
   except ValueError as e:
     raise PredictError(str(e)) from e
+
+
+# --------------------------------------------------------------------------------- export
+def export_head(path: str) -> task_heads.Head | None:
+  """The task head of a fine-tuned output directory, as the released formats name it (its
+  kind's `predict.export_head`); None for any other checkpoint (a pre-training workdir, a
+  Hugging Face or TF1 model)."""
+  kind, _ = checkpoints.checkpoint_kind(path)
+  if kind != "orbax":
+    return None
+  info = inspect_checkpoint(path)
+  return None if info.task is None else registry.find(info.task).module(
+      "predict").export_head(info)
+
+
+def convert(source: str, target: str, output_format: str,
+            bert_config_file: str | None = None) -> str:
+  """`python -m bert_jax.convert`: `interop.convert.convert`, a fine-tuned model with its head
+  written as its task class (`BertForSequenceClassification`, run_classifier.py's names, ...)."""
+  return interop_convert.convert(source, target, output_format, bert_config_file,
+                                 export_head(source))
 
 
 # -------------------------------------------------------------------------------- fill-mask

@@ -304,6 +304,19 @@ class WordPieceTokenizer(Tokenizer):
       return [e.ids for e in self._rust.encode_batch(list(texts), add_special_tokens=False)]
     return [self.encode(t) for t in texts]
 
+  def tokenizers_json(self) -> str:
+    """This tokenizer as the `tokenizers` library saves one (`tokenizer.json`): the Rust
+    pipeline that `encode` runs, its word limit included, with BERT's [CLS] A [SEP] B [SEP]
+    template and the WordPiece decoder, so that another program (transformers' AutoTokenizer
+    on a Hugging Face export) splits text into the same ids."""
+    from tokenizers import decoders, processors  # pylint: disable=g-import-not-at-top
+    tok = _rust_wordpiece(self.vocab, self.do_lower_case, self._python.max_chars,
+                          self.split_special_tokens)
+    tok.post_processor = processors.BertProcessing(("[SEP]", self.sep_id),
+                                                   ("[CLS]", self.cls_id))
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok.to_str()
+
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     ids, counts = self.encode_batch_flat(texts)
     ids, ends = ids.tolist(), np.cumsum(counts).tolist()

@@ -116,6 +116,43 @@ def test_classify_cli_gives_the_memorised_labels_and_fine_tunings_probabilities(
                                                 abs=1e-6)
 
 
+@pytest.mark.e2e
+def test_a_fine_tuned_classifier_leaves_for_transformers_and_predicts_there_as_here(
+    sst2_out, tmp_path):
+  """`convert --format=hf` of a fine-tuning output: transformers' BertForSequenceClassification
+  with SST-2's label names, whose pipeline gives our predict's labels and probabilities;
+  `--format=tf1`: run_classifier.py's output_weights and output_bias."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  export = tmp_path / "hf"
+  proc = _ok(helpers.run_command("bert_jax.convert", f"--from={sst2_out}", f"--to={export}",
+                                 "--format=hf"))
+  assert f"wrote hf: {export}" in proc.stdout
+  written = json.load(open(export / "config.json"))
+  assert written["architectures"] == ["BertForSequenceClassification"]
+  assert written["id2label"] == {"0": "0", "1": "1"}
+  assert written["problem_type"] == "single_label_classification"
+  texts = [POSITIVE[0], NEGATIVE[1], POSITIVE[2], NEGATIVE[3]]
+  ours = [json.loads(line) for line in _ok(_cli(
+      f"--checkpoint={sst2_out}", *[f"--text={t}" for t in texts], "--json")).stdout.splitlines()]
+  classifier = transformers.pipeline("text-classification", model=str(export), top_k=None,
+                                     device="cpu")
+  for mine, scores in zip(ours, classifier(texts), strict=True):
+    theirs = {s["label"]: s["score"] for s in scores}
+    assert theirs == pytest.approx(mine["probabilities"], abs=1e-5)
+    assert max(theirs, key=theirs.get) == mine["label"]
+
+  prefix = tmp_path / "tf1" / "bert_model.ckpt"
+  _ok(helpers.run_command("bert_jax.convert", f"--from={sst2_out}", f"--to={prefix}",
+                          "--format=tf1"))
+  reader = tf.train.load_checkpoint(str(prefix))
+  _, params = checkpoints.load_pretraining_model(sst2_out, require_heads=False)
+  np.testing.assert_array_equal(reader.get_tensor("output_weights"),
+                                np.asarray(params["classifier"]["kernel"]).T)
+  np.testing.assert_array_equal(reader.get_tensor("output_bias"),
+                                np.asarray(params["classifier"]["bias"]))
+
+
 def test_label_names_follow_the_task_or_the_flags(sst2_out):
   info = finetuned.inspect_checkpoint(sst2_out)
   assert info.mode == "classify" and info.task == "sst2"

@@ -187,3 +187,31 @@ def test_metric_writer_on_a_filesystem_without_append(tmp_path):
     writer.close()
   rows = [json.loads(l) for l in file_io.read_text(path + "/metrics.jsonl").splitlines()]
   assert [r["step"] for r in rows] == [1, 2] and rows[1]["train/loss"] == 0.5
+
+
+def test_a_masked_lm_only_export_is_bert_for_masked_lm_and_reads_back_as_documented(tmp_path):
+  """A tree without next-sentence head or pooler (MLM-only pre-training) is written as
+  `BertForMaskedLM`, whose masked-LM logits are ours; the README's snippet reads it back."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  cfg = configuration.get_preset("test", num_hidden_layers=2, hidden_dropout_prob=0.0,
+                                 attention_probs_dropout_prob=0.0)
+  ids = np.random.RandomState(0).randint(5, cfg.vocab_size, size=(2, 8)).astype(np.int32)
+  mask, segments, positions = np.ones_like(ids), np.zeros_like(ids), np.tile(np.arange(8), (2, 1))
+  model = heads.BertForMaskedLM(cfg)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), ids, mask, segments, positions)["params"])
+  params = jax.tree.map(lambda x: np.asarray(x) + 0.02, params)
+  assert "pooler" not in params["bert"]
+  hf_io.save_hf_checkpoint(params, cfg, str(tmp_path))
+  assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+  theirs = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path)).eval()
+  assert type(theirs).__name__ == "BertForMaskedLM"
+  with torch.no_grad():
+    logits = theirs(input_ids=torch.tensor(ids).long()).logits.numpy()
+  ours = np.asarray(model.apply({"params": params}, ids, mask, segments, positions))
+  np.testing.assert_allclose(ours, logits, atol=1e-5)
+  # The README's "Using the model from Python".
+  config, read, _ = hf_io.load_hf_checkpoint(str(tmp_path))
+  encoder = modeling.BertModel(config, add_pooling_layer="pooler" in read["bert"])
+  out = encoder.apply({"params": read["bert"]}, ids, mask, segments)
+  assert out["sequence_output"].shape == (2, 8, cfg.hidden_size) and "pooled_output" not in out
