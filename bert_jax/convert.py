@@ -9,8 +9,11 @@ r"""Convert a BERT checkpoint between the kinds this package reads and writes.
 Hugging Face directory, one of our workdirs or Orbax directories. `--format` is `hf`
 (`config.json` + `model.safetensors`), `tf1` (Google's layout, `bert_config.json` beside it) or
 `orbax` (a workdir that fine-tuning and pre-training read). The vocabulary kept beside the source
-(`vocab.txt` or `spm.model`, with its hash in `vocab.json`) is copied beside the output; an Orbax
-source says which step was exported.
+(`vocab.txt`, `spm.model` or `vocab.json` + `merges.txt`, with their hashes in
+`vocab_record.json`) is copied beside the output, with transformers' tokenizer files for `hf`;
+an Orbax source says which step was exported. A fine-tuning output directory is written as its
+task's model (`BertForSequenceClassification`, run_classifier.py's names, ...:
+`interop/task_heads.py`).
 """
 
 from __future__ import annotations

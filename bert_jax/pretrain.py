@@ -66,7 +66,8 @@ def main(argv):
   if FLAGS.compile_only:
     out = pretraining.compile_train_step(FLAGS.config)
     gib = out.get("bytes_per_device", float("nan")) / 2**30
-    metrics.log(f"mesh {out['mesh']}: {out['num_parameters'] / 1e6:.1f}M parameters, "
+    metrics.log(f"mesh {out['mesh']}: {out['num_parameters'] / 1e6:.1f}M parameters "
+                f"(vocabulary {out['vocab_size']:,}), "
                 f"{gib:.2f} GiB per device, {out['compiled_flops_per_device'] / 1e12:.2f} "
                 f"TFLOP per device per step (analytic total "
                 f"{out['analytic_flops_per_step'] / 1e12:.2f} TFLOP)")

@@ -74,11 +74,20 @@ def iter_sentences(input_files: list[str], decode_errors: str = "strict") -> Ite
       yield from document
 
 
+def check_has_text(input_files: list[str], decode_errors: str = "strict") -> None:
+  """Refuses a corpus without a sentence (empty files, blank lines only): every trainer would
+  write a vocabulary of the special tokens alone and report success."""
+  if next(iter_sentences(input_files, decode_errors), None) is None:
+    raise ValueError(f"{', '.join(input_files)}: no text (empty, or blank lines only); a "
+                     "vocabulary is learnt from a corpus.")
+
+
 def train_sentencepiece(input_files: list[str], output_prefix: str, model_type: str,
                         vocab_size: int, do_lower_case: bool = True,
                         max_sentences: int = 10_000_000, character_coverage: float = 0.9999,
                         decode_errors: str = "strict", flavour: str = "bert") -> str:
   """Trains and writes `<output_prefix>.model` / `.vocab`; returns the model path."""
+  check_has_text(input_files, decode_errors)
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   if flavour not in PAD_UNK_PIECES:
     raise ValueError(f"flavour={flavour!r}: expected one of {', '.join(PAD_UNK_PIECES)}.")
@@ -110,6 +119,7 @@ def train_sentencepiece(input_files: list[str], output_prefix: str, model_type: 
 def train_wordpiece(input_files: list[str], output_prefix: str, vocab_size: int,
                     do_lower_case: bool = True, decode_errors: str = "strict") -> str:
   """Trains a BERT WordPiece vocabulary; writes `<output_prefix>.vocab.txt` and returns it."""
+  check_has_text(input_files, decode_errors)
   # pylint: disable-next=g-import-not-at-top
   from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
   tokenizer = Tokenizer(models.WordPiece(unk_token=tokenization.UNK))
@@ -132,6 +142,7 @@ def train_byte_level_bpe(input_files: list[str], output_prefix: str, vocab_size:
                          decode_errors: str = "strict") -> tuple[str, str]:
   """Trains RoBERTa's byte-level BPE; writes `<output_prefix>.vocab.json` and
   `<output_prefix>.merges.txt` and returns both paths."""
+  check_has_text(input_files, decode_errors)
   vocab_file, merges_file = output_prefix + ".vocab.json", output_prefix + ".merges.txt"
   bpe.train_vocab(iter_sentences(input_files, decode_errors), vocab_file, merges_file, vocab_size)
   return vocab_file, merges_file
@@ -165,6 +176,10 @@ def main(argv):
     sys.exit(1)
   print(f"Wrote {path}: {tokenizer.vocab_size:,} tokens "
         f"(special ids: {tokenizer.special_ids}).")
+  if tokenizer.vocab_size < FLAGS.vocab_size:
+    print(f"note: --vocab_size={FLAGS.vocab_size:,} asked for more tokens than the corpus "
+          f"yields: {tokenizer.vocab_size:,} are every piece it has; a larger corpus gives "
+          "more, and a model's vocab_size must be this file's size.")
 
 
 if __name__ == "__main__":

@@ -123,8 +123,8 @@ def run_command(module_name: str, *args) -> subprocess.CompletedProcess:
   processes of their own and keep them.
 
   The command's flags exist only for the call (defined, parsed, then reset and removed), so
-  commands defining the same flag names run one after another; the log verbosity a command
-  sets is put back."""
+  commands defining the same flag names run one after another; the log level a command sets
+  is put back."""
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   from bert_jax import cli  # pylint: disable=g-import-not-at-top
@@ -137,7 +137,8 @@ def run_command(module_name: str, *args) -> subprocess.CompletedProcess:
   out, err = io.StringIO(), io.StringIO()
   log_lines = absl_logging.PythonHandler(stream=err)
   root = logging.getLogger()
-  verbosity = absl_logging.get_verbosity()
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level  # its own (often unset: the root's), which set_verbosity replaces
   root.addHandler(log_lines)
   code = 0
   try:
@@ -157,7 +158,7 @@ def run_command(module_name: str, *args) -> subprocess.CompletedProcess:
   finally:
     sys.argv = program_argv
     root.removeHandler(log_lines)
-    absl_logging.set_verbosity(verbosity)
+    absl_logger.setLevel(level)
     flags.FLAGS.unparse_flags()
     for name in [name for name in flags.FLAGS if name not in known]:  # the command's own
       delattr(flags.FLAGS, name)

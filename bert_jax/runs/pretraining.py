@@ -149,6 +149,21 @@ def resolve_vocabulary(config: ml_collections.ConfigDict, files: list[str]
   return config
 
 
+def _with_records_vocabulary(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`resolve_vocabulary` for an ahead-of-time compile, so that it counts the parameters of the
+  run the config describes; the preset's size where the records cannot be listed from here (a
+  bucket off the cloud), said in the log."""
+  if config.model.vocab_size is not None or not config.data.get("train_files"):
+    return config
+  try:
+    files = input_pipeline.list_files(config.data.train_files)
+  except Exception as e:  # pylint: disable=broad-except  (any reason the records are out of reach)
+    logging.warning("Compiling with the preset's vocabulary size: the records' summary.json "
+                    "cannot be read here (%s).", e)
+    return config
+  return resolve_vocabulary(config, files)
+
+
 def keep_vocabulary(config: ml_collections.ConfigDict, files: list[str], workdir: str) -> None:
   """Copies the run's vocabulary (`records_summary.vocabulary`) into the workdir with its hash,
   so that exports, fine-tuning and `predict` use the vocabulary the model was trained with."""
@@ -198,6 +213,7 @@ def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_
   packed rows when `data.packing` is set, its rules, accumulation and attention kernel.
   """
   devices = list(jax.devices() if devices is None else devices)
+  config = _with_records_vocabulary(config)
   shape = [int(s) for s in config.mesh_shape]
   if -1 not in shape:  # a slice's worth of the given devices
     devices = devices[:int(np.prod(shape))]
@@ -213,6 +229,7 @@ def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_
                                    batch_sh, run.mesh, run.rules, config.grad_accum_steps)
   lowered = step.lower(abstract, abstract_batch)
   out = {"mesh": dict(run.mesh.shape), "lowered": lowered, "state_shardings": state_sh,
+         "vocab_size": run.bert_config.vocab_size,
          "num_parameters": sum(int(np.prod(p.shape)) for p in jax.tree.leaves(abstract.params)),
          "analytic_flops_per_step": run.objective.flops_per_step(run.bert_config,
                                                                  config.global_batch_size)}

@@ -160,9 +160,14 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
                     "perf/eta_seconds": (until - step) / steps_per_sec})
     if "real_tokens" in fetched[0]:  # what the rows hold besides padding
       real = float(np.sum([m["real_tokens"] for m in fetched]))
+      slots = float(np.sum([m["row_tokens"] for m in fetched]))
+      scalars["perf/tokens_per_sec"] = slots / elapsed  # the rows as they were (trimmed, ...)
       scalars["perf/useful_tokens_per_sec"] = real / elapsed
-      scalars["perf/padding_fraction"] = 1.0 - real / float(
-          np.sum([m["row_tokens"] for m in fetched]))
+      scalars["perf/padding_fraction"] = 1.0 - real / slots
+    if "sequences" in fetched[0]:  # packed rows: several sequences each
+      scalars["perf/rows_per_sec"] = scalars["perf/sequences_per_sec"]
+      scalars["perf/sequences_per_sec"] = float(
+          np.sum([m["sequences"] for m in fetched])) / elapsed
     if peak:
       scalars["perf/mfu"] = config.flops_per_step * steps_per_sec / (peak * jax.device_count())
     writer.write(step, scalars)

@@ -80,7 +80,7 @@ _CONSOLE = (("train/loss", "loss", ".4f"), ("train/mlm_accuracy", "mlm_acc", ".3
             ("train/nsp_accuracy", "nsp_acc", ".3f"), ("train/accuracy", "acc", ".3f"))
 _PERF = (("train/learning_rate", "lr", ".2e"), ("train/grad_norm", "|g|", ".3f"),
          ("perf/steps_per_sec", "steps/s", ".2f"), ("perf/sequences_per_sec", "seq/s", ".1f"),
-         ("perf/tokens_per_sec", "tok/s", ",.0f"),
+         ("perf/rows_per_sec", "rows/s", ".1f"), ("perf/tokens_per_sec", "tok/s", ",.0f"),
          ("perf/useful_tokens_per_sec", "useful tok/s", ",.0f"), ("perf/mfu", "mfu", ".1%"))
 
 

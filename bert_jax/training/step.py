@@ -34,8 +34,10 @@ from bert_jax.training.state import MODEL_STATE_COLLECTIONS, TrainState
 
 # Step metrics that are not the objective's sums. `real_tokens` / `row_tokens`: the batch's
 # non-padding tokens (`input_mask`) and all its token slots, whatever the rows' count and length
-# (packed and trimmed batches vary), for the useful tokens/s and padding the loop reports.
-STEP_SCALARS = ("loss", "grad_norm", "learning_rate", "real_tokens", "row_tokens")
+# (packed and trimmed batches vary, a multiple-choice example holds a row per ending), for the
+# tokens/s, useful tokens/s and padding the loop reports; `sequences`: the sequences packed rows
+# hold (`sequence_ids` 1..k), for sequences/s beside rows/s.
+STEP_SCALARS = ("loss", "grad_norm", "learning_rate", "real_tokens", "row_tokens", "sequences")
 
 
 def _split_micro_batches(batch: dict[str, jax.Array], k: int) -> dict[str, jax.Array]:
@@ -152,6 +154,8 @@ def make_train_step(objective: Objective, model: nn.Module, tx: optax.GradientTr
     if "input_mask" in batch:
       metrics["real_tokens"] = jnp.sum(batch["input_mask"].astype(jnp.float32))
       metrics["row_tokens"] = jnp.float32(batch["input_mask"].size)
+    if "sequence_ids" in batch:
+      metrics["sequences"] = jnp.sum(jnp.max(batch["sequence_ids"], axis=-1)).astype(jnp.float32)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                          model_state=next_model_state(state.model_state, returned)), metrics
 

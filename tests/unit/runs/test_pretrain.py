@@ -104,6 +104,24 @@ def test_sharded_steps_equal_one_device(records, mesh_shape):
   assert results["one"][0][0] != results["one"][0][2]  # training moved
 
 
+def test_an_ahead_of_time_compile_counts_the_vocabulary_of_the_records(tmp_path, caplog):
+  """`--compile_only` with the vocabulary left to the records: their summary.json's size, as the
+  run itself would take; records out of reach: the preset's, said."""
+  records = ph.write_records(str(tmp_path / "data"), num_files=1)
+  (tmp_path / "data" / "summary.json").write_text(json.dumps({"vocab_size": 640}))
+  out = pretraining.compile_train_step(
+      ph.run_config(records, **{"model.vocab_size": None}), compile_step=False)
+  given = pretraining.compile_train_step(
+      ph.run_config(records, **{"model.vocab_size": 640}), compile_step=False)
+  assert out["vocab_size"] == given["vocab_size"] == 640
+  assert out["num_parameters"] == given["num_parameters"]
+  unreachable = pretraining.compile_train_step(
+      ph.run_config(str(tmp_path / "nowhere" / "*.tfrecord"), **{"model.vocab_size": None}),
+      compile_step=False)
+  assert unreachable["vocab_size"] == 512  # the `test` preset's
+  assert "Compiling with the preset's vocabulary size" in caplog.text
+
+
 @pytest.mark.mesh
 @pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch(records):
@@ -388,6 +406,8 @@ def test_packed_rows_from_real_text_train_end_to_end(tmp_path, masking, packed_a
   padding = np.mean([r["perf/padding_fraction"] for r in rows])
   assert padding < (0.6 * (1 - summary["packing_efficiency"]) if packed_as_read else 0.06)
   assert all(0 < r["perf/useful_tokens_per_sec"] <= r["perf/tokens_per_sec"] for r in rows)
+  # Sequences/s counts the sequences the rows hold, rows/s the rows.
+  assert all(r["perf/sequences_per_sec"] > r["perf/rows_per_sec"] > 0 for r in rows)
   assert rows[-1]["train/mlm_loss"] < rows[0]["train/mlm_loss"] - 0.3
   assert out["eval/mlm_loss"] < np.log(summary["vocab_size"]) - 0.5  # below a uniform guess
   assert 0.0 < out["eval/nsp_accuracy"] <= 1.0 and 0.5 <= out["eval/nsp_majority_baseline"] < 1

@@ -44,6 +44,11 @@ def test_swag_through_the_command_line_and_predict_chooses_as_the_run_did(bert_c
   assert results["dev"]["accuracy"] == 1.0, results
   assert results["dev"]["chance_accuracy"] == 0.25
   assert "test" not in results  # test.csv has no labels: predicted, not scored
+  # Tokens/s counts every ending's row: the non-padding ones are a part of them.
+  logged = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+  logged = [r for r in logged if "perf/tokens_per_sec" in r]
+  assert logged and all(0 < r["perf/useful_tokens_per_sec"] < r["perf/tokens_per_sec"]
+                        for r in logged)
   with open(os.path.join(out, "swag_test_submission.csv"), newline="") as f:
     submission = list(csv.reader(f))  # the leaderboard's form: row index, predicted ending
   assert submission[0] == ["", "pred"] and len(submission) == 1 + len(task_helpers.SWAG_EXAMPLES)
