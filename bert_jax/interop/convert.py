@@ -65,10 +65,10 @@ def convert(source: str, target: str, output_format: str,
   if kept:
     print(f"copied the vocabulary: {kept}")
     if output_format == "hf":
-      tokenizer_files = hf_tokenizer.write(target_dir, config)
-      print(f"wrote {tokenizer_files} for transformers' AutoTokenizer" if tokenizer_files else
-            "no tokenizer_config.json: transformers has no tokenizer that reads a SentencePiece "
-            "model in BERT's layout as this package does.")
+      try:
+        print(f"wrote {hf_tokenizer.write(target_dir, config)} for transformers' AutoTokenizer")
+      except ValueError as e:
+        print(f"no tokenizer_config.json: {e}; give transformers the tokenizer yourself.")
   else:
     print(f"no vocabulary (vocab.txt, spm.model / spiece.model, vocab.json + merges.txt) "
           f"beside {source}: give the model's own to "

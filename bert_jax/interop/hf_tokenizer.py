@@ -58,16 +58,20 @@ def tokenizer_config(files: vocab_files.VocabularyFiles, config: BertConfig) -> 
   return {**values, **_SPECIALS[kind], "model_max_length": max_length}
 
 
-def write(directory: str, config: BertConfig) -> str | None:
+def write(directory: str, config: BertConfig) -> str:
   """Writes the tokenizer files beside the vocabulary kept in `directory`; returns what it
-  wrote for the message, or None (no vocabulary there, or none transformers reads)."""
+  wrote, for the message. ValueError, and nothing written, where transformers would not read
+  the vocabulary as this package does (or it is not one a tokenizer loads)."""
   files = vocab_files.find_beside(directory)
-  values = tokenizer_config(files, config) if files else None
+  if files is None:
+    raise ValueError(f"no vocabulary in {directory}")
+  values = tokenizer_config(files, config)
   if values is None:
-    return None
+    raise ValueError("transformers has no tokenizer that reads a SentencePiece model in BERT's "
+                     "layout as this package does")
   specials = {k: v for k, v in values.items() if k.endswith("_token")}
   if not (files.byte_level or files.spm_model_file):
-    tokenizer = files.load(config.model_type)
+    tokenizer = files.load(config.model_type)  # refuses a vocabulary without its specials
     file_io.write_text_atomic(file_io.join(directory, TOKENIZER_JSON),
                               tokenizer.tokenizers_json())
   file_io.write_text_atomic(file_io.join(directory, CONFIG_NAME),

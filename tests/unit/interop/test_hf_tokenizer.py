@@ -76,11 +76,12 @@ def test_auto_tokenizer_on_the_export_gives_our_ids(vocabularies, family, lower,
   assert specials["mask_token"] == theirs.mask_token
 
 
-def test_sentencepiece_in_berts_layout_gets_no_tokenizer_config(plays_corpus, tmp_path):
+def test_sentencepiece_in_berts_layout_gets_no_tokenizer_files(plays_corpus, tmp_path):
   spm = train_tokenizer.train_sentencepiece([plays_corpus], str(tmp_path / "spm"), "unigram", 500)
   files = vocab_files.VocabularyFiles(spm_model_file=spm, do_lower_case=True)
   out = tmp_path / "export"
   vocab_files.keep(files, str(out))
   config = hf_config.config_from_dict(transformers.BertConfig(vocab_size=500).to_dict())
-  assert hf_tokenizer.write(str(out), config) is None
+  with pytest.raises(ValueError, match="SentencePiece model in BERT's layout"):
+    hf_tokenizer.write(str(out), config)
   assert not (out / hf_tokenizer.CONFIG_NAME).exists()

@@ -274,6 +274,9 @@ def test_command_line_conversions(pretraining_tf1, tmp_path, capsys):
   convert.convert(prefix, str(tmp_path / "hf"), "hf")
   out = capsys.readouterr().out
   assert f"{2 * len(variables) + 1} optimizer variables skipped" in out, out
+  # This vocabulary has no special tokens: the weights leave, without tokenizer files, said.
+  assert "no tokenizer_config.json: " in out and "lacks the special token(s)" in out, out
+  assert not (tmp_path / "hf" / "tokenizer_config.json").exists()
   reloaded = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "hf"))
   ref_state = torch_model.state_dict()
   for key, value in reloaded.state_dict().items():
