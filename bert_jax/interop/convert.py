@@ -4,9 +4,11 @@ vocabulary copied beside the output."""
 
 from __future__ import annotations
 
+import json
 import os
 
-from bert_jax.interop import checkpoints, hf, hf_tokenizer, task_heads, tf1
+from bert_jax import file_io
+from bert_jax.interop import checkpoints, hf, hf_tokenizer, model_card, task_heads, tf1
 from bert_jax.text import vocab_files
 
 FORMATS = ("hf", "tf1", "orbax")
@@ -73,5 +75,15 @@ def convert(source: str, target: str, output_format: str,
     print(f"no vocabulary (vocab.txt, spm.model / spiece.model, vocab.json + merges.txt) "
           f"beside {source}: give the model's own to "
           "whatever reads the export (predict --vocab_file=...).")
+  if output_format == "hf":
+    architecture = json.loads(file_io.read_text(file_io.join(written, "config.json")))[
+        "architectures"][0]
+    origin = f"{checkpoints.KIND_NAMES[loaded.kind]} {loaded.location}" + (
+        f" (step {loaded.step})" if loaded.step is not None else "")
+    kept_files = vocab_files.find_beside(target_dir) if kept else None
+    card = model_card.write(written, config, architecture, origin, head,
+                            model_card.run_directory(candidates) if loaded.kind == "orbax"
+                            else None, kept_files.do_lower_case if kept_files else None)
+    print(f"wrote the model card: {card}")
   print(f"wrote {output_format}: {written}")
   return written

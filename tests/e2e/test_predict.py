@@ -132,6 +132,9 @@ def test_a_fine_tuned_classifier_leaves_for_transformers_and_predicts_there_as_h
   assert written["architectures"] == ["BertForSequenceClassification"]
   assert written["id2label"] == {"0": "0", "1": "1"}
   assert written["problem_type"] == "single_label_classification"
+  card = (export / "README.md").read_text(encoding="utf-8")
+  assert "pipeline_tag: text-classification" in card and "`BertForSequenceClassification`" in card
+  assert "outputs: 0, 1 (task `sst2`)" in card and "- dev: accuracy 1" in card, card
   texts = [POSITIVE[0], NEGATIVE[1], POSITIVE[2], NEGATIVE[3]]
   ours = [json.loads(line) for line in _ok(_cli(
       f"--checkpoint={sst2_out}", *[f"--text={t}" for t in texts], "--json")).stdout.splitlines()]

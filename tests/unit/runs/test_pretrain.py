@@ -467,3 +467,16 @@ def test_real_text_dynamic_masking_end_to_end(tmp_path, capsys):
   assert f"copied the vocabulary: {os.path.join(exported, 'vocab.txt')}" in said, said
   assert json.load(open(os.path.join(exported, "vocab_record.json")))["files"]["vocab.txt"][
       "sha256"] == kept["sha256"]
+  # A complete Hub directory: transformers' tokenizer reads the vocabulary as the run did, and
+  # the model card tells the recipe, the data and the last evaluation.
+  import transformers  # pylint: disable=g-import-not-at-top
+  auto = transformers.AutoTokenizer.from_pretrained(exported)
+  line = "And so, my LORD, the king's Ægean crown —"
+  assert auto(line, add_special_tokens=False)["input_ids"] == tokenizer.encode(line)
+  card = open(os.path.join(exported, "README.md"), encoding="utf-8").read()
+  assert f"wrote the model card: {os.path.join(exported, 'README.md')}" in said
+  assert "pipeline_tag: fill-mask" in card and "`BertForPreTraining`" in card
+  for section in ("## Pre-training", "## Data", "## Evaluation", "## Use"):
+    assert section in card, card
+  assert "- 60 steps of 16 sequences of up to 64 tokens" in card, card
+  assert "held-out records at step 60: " in card and "mlm_loss" in card, card
