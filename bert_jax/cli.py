@@ -111,13 +111,18 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def one_line_errors(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:
   """Wraps an absl `main` so that a user error prints `error: <message>` and exits 1, instead
-  of a traceback; `--verbosity=1` (or any verbosity given) shows the traceback as well."""
+  of a traceback; `--verbosity=1` (or any verbosity given) shows the traceback as well. A
+  missing or misused flag (`app.UsageError`) prints its message and where help is, not absl's
+  whole help with the message last."""
   @functools.wraps(main)
   def wrapped(argv):
+    from absl import app  # pylint: disable=g-import-not-at-top
     try:
       return main(argv)
     except KeyboardInterrupt:
       sys.exit("stopped (Ctrl-C).")
+    except app.UsageError as e:  # a flag missing or misused: the message, not the whole help
+      sys.exit(f"error: {str(e).rstrip('.')}. --helpshort lists the flags.")
     except Exception as e:  # pylint: disable=broad-except
       if not isinstance(e, _user_errors()) or FLAGS["verbosity"].present:
         raise
@@ -173,3 +178,21 @@ def parse_flags(argv: list[str]) -> list[str]:
     return FLAGS(argv)
   except flags.Error as e:
     sys.exit(f"error: {e}\nPass --helpshort or --helpfull to see help on flags.")
+  except (AttributeError, KeyError) as e:  # ml_collections: a --config.<path> it does not have
+    sys.exit(f"error: {unknown_config_field(argv, e)}")
+
+
+def unknown_config_field(argv: list[str], error: BaseException) -> str:
+  """One line for a `--config.<path>` override that names no field of the config, from
+  ml_collections' error (the missing key and, when it has one, its suggestion)."""
+  import re  # pylint: disable=g-import-not-at-top
+  text = str(error).replace("\\'", "'")
+  names = re.findall(r"'([A-Za-z_][\w]*)'", text)
+  suggestion = re.search(r'Did you mean "([\w]+)"', text)
+  key = names[0] if names else None
+  given = next((a.split("=", 1)[0] for a in argv if a.startswith("--config.") and key and
+                re.search(rf"\.{re.escape(key)}[.=]", a.split("=", 1)[0] + "=")), None)
+  where = given or "a --config.* override"
+  return (f"{where}: the config has no field {key!r}"
+          + (f" (did you mean {suggestion.group(1)}?)" if suggestion else "")
+          + "; --helpfull lists the fields (--config.<name>).")

@@ -127,6 +127,27 @@ def test_command_errors_are_one_line_that_names_the_fix(records, tmp_path):
   assert line == "error: --warmup_proportion=1.5: must lie in [0, 1].", line
 
 
+def test_a_missing_flag_or_a_config_field_typo_is_one_line(tmp_path):
+  """Not absl's whole help with the message last, nor ml_collections' traceback: the message
+  and where the flags are listed, on one line."""
+  config = f"--config={os.path.join(ph.REPO, 'configs', 'pretrain.py')}:tiny"
+  cases = [
+      (("bert_jax.pretrain", config), "error: --workdir is required. --helpshort lists the flags."),
+      (("bert_jax.finetune", "--task_name=SST-2", f"--output_dir={tmp_path}"),
+       "error: At least one of --do_train, --do_eval, --do_predict. --helpshort lists the flags."),
+      (("bert_jax.pretrain", config, f"--workdir={tmp_path}", "--config.data.train_file=x"),
+       "error: --config.data.train_file: the config has no field 'train_file' (did you mean "
+       "train_files?); --helpfull lists the fields (--config.<name>)."),
+      (("bert_jax.pretrain", config, f"--workdir={tmp_path}", "--config.optimiser.b2=0.98"),
+       "error: --config.optimiser.b2: the config has no field 'optimiser' (did you mean "
+       "optimizer?); --helpfull lists the fields (--config.<name>)."),
+  ]
+  for args, message in cases:
+    proc = helpers.run_command(*args)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [message], proc.stderr
+  assert not os.listdir(tmp_path)  # refused before anything was written
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_model_fields_and_the_fast_recipe_are_set_from_the_command_line(tmp_path):
