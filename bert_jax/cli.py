@@ -52,7 +52,11 @@ def initialize_distributed_from_flags() -> None:
 
 
 def quiet_unless_verbose() -> None:
-  """Progress is printed; keep library INFO chatter out unless --verbosity was given."""
+  """Progress is printed; keep library INFO chatter (Orbax's, JAX's) out unless --verbosity
+  was given, and off a TPU VM keep JAX from starting the TPU runtime to look for chips
+  (`distributed.skip_absent_tpu`)."""
+  from bert_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+  distributed.skip_absent_tpu()
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
 

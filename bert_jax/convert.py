@@ -42,6 +42,7 @@ def main(argv):
   for name in ("from", "to", "format"):
     if not FLAGS[name].value:
       raise app.UsageError(f"--{name} is required.")
+  cli.quiet_unless_verbose()
   finetuned.convert(FLAGS["from"].value, FLAGS.to, FLAGS.format, FLAGS.bert_config_file)
 
 

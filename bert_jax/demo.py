@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from absl import app, flags, logging
+from absl import app, flags
 
 from bert_jax import cli
 
@@ -81,7 +81,7 @@ def _verdict(result: dict, base: dict[str, float]) -> list[str]:
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)  # progress lines are printed; keep library chatter out
+  cli.quiet_unless_verbose()  # progress lines are printed; keep library chatter out
   start = time.time()
   workdir = os.path.abspath(FLAGS.workdir)
   os.makedirs(workdir, exist_ok=True)

@@ -16,6 +16,46 @@ def on_tpu_vm() -> bool:
   return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
+# JAX's plugin modules of the GPU platforms, by the platform name they register.
+_GPU_PLUGINS = (("cuda", "cuda"), ("rocm", "rocm"))
+
+
+def platforms_off_tpu(on_tpu: bool, has_libtpu: bool, plugins: list[str]) -> str | None:
+  """The platforms for JAX to start off a TPU VM where libtpu is installed (this package's `aot`
+  extra, for compiling TPU programs ahead of time): JAX would otherwise start the TPU runtime
+  to look for chips, which costs seconds and prints lines of libtpu warnings. None (JAX's own
+  choice) on a TPU VM, without libtpu, or with a plugin this does not know."""
+  if on_tpu or not has_libtpu:
+    return None
+  platforms = []
+  for name in plugins:
+    known = [platform for platform, part in _GPU_PLUGINS if part in name]
+    if not known:
+      return None
+    platforms += known
+  return ",".join(dict.fromkeys(platforms + ["cpu"]))
+
+
+def skip_absent_tpu() -> None:
+  """`platforms_off_tpu` applied, where the user chose no platform (JAX_PLATFORMS); called by
+  the commands before JAX starts its backends."""
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import pkgutil  # pylint: disable=g-import-not-at-top
+  if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
+    return
+  plugins = [e.name for e in importlib.metadata.entry_points(group="jax_plugins")]
+  try:
+    import jax_plugins  # pylint: disable=g-import-not-at-top
+    plugins += [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
+  except ImportError:
+    pass
+  chosen = platforms_off_tpu(on_tpu_vm(), importlib.util.find_spec("libtpu") is not None,
+                             plugins)
+  if chosen:
+    jax.config.update("jax_platforms", chosen)
+
+
 def initialize_distributed(coordinator_address: str | None = None,
                            num_processes: int | None = None,
                            process_id: int | None = None) -> None:
