@@ -106,6 +106,9 @@ def read_tsv_rows(path: str) -> Iterator[tuple[int, list[str]]]:
       except UnicodeDecodeError as e:
         raise ValueError(f"{path}: line {line_number}: bytes are not valid UTF-8 ({e.reason} at "
                          f"byte {e.start} of the line).") from e
+      if "\x00" in line:  # valid UTF-8, but no text has one: a damaged or binary file
+        raise ValueError(f"{path}: line {line_number}: a NUL byte at character "
+                         f"{line.index(chr(0)) + 1}; the file is damaged or not text.")
       yield line[1:] if line_number == 1 and line.startswith("\ufeff") else line
 
   if csv.field_size_limit() < _CSV_FIELD_LIMIT:

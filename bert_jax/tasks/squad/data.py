@@ -21,7 +21,8 @@ What the original `run_squad.py` does, with one change of mechanism and the same
   the user's own characters — case, accents and spacing as in the context.
 - Answers whose text is not found at their `answer_start` are counted and reported: one found
   within a few characters of its offset is used there ("repaired"); others are left out of
-  training and listed by id in the report.
+  training and listed by id in the report. Every other gold answer (the extra ones of training
+  questions, all of an evaluation file's) is checked the same way and reported when absent.
 """
 
 from __future__ import annotations
@@ -428,7 +429,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer,
   rows: dict[str, list] = collections.defaultdict(list)
   example_index, context_piece, max_context, tokens_per_example = [], [], [], []
   report = collections.Counter()
-  mismatched, repaired = [], []
+  mismatched, repaired, absent_gold = [], [], []
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   for i, example in enumerate(tqdm(examples, desc="SQuAD features", unit="question",
                                    disable=not progress or len(examples) < 1000, leave=False)):
@@ -448,6 +449,11 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer,
       raise ValueError(f"{example.where}: the question's {len(query)} tokens leave no room for "
                        f"the context in --max_seq_length={max_seq_length}; lower "
                        f"--max_query_length (now {max_query_length}).")
+    # Every gold answer, not only the one training reads: a damaged extra answer would reach
+    # evaluation as a gold text unseen.
+    first = 1 if is_training and not example.is_impossible else 0
+    absent_gold.extend(example.qas_id for answer in example.answers[first:]
+                       if locate_answer(example, answer) is None)
     span = None
     if is_training and not example.is_impossible:
       if not example.answers:
@@ -514,6 +520,12 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer,
   if repaired:
     logging.warning("%d answers were found a few characters away from their answer_start and "
                     "are used there, e.g. ids %s", len(repaired), ", ".join(repaired[:10]))
+  report["gold_answers_not_found"] = len(absent_gold)
+  if absent_gold:
+    logging.warning("%d gold answers%s are not in their context at their answer_start: the "
+                    "file may be damaged, and scores count them as given; e.g. ids %s",
+                    len(absent_gold), " (besides the one training reads)" if is_training else "",
+                    ", ".join(dict.fromkeys(absent_gold[:10])))
   arrays = {k: np.stack(v) if k in ("input_ids", "input_mask", "segment_ids")
             else np.asarray(v, np.int32) for k, v in rows.items()}
   if not example_index:
@@ -523,6 +535,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer,
   out_report = dict(report)
   out_report["answers_not_found_ids"] = mismatched[:100]
   out_report["answers_repaired_ids"] = repaired[:100]
+  out_report["gold_answers_not_found_ids"] = absent_gold[:100]
   return Features(arrays, np.asarray(example_index, np.int64),
                   np.asarray(context_piece, np.int32).reshape(-1, max_seq_length),
                   np.asarray(max_context, bool).reshape(-1, max_seq_length),

@@ -339,6 +339,16 @@ def test_undecodable_bytes_name_file_and_line(tmp_path):
     glue.get_task("sst2").read_tsv(str(tmp_path), "train")
 
 
+def test_a_nul_byte_names_file_line_and_place(tmp_path):
+  """Valid UTF-8 but no text holds one (a damaged copy, a binary file renamed): refused where it
+  is, as the vocabulary reader refuses it, not read into a sentence."""
+  path = tmp_path / "train.tsv"
+  path.write_bytes(b"sentence\tlabel\nfine\t1\nbro\x00ken\t0\n")
+  with pytest.raises(ValueError, match=rf"{path}: line 3: a NUL byte at character 4; the file "
+                                       "is damaged or not text"):
+    glue.get_task("sst2").read_tsv(str(tmp_path), "train")
+
+
 def test_wrong_file_for_the_task_is_caught_at_the_header(tmp_path):
   d = str(tmp_path)
   path = write(f"{d}/train.tsv", [["sentence", "label"], ["an SST-2 file", "1"]])

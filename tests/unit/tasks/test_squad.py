@@ -166,6 +166,26 @@ def test_answers_off_their_offset_are_counted_and_reported(tokenizer, tmp_path):
   assert 1 not in set(feats.example_index.tolist())  # q2 has no training windows
 
 
+def test_every_gold_answer_is_checked_not_only_the_first(tokenizer, tmp_path, caplog):
+  """An evaluation file's answers, and a training question's extra ones, are gold texts too: a
+  damaged one is counted, named and warned about instead of reaching the scores unseen."""
+  data = json.loads(json.dumps(OFFICIAL))
+  qas = data["data"][0]["paragraphs"][0]["qas"]
+  good = dict(qas[0]["answers"][0])
+  qas[0]["answers"] = [good, {"text": "n\u00e9ver there", "answer_start": 0}, dict(good)]
+  examples = squad.read_squad_json(_write(tmp_path / "t.json", data))
+  for is_training in (False, True):
+    feats = squad.convert_examples_to_features(examples, tokenizer, max_seq_length=64,
+                                               doc_stride=16, is_training=is_training)
+    assert feats.report["gold_answers_not_found"] == 1, is_training
+    assert feats.report["gold_answers_not_found_ids"] == ["q1"]
+    assert feats.report["answers_not_found"] == 0  # the first, which training reads, is sound
+  assert "1 gold answers (besides the one training reads) are not in their context" in caplog.text
+  clean = squad.read_squad_json(_write(tmp_path / "clean.json", OFFICIAL))
+  assert squad.convert_examples_to_features(clean, tokenizer, max_seq_length=64, doc_stride=16
+                                            ).report["gold_answers_not_found"] == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["wordpiece_uncased", "sentencepiece", "byte_level_bpe"])
 def test_every_answer_of_a_realistic_set_maps_into_windows_and_back(kind, tmp_path, tokenizer):
