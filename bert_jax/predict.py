@@ -132,14 +132,14 @@ def _texts_from_flags() -> list[str]:
   return texts
 
 
-def _classify_inputs() -> list[tuple[str, str | None]]:
+def _classify_inputs(info) -> list[tuple[str, str | None]]:
   if FLAGS.text_b and len(FLAGS.text_b) != len(FLAGS.text):
     raise app.UsageError(f"{len(FLAGS.text_b)} --text_b for {len(FLAGS.text)} --text: give one "
                          "per --text (or write pairs as --text='a ||| b').")
   inputs = [classification.split_pair(t, FLAGS.text_b[i] if FLAGS.text_b else None)
             for i, t in enumerate(FLAGS.text)]
   if FLAGS.input_file:
-    inputs += classification.read_classify_tsv(FLAGS.input_file, FLAGS.has_header)
+    inputs += classification.read_classify_tsv(FLAGS.input_file, FLAGS.has_header, info)
   if not inputs:
     raise app.UsageError("--mode=classify needs --text or --input_file.")
   return inputs
@@ -242,8 +242,8 @@ def run_from_flags() -> None:
     _emit([{"text": t, "predictions": p} for t, p in zip(texts, predictions)],
           [inference.format_fill_mask(t, p) for t, p in zip(texts, predictions)])
     return
-  inputs = {"classify": _classify_inputs, "qa": _qa_examples, "tag": _tag_inputs,
-            "choose": _choice_inputs}[mode]()
+  inputs = {"classify": lambda: _classify_inputs(info), "qa": _qa_examples,
+            "tag": _tag_inputs, "choose": _choice_inputs}[mode]()
   model = finetuned.load_finetuned(info, mode)
   tokenizer = finetuned.load_tokenizer(info, model.config, files, setting["do_lower_case"])
   length = registry.for_mode(mode).max_length(setting["max_seq_length"])

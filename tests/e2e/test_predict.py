@@ -156,6 +156,30 @@ def test_a_fine_tuned_classifier_leaves_for_transformers_and_predicts_there_as_h
                                 np.asarray(params["classifier"]["bias"]))
 
 
+def test_a_file_in_the_training_layout_is_read_as_the_model_reads(sst2_out, tmp_path):
+  """SST-2's own layout (sentence<TAB>label, a header or not) for a model fine-tuned on single
+  sentences: the labels are left out of the input, said once, not read as second sentences;
+  two texts on a line are a pair, with a word that the model reads single sentences."""
+  texts = [POSITIVE[0], NEGATIVE[1], POSITIVE[2]]
+  alone = [json.loads(l) for l in _ok(_cli(f"--checkpoint={sst2_out}",
+                                          *[f"--text={t}" for t in texts],
+                                          "--json")).stdout.splitlines()]
+  for header in ("sentence\tlabel\n", ""):
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text(header + "".join(f"{t}\t{l}\n" for t, l in zip(texts, "101")))
+    proc = _ok(_cli(f"--checkpoint={sst2_out}", f"--input_file={tsv}", "--json"))
+    got = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(r["text"], r.get("text_b")) for r in got] == [(t, None) for t in texts]
+    assert [r["probabilities"] for r in got] == [r["probabilities"] for r in alone]
+    assert "the last column of 3 lines holds labels, as in training files" in proc.stderr
+  tsv.write_text(f"{texts[0]}\t1\n{texts[1]}\t{texts[2]}\n")
+  proc = _ok(_cli(f"--checkpoint={sst2_out}", f"--input_file={tsv}", "--json"))
+  got = [json.loads(line) for line in proc.stdout.splitlines()]
+  assert [(r["text"], r.get("text_b")) for r in got] == [(texts[0], None), (texts[1], texts[2])]
+  assert ("1 lines hold two texts (e.g. line 2), read as a pair, but the model was fine-tuned "
+          "on single sentences") in proc.stderr
+
+
 def test_label_names_follow_the_task_or_the_flags(sst2_out):
   info = finetuned.inspect_checkpoint(sst2_out)
   assert info.mode == "classify" and info.task == "sst2"

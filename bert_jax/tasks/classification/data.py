@@ -199,12 +199,30 @@ def decide_header(path: str, first: Sequence[str], *, has_header: Any = "auto",
   return is_header
 
 
-def read_text_tsv(path: str, has_header: Any = "auto") -> list[tuple[str, str | None]]:
+def read_text_tsv(path: str, has_header: Any = "auto", pairs: bool | None = None,
+                  labels: Sequence[str] | None = None, regression: bool = False
+                  ) -> list[tuple[str, str | None]]:
   """`(text, text_b or None)` per line of a file of `text` or `text<TAB>text_b` lines (blank
-  lines, and lines of spaces, skipped), for prediction; whether the first line is a header is `decide_header`'s
-  decision, as in fine-tuning."""
+  lines, and lines of spaces, skipped), for prediction; whether the first line is a header is
+  `decide_header`'s decision, as in fine-tuning.
+
+  What the model reads (`pairs`: sentence pairs or single sentences; None: not known) and its
+  outputs (`labels`, or `regression`) tell a file in the training layout: a last column of
+  labels (text<TAB>label) is left out of the input, said once, instead of being read as a
+  second sentence; pairs given to a single-sentence model are read as pairs, said once."""
+  width = None if pairs is None else (2 if pairs else 1)
+
+  def is_label(value: str) -> bool:
+    value = value.strip()
+    if regression:
+      try:
+        return math.isfinite(float(value))
+      except ValueError:
+        return False
+    return bool(labels) and value in labels
+
   inputs: list[tuple[str, str | None]] = []
-  first = True
+  first, label_lines, pair_lines = True, 0, []
   for line_number, fields in read_tsv_rows(path):
     if not any(field.strip() for field in fields):
       continue  # a line of spaces is a blank line
@@ -212,6 +230,10 @@ def read_text_tsv(path: str, has_header: Any = "auto") -> list[tuple[str, str | 
       first = False
       if decide_header(path, fields, has_header=has_header):
         continue
+    if len(fields) == (width or 2) + 1 and is_label(fields[-1]):
+      fields, label_lines = fields[:-1], label_lines + 1
+    if width == 1 and len(fields) == 2:
+      pair_lines.append(line_number)
     if len(fields) > 2:
       raise ValueError(f"{path}: line {line_number}: {len(fields)} tab-separated fields; "
                        "expected text or text<TAB>text_b.")
@@ -222,6 +244,14 @@ def read_text_tsv(path: str, has_header: Any = "auto") -> list[tuple[str, str | 
     inputs.append((fields[0], fields[1] if len(fields) == 2 else None))
   if not inputs:
     raise ValueError(f"{path}: no input lines.")
+  if label_lines:
+    logging.warning("reading %s: the last column of %d lines holds %s, as in training files: "
+                    "left out of the input.", os.path.basename(path), label_lines,
+                    "scores" if regression else "labels")
+  if pair_lines:
+    logging.warning("reading %s: %d lines hold two texts (e.g. line %d), read as a pair, but the "
+                    "model was fine-tuned on single sentences.", os.path.basename(path),
+                    len(pair_lines), pair_lines[0])
   return inputs
 
 

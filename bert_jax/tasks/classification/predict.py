@@ -50,11 +50,23 @@ def split_pair(text: str, text_b: str | None = None) -> tuple[str, str | None]:
   return text, None
 
 
-def read_classify_tsv(path: str, has_header: str = "auto") -> list[tuple[str, str | None]]:
+def read_classify_tsv(path: str, has_header: str = "auto", info: CheckpointInfo | None = None
+                      ) -> list[tuple[str, str | None]]:
   """`text` or `text<TAB>text_b` per line; a header line by fine-tuning's rule
-  (`glue.decide_header`: detected, or `--has_header`)."""
+  (`glue.decide_header`: detected, or `--has_header`). With the checkpoint's `info`, a file in
+  the training layout (a label column last) is read as the model reads: `glue.read_text_tsv`."""
+  pairs, labels, regression = None, None, False
+  if info is not None:
+    labels = info.metadata.get("label_list")
+    regression = info.metadata.get("num_labels") == 1 and not labels
+    pairs = info.metadata.get("sentence_pairs")
+    if pairs is None and info.task and info.task.lower() != "custom":
+      try:  # a GLUE task says what it reads
+        pairs = glue.get_task(info.task).labelled_layout.text_b is not None
+      except ValueError:
+        pass
   try:
-    return glue.read_text_tsv(path, has_header)
+    return glue.read_text_tsv(path, has_header, pairs, labels, regression)
   except ValueError as e:
     raise PredictError(str(e)) from None
 

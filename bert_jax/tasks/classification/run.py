@@ -75,7 +75,10 @@ def run(config: ml_collections.ConfigDict, tokenizer, task=None) -> dict[str, An
       header=f"{task.name} ({objective.num_labels} outputs)", results=results, metadata={
           "task": task.name, "num_labels": objective.num_labels,
           "max_seq_length": max_seq_length,
-          "label_list": None if task.is_regression else list(task.label_list)})
+          "label_list": None if task.is_regression else list(task.label_list),
+          # What the model reads, for `predict --input_file` (a label column is not a text_b).
+          "sentence_pairs": any(e.text_b is not None for e in train_examples) if do_train
+                            else None})
   if result is not None and result.stopped_early:
     return finetune_job.stopped(job, result, num_steps, results)
 
