@@ -20,7 +20,21 @@ TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS)
 AND_MARKS := $(if $(MARKS), and ($(MARKS)))
 
-.PHONY: demo test test-fast env lock clean bench-env bench-model bench-pretrain finetune-example
+.PHONY: help demo test test-fast env lock clean bench-env bench-model bench-pretrain finetune-example
+
+# The targets, one line each.
+help:
+	@echo "make env               the pinned environment in $(VENV) (then: $(VENV)/bin/python -m ..., or"
+	@echo "                       source $(VENV)/bin/activate; commands also as bert-jax-pretrain, ...)"
+	@echo "make demo              pre-train a small BERT on Shakespeare here, end to end (~10 min)"
+	@echo "make test              the whole test suite (MARKS=... narrows it)"
+	@echo "make test-fast         the tests not marked slow or e2e (a couple of minutes)"
+	@echo "make finetune-example  fine-tune the packaged MiniLM on Rotten Tomatoes snippets"
+	@echo "make bench-model       the model's step against Hugging Face's Flax BERT (.venv-bench)"
+	@echo "make bench-pretrain    the production train step against the same peer"
+	@echo "make task-corpora      real tasks in the official layouts from pip-installable text"
+	@echo "make lock              rewrite requirements/lock.txt from the environment"
+	@echo "make clean             remove the environments and caches"
 
 env: $(STAMP)
 
@@ -29,7 +43,11 @@ $(STAMP): setup.py requirements/lock.txt requirements/assets.txt requirements/bu
 	@echo "Installing the pinned environment into $(VENV) (first run: a few minutes)..."
 	@# torch first and on its own, so that pip takes the CPU build and no CUDA packages.
 	$(PY) -m pip install -q -c requirements/lock.txt torch $(PIP_QUIET)
-	PIP_CONSTRAINT=$(CURDIR)/requirements/build.txt $(PY) -m pip install -q -c requirements/lock.txt -e '.[test,aot]' $(PIP_QUIET)
+	@# The checkout on the path by a plain .pth entry (compat mode), not setuptools' import hook:
+	@# with the hook, a folder named bert_jax in the working directory (a checkout, run from its
+	@# parent) would shadow the package.
+	PIP_CONSTRAINT=$(CURDIR)/requirements/build.txt $(PY) -m pip install -q -c requirements/lock.txt \
+	  --use-pep517 --config-settings editable_mode=compat -e '.[test,aot]' $(PIP_QUIET)
 	$(PY) -m pip install -q --no-deps -r requirements/assets.txt $(PIP_QUIET)
 	$(PY) -c "import bert_jax, jax, flax, torch, transformers, libtpu; print('environment ready: jax', jax.__version__, 'flax', flax.__version__)"
 	touch $@

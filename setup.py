@@ -55,6 +55,11 @@ EXTRAS_REQUIRE = {
     ],
 }
 
+# Commands on the PATH after `pip install` (`bert-jax-pretrain --help`): each is
+# `python -m bert_jax.<name>` (or `data_prep.<name>`), `bert_jax.cli.console_script` says how.
+CONSOLE_SCRIPTS = ["pretrain", "finetune", "predict", "convert", "extract-features", "demo",
+                   "train-tokenizer", "create-pretraining-data"]
+
 setuptools.setup(
     name="bert_jax",
     version="0.1.0",
@@ -69,5 +74,7 @@ setuptools.setup(
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
+    entry_points={"console_scripts": [f"bert-jax-{name}=bert_jax.cli:console_script"
+                                      for name in CONSOLE_SCRIPTS]},
     license="Apache-2.0",
 )

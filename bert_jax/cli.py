@@ -24,6 +24,21 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FloatingPointError)
 
 
+def console_script() -> None:
+  """The console scripts `pip install` puts on the PATH (`bert-jax-pretrain`, ...:
+  `setup.py`'s `CONSOLE_SCRIPTS`): the command the script's name names, run as `python -m`
+  runs it — `bert-jax-X` is `bert_jax.X`, or `data_prep.X` for the data preparation tools."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import runpy  # pylint: disable=g-import-not-at-top
+  name = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+  command = name.removeprefix("bert-jax-").replace("-", "_")
+  module = next((m for m in (f"bert_jax.{command}", f"data_prep.{command}")
+                 if importlib.util.find_spec(m) is not None), None)
+  if not name.startswith("bert-jax-") or module is None:
+    sys.exit(f"error: {name} names no command of bert_jax (bert-jax-pretrain, ...).")
+  runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
 def define_vocab_flags(vocab_help: str = "The model's vocabulary: WordPiece vocab.txt, or "
                        "RoBERTa's byte-level BPE vocab.json (default: the one beside the "
                        "checkpoint).") -> None:

@@ -211,6 +211,31 @@ def test_an_installed_package_runs_its_commands_from_any_directory(tmp_path):
   assert "error: config.data.train_files is not set" in _one_line_error(proc)
 
 
+@pytest.mark.e2e
+def test_console_scripts_and_a_checkout_folder_named_like_the_package(tmp_path):
+  """`make env` installs the commands on the PATH (bert-jax-pretrain, ...), and a folder named
+  bert_jax in the working directory (a checkout, run from its parent) does not shadow the
+  installed package: `python -m bert_jax.X` and the scripts work from there."""
+  (tmp_path / "bert_jax" / "bert_jax").mkdir(parents=True)
+  (tmp_path / "bert_jax" / "setup.py").write_text("")
+  env = {k: v for k, v in helpers.command_env().items() if k != "PYTHONPATH"}
+  bin_dir = os.path.dirname(sys.executable)
+  runs = {
+      "python -m": [sys.executable, "-m", "bert_jax.convert", "--helpshort"],
+      "bert-jax-convert": [os.path.join(bin_dir, "bert-jax-convert"), "--helpshort"],
+      "bert-jax-train-tokenizer": [os.path.join(bin_dir, "bert-jax-train-tokenizer"),
+                                   "--helpshort"],
+  }
+  for name, command in runs.items():
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert "Traceback" not in proc.stderr and "Error" not in proc.stderr, (name, proc.stderr)
+    assert "--from" in proc.stdout or "--output_prefix" in proc.stdout, (name, proc.stdout)
+  proc = subprocess.run([os.path.join(bin_dir, "bert-jax-convert"), "--format=hf"], cwd=tmp_path,
+                        env=env, capture_output=True, text=True, timeout=300)
+  assert _one_line_error(proc) == "error: --from is required. --helpshort lists the flags."
+
+
 # ------------------------------------------------------------------------ baselines beside
 def test_next_sentence_accuracy_comes_with_its_majority_baseline():
   """58% next-sentence accuracy means nothing when 58% of the pairs are 'random next'."""
