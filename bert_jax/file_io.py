@@ -51,6 +51,11 @@ def isdir(path: str) -> bool:
   return _gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
 
 
+def size(path: str) -> int:
+  """Bytes in the file (gs:// from its metadata, nothing read)."""
+  return _gfile().stat(path).length if is_remote(path) else os.path.getsize(path)
+
+
 def listdir(path: str) -> list[str]:
   """Entry names (no trailing "/" on remote directories)."""
   return ([n.rstrip("/") for n in _gfile().listdir(path)] if is_remote(path)

@@ -9,6 +9,7 @@ refused at start with the setting to change.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -34,6 +35,20 @@ def summary(files: list[str]) -> dict[str, Any]:
                      "beside it: rewrite it by running data_prep again, or delete it.") from None
   found["path"] = path
   return found
+
+
+def records_identity(files: list[str]) -> str:
+  """A digest of what a run reads: every file's name and size, and the summary.json data_prep
+  wrote beside them. Saved with the data position, so that a resume onto records rewritten
+  under the same names (another seed, another corpus) is told apart from one onto the same
+  records, without reading them."""
+  digest = hashlib.sha256()
+  for path in sorted(files):
+    digest.update(f"{os.path.basename(path)}\t{file_io.size(path)}\n".encode("utf-8"))
+  summary_path = file_io.join(os.path.dirname(files[0]), "summary.json") if files else None
+  if summary_path and file_io.exists(summary_path):
+    digest.update(file_io.read_bytes(summary_path))
+  return digest.hexdigest()[:16]
 
 
 def max_token_id(path: str, num_records: int = 1000) -> int:

@@ -310,10 +310,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: 
 
   writer = metrics.MetricWriter(workdir, tensorboard=config.tensorboard)
   ckpt = checkpointing.run_checkpoints(workdir, max_to_keep=config.max_checkpoints_to_keep)
+  records = records_summary.records_identity(train_files)
   init = init_order.initial_state(
       run.objective, run.model, run.tx, run.mesh, run.rules,
       batch_size=config.global_batch_size, seed=config.seed, checkpoints=ckpt,
-      init_checkpoint=config.init_checkpoint or None, init_mode=config.init_mode)
+      init_checkpoint=config.init_checkpoint or None, init_mode=config.init_mode,
+      records=records)
   if jax.process_index() == 0:
     file_io.write_text_atomic(file_io.join(workdir, "config.json"), config.to_json_best_effort(
         indent=2) + "\n")
@@ -345,7 +347,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: 
           checkpoint_every_steps=config.checkpoint_every_steps,
           eval_every_steps=config.eval_every_steps,
           flops_per_step=run.objective.flops_per_step(run.bert_config,
-                                                      config.global_batch_size)),
+                                                      config.global_batch_size),
+          records=records),
       writer=writer, checkpoints=ckpt,
       metadata={"bert_config": hf_config.to_hf_dict(run.bert_config), "run": config.to_dict()},
       evaluate=evaluator(run.objective, eval_step, eval_data, config.eval_steps))

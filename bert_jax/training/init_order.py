@@ -41,8 +41,10 @@ class InitialState:
 def initial_state(objective, model, tx, mesh, rules, *, batch_size: int, seed: int,
                   checkpoints: checkpointing.CheckpointManager | None,
                   init_checkpoint: str | None = None, init_mode: str = "params",
-                  bert_config_file: str | None = None) -> InitialState:
-  """The train state of a run, by the init order of the module docstring."""
+                  bert_config_file: str | None = None,
+                  records: str | None = None) -> InitialState:
+  """The train state of a run, by the init order of the module docstring; `records`: the
+  identity of the records the run reads, against which a resumed position is checked."""
   example = objective.example_batch(batch_size)
   abstract, state_sh = state_lib.abstract_train_state(model, tx, mesh, rules, example,
                                                       objective.input_names)
@@ -50,7 +52,7 @@ def initial_state(objective, model, tx, mesh, rules, *, batch_size: int, seed: i
     # The newest step that is intact; newer damaged ones are set aside (named in a warning),
     # so that this run saves those steps again.
     state, data_state, _ = checkpoints.restore(abstract, set_aside_damaged=True)
-    position = data_position.own_position(data_state) if data_state else None
+    position = data_position.own_position(data_state, records) if data_state else None
     damaged = (f" (damaged, set aside: step {', '.join(str(s) for s, _ in checkpoints.skipped)})"
                if checkpoints.skipped else "")
     return InitialState(state, state_sh, position, f"resumed from step {int(state.step)} "

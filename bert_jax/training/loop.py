@@ -53,6 +53,7 @@ class LoopConfig:
   checkpoint_every_steps: int | None = None   # None: only at the end (and when stopped)
   eval_every_steps: int | None = None         # None: only at the end
   flops_per_step: float | None = None         # analytic, for MFU
+  records: str | None = None    # the identity of the records read, saved with the position
 
 
 @dataclasses.dataclass
@@ -212,7 +213,8 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
       if is_eval:
         run_evaluation()
       if checkpoints is not None and (is_ckpt or stopping):
-        checkpoints.save(step, state, data_position.gather_positions(position), metadata or {})
+        checkpoints.save(step, state, data_position.gather_positions(position, config.records),
+                         metadata or {})
         last_good_step = step
       if is_ckpt or is_eval:
         window_start = time.time()  # evaluation and saving are not training throughput

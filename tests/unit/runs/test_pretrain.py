@@ -149,7 +149,7 @@ def test_gradient_accumulation_equals_one_big_batch(records):
 
 
 @pytest.mark.slow
-def test_resume_continues_exactly(records, tmp_path):
+def test_resume_continues_exactly(records, tmp_path, caplog):
   """8 steps, stop, resume to 16 == 16 uninterrupted steps: same losses, same parameters."""
   straight = str(tmp_path / "straight")
   pretraining.train_and_evaluate(ph.run_config(records, train_until_step=16), straight)
@@ -161,6 +161,7 @@ def test_resume_continues_exactly(records, tmp_path):
   assert max(first) == 8 and max(b) == 16
   for s in range(10, 17):  # steps after the restart (the first post-restart step is compile)
     assert a[s] == b[s], (s, a[s], b[s])
+  assert "The records changed" not in caplog.text  # the same records: the same position
   pa, _ = checkpoint_store.load_params(os.path.join(straight, "checkpoints"))
   pb, _ = checkpoint_store.load_params(os.path.join(resumed, "checkpoints"))
   for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
@@ -173,6 +174,24 @@ def test_resume_continues_exactly(records, tmp_path):
   np.testing.assert_array_equal(np.asarray(encoder["pooler"]["dense"]["kernel"]),
                                 np.asarray(pb["bert"]["pooler"]["dense"]["kernel"]))
   assert meta["bert_config"]["num_hidden_layers"] == 2
+
+
+def test_records_rewritten_under_the_same_names_are_not_resumed_into(tmp_path, caplog):
+  """Records regenerated between a stop and a restart (another seed, same shard names): the
+  saved position is no place in them; the run says so and starts their first epoch instead
+  of resuming silently into other data."""
+  data = str(tmp_path / "data")
+  records = ph.write_records(data, num_files=2, seed=0)
+  workdir = str(tmp_path / "run")
+  pretraining.train_and_evaluate(ph.run_config(records, train_until_step=4), workdir)
+  data_item = json.load(open(os.path.join(workdir, "checkpoints", "4", "data", "metadata")))
+  assert len(data_item["records"]) == 16 and len(data_item["per_process"]) == 1
+  ph.write_records(data, num_files=2, seed=1)  # the same names, other records
+  with open(os.path.join(data, "summary.json"), "w") as f:
+    json.dump({"regenerated": True}, f)
+  out = pretraining.train_and_evaluate(ph.run_config(records, train_until_step=8), workdir)
+  assert out["step"] == 8
+  assert "The records changed since this checkpoint was saved" in caplog.text
 
 
 @pytest.mark.mesh
