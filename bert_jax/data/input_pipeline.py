@@ -108,6 +108,8 @@ def check_record_shapes(path: str, max_seq_length: int, max_predictions_per_seq:
   per_row = {features.CLS_POSITIONS, features.NEXT_SENTENCE_WEIGHTS}
   if max_sequences_per_row:
     per_row.add(features.NEXT_SENTENCE_LABELS)
+  # Every setting the records disagree with, with the value they were written with.
+  differ: dict[str, tuple[int, int, str]] = {}
   for f in features.pretraining_features(max_seq_length, max_predictions_per_seq, masking_mode,
                                          max_sequences_per_row):
     if f.name not in lengths:
@@ -120,9 +122,13 @@ def check_record_shapes(path: str, max_seq_length: int, max_predictions_per_seq:
         what = "max_seq_length"
       else:
         what = "max_predictions_per_seq"
-      raise ValueError(f"{path}: feature {f.name!r} has {lengths[f.name]} values per record but "
-                       f"the config expects {f.length} ({what}={f.length}). Re-create the data "
-                       f"or set the config to match.")
+      differ.setdefault(what, (lengths[f.name], f.length, f.name))
+  if differ:
+    found = ", ".join(f"{what}={stored} ({name!r} has {stored} values per record; the config "
+                      f"{expected})" for what, (stored, expected, name) in differ.items())
+    flags = " ".join(f"--config.data.{what}={stored}" for what, (stored, _, _) in differ.items())
+    raise ValueError(f"{path}: the records were written with {found}: add {flags}, or "
+                     "re-create the data with the config's settings.")
 
 
 def check_packed_budget(summary_path: str | None, config: masking.MaskingConfig) -> None:

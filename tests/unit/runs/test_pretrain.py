@@ -317,10 +317,19 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(records, tmp_path):
 
 
 def test_record_shape_mismatch_names_feature_and_sizes(records, tmp_path):
+  """Every setting the records disagree with, in one message with the flags that fit them (not
+  one failed start per setting)."""
   config = ph.run_config(records, **{"data.max_seq_length": 64})
-  with pytest.raises(ValueError, match=r"feature 'input_ids' has 32 values per record but the "
-                                       r"config expects 64 \(max_seq_length=64\)"):
+  with pytest.raises(ValueError, match=r"the records were written with max_seq_length=32 "
+                                       r"\('input_ids' has 32 values per record; the config 64\): "
+                                       r"add --config.data.max_seq_length=32, or re-create"):
     pretraining.train_and_evaluate(config, str(tmp_path / "w"))
+  config = ph.run_config(records, **{"data.max_seq_length": 64,
+                                     "data.max_predictions_per_seq": 7})
+  with pytest.raises(ValueError) as error:
+    pretraining.train_and_evaluate(config, str(tmp_path / "w"))
+  assert (f"add --config.data.max_seq_length={ph.SEQ} "
+          f"--config.data.max_predictions_per_seq={ph.PRED}, or re-create") in str(error.value)
 
 
 def test_corrupt_record_names_file_and_offset(tmp_path):
