@@ -54,6 +54,9 @@ class LoopConfig:
   eval_every_steps: int | None = None         # None: only at the end
   flops_per_step: float | None = None         # analytic, for MFU
   records: str | None = None    # the identity of the records read, saved with the position
+  # Longest silence between progress lines: a line with the step, rate and ETA whenever this
+  # long has passed since the last one (one process: the others would not print it anyway).
+  heartbeat_seconds: float | None = 30.0
 
 
 @dataclasses.dataclass
@@ -174,6 +177,17 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
     writer.write(step, scalars)
     metrics.log(metrics.console_line(step, until, scalars))
     last.update(scalars)
+    heartbeat.update(time=time.time(), step=step)
+
+  def beat():
+    """A progress line between the logged ones: steps dispatched since the last line, no
+    device sync, no metrics row."""
+    now = time.time()
+    rate = (step - heartbeat["step"]) / max(now - heartbeat["time"], 1e-9)
+    metrics.log(metrics.console_line(step, until, {"perf/steps_per_sec": rate,
+                                                   "perf/eta_seconds": (until - step) /
+                                                   max(rate, 1e-9)}))
+    heartbeat.update(time=now, step=step)
 
   def run_evaluation():
     nonlocal evaluated
@@ -183,6 +197,7 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
     last.update(scalars)
     evaluated = True
 
+  heartbeat = {"time": time.time(), "step": start_step}
   with StopSignal() as stop:
     position = None
     compile_start = time.time()
@@ -196,7 +211,11 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
         check_finite([jax.device_get(step_metrics)], start_step, step)
         metrics.log(f"first step (compilation included) took {time.time() - compile_start:.1f}s")
         window_start, window_first_step, window = time.time(), step, []
+        heartbeat.update(time=window_start, step=step)
       is_log = step % config.log_every_steps == 0 or step == until
+      if (not is_log and config.heartbeat_seconds and jax.process_count() == 1
+          and time.time() - heartbeat["time"] >= config.heartbeat_seconds):
+        beat()
       is_ckpt = step == until or bool(config.checkpoint_every_steps
                                       and step % config.checkpoint_every_steps == 0)
       is_eval = evaluate is not None and (step == until or bool(
@@ -218,6 +237,7 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
         last_good_step = step
       if is_ckpt or is_eval:
         window_start = time.time()  # evaluation and saving are not training throughput
+        heartbeat.update(time=window_start, step=step)
       if stopping:
         if checkpoints is not None:
           checkpoints.wait_until_finished()

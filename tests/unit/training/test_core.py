@@ -3,6 +3,8 @@ interface (`Objective`, the step builder, the loop, the init order) with no chan
 
 import dataclasses
 import os
+import re
+import time
 
 import flax.linen as nn
 import jax
@@ -144,6 +146,46 @@ def test_in_memory_batches_resume_exactly_and_count_every_row():
                                     position=first[3][1])
   for (expected, _), (got, _) in zip(first[4:], [next(resumed) for _ in range(3)]):
     np.testing.assert_array_equal(np.asarray(got["input_ids"]), np.asarray(expected["input_ids"]))
+
+
+def test_a_progress_line_comes_at_least_every_heartbeat(capsys):
+  """Steps slower than the log interval: a line with the step, rate and ETA whenever
+  `heartbeat_seconds` pass without one (no metrics row, no device sync), so a long run is never
+  silent for minutes; the logged lines come as before."""
+  objective = CountRegression()
+  bert_config = configuration.get_preset("test", vocab_size=64, max_position_embeddings=SEQ)
+  model = objective.model(bert_config)
+  mesh = sharding.create_mesh((1, 1, 1), jax.devices()[:1])
+  rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
+  tx, schedule = optimizer.create_optimizer(ml_collections.ConfigDict({
+      "name": "adamw", "learning_rate": 1e-3, "total_steps": 12, "warmup_steps": 0}))
+  init = init_order.initial_state(objective, model, tx, mesh, rules, batch_size=8, seed=0,
+                                  checkpoints=None)
+  batch_sh = sharding.batch_sharding(mesh)
+  jitted = step_lib.build_train_step(objective, model, tx, schedule, init.shardings, batch_sh,
+                                     mesh, rules)
+
+  def slow_step(state, batch):
+    time.sleep(0.12)
+    return jitted(state, batch)
+
+  rows = []
+
+  class Rows(metrics.MetricWriter):
+    def write(self, step, scalars):
+      rows.append(step)
+
+  loop.train(init.state, slow_step,
+             arrays.training_batches(_data(96, np.random.default_rng(0)), 8, batch_sh, seed=0,
+                                     trim=False),
+             objective=objective, writer=Rows(None, tensorboard=False),
+             config=loop.LoopConfig(until_step=12, examples_per_step=8, tokens_per_example=SEQ,
+                                    log_every_steps=6, heartbeat_seconds=0.25))
+  out = capsys.readouterr().out
+  beats = re.findall(r"^step +(\d+)/12 \| steps/s [\d.]+ \| eta \S+$", out, re.M)
+  logged = re.findall(r"^step +(\d+)/12 \| loss ", out, re.M)
+  assert logged == ["6", "12"] and rows == [6, 12], out
+  assert len(beats) >= 3 and all(int(b) % 6 for b in beats), out
 
 
 @pytest.mark.mesh
