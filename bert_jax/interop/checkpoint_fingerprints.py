@@ -158,6 +158,18 @@ def fingerprints(tree: Any, prefix: str = "", on_devices: bool = False) -> dict[
   return out
 
 
+def compile_ahead(tree: Any, on_devices: bool = False) -> None:
+  """Runs the device program over `tree` once, discarding the sums, so that it is compiled
+  before training and not at the first save, where the compile would stop training for seconds
+  and widen the window a preemption loses. Arrays in host memory take numpy's path: nothing to
+  compile (`on_devices`: the device program for them as well). Every process must call it for
+  a tree of arrays spread over several processes."""
+  leaves = [leaf for leaf in flat_leaves(tree).values()
+            if hasattr(leaf, "dtype") and hasattr(leaf, "shape") and _supported(leaf)]
+  if on_devices or not all(_in_host_memory(leaf) for leaf in leaves):
+    fingerprints(tree, on_devices=on_devices)
+
+
 def _hex(sums) -> str:
   return "".join(f"{int(v):08x}" for v in sums)
 

@@ -39,7 +39,8 @@ from etils import epath
 from bert_jax.interop.checkpoint_errors import (CheckpointError, Damaged, NotDamage, explain,
                                                 is_no_space, one_line, quiet_aborted_reads)
 from bert_jax.interop.checkpoint_fingerprints import (CHECKSUMS_FORMAT, checksum_record,
-                                                      fingerprints, flat_leaves, json_digest)
+                                                      compile_ahead, fingerprints, flat_leaves,
+                                                      json_digest)
 
 _ITEMS = ("state", "data", "meta", "checksums")
 
@@ -112,6 +113,11 @@ class CheckpointStore:
     if started:
       self._pending_step = int(step)
     return started
+
+  def prepare(self, state: Any) -> None:
+    """Compiles what a save of `state` runs on the devices (its fingerprints) now, before
+    training, instead of at the first save (`checkpoint_fingerprints.compile_ahead`)."""
+    compile_ahead(_state_dict(state))
 
   def wait_until_finished(self) -> None:
     """Waits for the save in flight; raises a `CheckpointError` naming its step if it failed."""

@@ -198,6 +198,8 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
     evaluated = True
 
   heartbeat = {"time": time.time(), "step": start_step}
+  if checkpoints is not None and step < until:
+    checkpoints.prepare(state)  # a save's device program compiled now, not at the first save
   with StopSignal() as stop:
     position = None
     compile_start = time.time()

@@ -77,3 +77,20 @@ def test_arrays_sharded_over_a_mesh_have_the_fingerprint_of_the_whole_array():
       {**arrays, "replicated": np.arange(24.0, dtype=np.float32)})
   assert checkpoint_fingerprints.fingerprints(sharded) == expected
   assert checkpoint_fingerprints.fingerprints(sharded, on_devices=True) == expected
+
+
+def test_the_device_program_is_compiled_ahead_for_what_a_save_will_fingerprint():
+  """`compile_ahead` traces and compiles the save's device program (the first save then finds
+  it); arrays in host memory need none, so nothing is compiled for them."""
+  tree = {"a": jax.device_put(np.arange(6, dtype=np.float32).reshape(2, 3)),
+          "b": {"c": jax.device_put(np.ones(5, np.int32))}}
+  program = checkpoint_fingerprints._fingerprint_leaves
+  before = program._cache_size()
+  checkpoint_fingerprints.compile_ahead(tree)  # CPU arrays: numpy's path, nothing to compile
+  assert program._cache_size() == before
+  checkpoint_fingerprints.compile_ahead(tree, on_devices=True)
+  compiled = program._cache_size()
+  assert compiled == before + 1
+  prints = checkpoint_fingerprints.fingerprints(tree, on_devices=True)  # found, not traced
+  assert program._cache_size() == compiled
+  assert prints == checkpoint_fingerprints.fingerprints(tree)
