@@ -104,12 +104,40 @@ def load_hf_checkpoint(directory: str, bert_config_file: str | None = None, **co
   config = hf_config.config_from_json_file(
       bert_config_file or file_io.join(directory, "config.json"))
   state = read_hf_state(directory)
-  if config.model_type == "electra":
+  if config.model_type == "electra" and _is_lone_generator(directory, state):
+    config, state = _as_generator(config, state)
+  elif config.model_type == "electra":
     config, state = _with_electra_generator(directory, config, state)
   if config_overrides:
     config = config.replace(**config_overrides)
   params, report = hf_state_to_params(state, config, source=directory)
   return config, params, report
+
+
+def _is_lone_generator(directory: str, state: Mapping[str, np.ndarray]) -> bool:
+  """An `ElectraForMaskedLM` directory of its own (how ELECTRA's generators are published):
+  the generator's head, no discriminator's."""
+  try:
+    architectures = json.loads(file_io.read_text(file_io.join(directory, "config.json"))).get(
+        "architectures") or []
+  except (ValueError, AttributeError):
+    architectures = []
+  heads_ = {k.split(".")[0] for k in state}
+  return "ElectraForMaskedLM" in architectures or (
+      "generator_predictions" in heads_ and "discriminator_predictions" not in heads_)
+
+
+def _as_generator(config: BertConfig, state: dict) -> tuple[BertConfig, dict]:
+  """A lone generator read as the generator of an ELECTRA model (its tensors named
+  `generator/<name>`, the embedding tables as the shared ones), so that it serves as ELECTRA's
+  masked LM (`electra.generator_as_masked_lm`); the discriminator's weights are missing."""
+  config = config.replace(generator_hidden_size=config.hidden_size,
+                          generator_num_hidden_layers=config.num_hidden_layers,
+                          generator_num_attention_heads=config.num_attention_heads,
+                          generator_intermediate_size=config.intermediate_size)
+  state = _normalise_hf_names(state, "electra")
+  return config, {(k if k.startswith("electra.embeddings.") else GENERATOR_PREFIX + k): v
+                  for k, v in state.items()}
 
 
 def _with_electra_generator(directory: str, config: BertConfig, state: dict

@@ -71,6 +71,38 @@ def _apply(config, params, method, *args):
       {"params": params}, *args, method=getattr(electra.ElectraForPreTraining, method)))
 
 
+def test_a_lone_generator_directory_is_the_masked_lm_it_is_and_a_lone_discriminator_fine_tunes(
+    tmp_path):
+  """How ELECTRA's generators are published: an `ElectraForMaskedLM` directory of its own reads
+  as that masked LM (fill-mask gives transformers' logits); the discriminator's directory alone
+  gives the encoder fine-tuning starts from."""
+  from bert_jax.tasks import finetuned  # pylint: disable=g-import-not-at-top
+  disc, gen, directory = _hf_pair(tmp_path)
+  lone = str(tmp_path / "generator_alone")
+  gen.save_pretrained(lone)
+  info = finetuned.inspect_checkpoint(lone)
+  assert info.mode == "fill_mask"
+  config, params = finetuned.load_fill_mask_model(info)
+  assert (config.hidden_size, config.num_hidden_layers) == (GEN, 3)
+  ids, mask, segments = _inputs()
+  positions = np.tile(np.arange(ids.shape[1]), (ids.shape[0], 1)).astype(np.int32)
+  ours = np.asarray(heads.BertForMaskedLM(config).apply({"params": params}, ids, mask, segments,
+                                                        positions))
+  with torch.no_grad():
+    theirs = gen(input_ids=torch.tensor(ids).long(), attention_mask=torch.tensor(mask).long(),
+                 token_type_ids=torch.tensor(segments).long()).logits.numpy()
+  real = mask.astype(bool)
+  np.testing.assert_allclose(ours[real], theirs[real], atol=1e-5)
+  # The discriminator alone (no generator/ beside it): its encoder, as fine-tuning reads it.
+  alone = str(tmp_path / "discriminator_alone")
+  disc.save_pretrained(alone)
+  config, encoder, _ = checkpoints.load_encoder(alone)
+  assert config.model_type == "electra" and config.hidden_size == HIDDEN
+  np.testing.assert_array_equal(
+      encoder["embeddings"]["word_embeddings"],
+      disc.electra.embeddings.word_embeddings.weight.detach().numpy())
+
+
 @pytest.mark.slow
 def test_hf_electra_pair_loads_with_the_reference_logits_and_losses_and_exports_back(tmp_path):
   disc, gen, directory = _hf_pair(tmp_path)
