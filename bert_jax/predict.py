@@ -56,7 +56,7 @@ from typing import Any
 from absl import app, flags
 
 from bert_jax import cli, file_io, inference
-from bert_jax.tasks import finetuned, registry
+from bert_jax.tasks import finetuned, pipeline, registry
 from bert_jax.tasks.classification import predict as classification
 from bert_jax.tasks.multiple_choice import data as swag
 from bert_jax.tasks.multiple_choice import predict as multiple_choice
@@ -119,8 +119,10 @@ def define_flags() -> None:
                      "reports the best threshold on dev).")
   flags.DEFINE_integer("max_seq_length", None, "Tokens per input (default: 128 for classify, "
                        "384 for qa, as fine-tuning).")
-  flags.DEFINE_integer("doc_stride", 128, "qa: distance between context windows, in tokens.")
-  flags.DEFINE_integer("max_query_length", 64, "qa: question tokens kept.")
+  flags.DEFINE_integer("doc_stride", pipeline.DEFAULTS["doc_stride"],
+                       "qa: distance between context windows, in tokens.")
+  flags.DEFINE_integer("max_query_length", pipeline.DEFAULTS["max_query_length"],
+                       "qa: question tokens kept.")
   flags.DEFINE_integer("max_answer_length", 30, "qa: longest answer, in tokens.")
   flags.DEFINE_integer("batch_size", 32, "Inputs per forward pass (classify, qa).")
 
@@ -214,59 +216,48 @@ def _emit(results: list[dict[str, Any]], formatted: list[str]) -> None:
 
 
 def run_from_flags() -> None:
-  """Every check that needs no weights first (mode, flags, vocabulary), then load and predict."""
+  """Every check that needs no weights first (mode, flags, inputs, vocabulary), then load
+  (`pipeline.load`) and predict."""
   info = finetuned.inspect_checkpoint(FLAGS.checkpoint)
   mode = info.mode if FLAGS.mode == "auto" else FLAGS.mode
-  # A fine-tuned model records how it was fed: its values are the defaults, flags override.
-  setting = {name: (info.metadata[name] if info.metadata.get(name) is not None
-                    and not FLAGS[name].present else FLAGS[name].value)
-             for name in ("do_lower_case", "max_seq_length", "doc_stride", "max_query_length")}
-  if info.metadata.get("do_lower_case") is None:  # the vocabulary's record decides
-    setting["do_lower_case"] = cli.lower_case_from_flags()
   for name, modes in _MODE_FLAGS.items():
     if FLAGS[name].present and mode not in modes:
       why = f" ({FLAGS.checkpoint} is {info.describe()})" if FLAGS.mode == "auto" else ""
       raise app.UsageError(f"--{name} is for --mode={' or '.join(modes)}, not --mode={mode}"
                            f"{why}.")
-  # The vocabulary is checked before any weights are read.
-  files = finetuned.find_vocab(info, cli.vocabulary_from_flags(),
-                               "--spm_model_file" if FLAGS.spm_model_file else "--vocab_file")
   if mode == "fill_mask":
-    texts = _texts_from_flags()
-    if not texts:
+    inputs = _texts_from_flags()
+    if not inputs:
       raise app.UsageError("--mode=fill_mask needs --text (or --input_file).")
-    config, params = finetuned.load_fill_mask_model(info)
-    tokenizer = finetuned.load_tokenizer(info, config, files, setting["do_lower_case"])
-    predictions = inference.fill_mask(config, params, tokenizer, texts, FLAGS.top_k)
-    # One object per input, like the other modes: `--output_file` and `--json` alike.
-    _emit([{"text": t, "predictions": p} for t, p in zip(texts, predictions)],
-          [inference.format_fill_mask(t, p) for t, p in zip(texts, predictions)])
-    return
-  inputs = {"classify": lambda: _classify_inputs(info), "qa": _qa_examples,
-            "tag": _tag_inputs, "choose": _choice_inputs}[mode]()
-  model = finetuned.load_finetuned(info, mode)
-  tokenizer = finetuned.load_tokenizer(info, model.config, files, setting["do_lower_case"])
-  length = registry.for_mode(mode).max_length(setting["max_seq_length"])
-  if mode == "classify":
-    labels = classification.resolve_labels(model, FLAGS.task_name, FLAGS.label_list)
-    results = classification.classify(model, tokenizer, inputs, labels, length,
-                                      FLAGS.batch_size)
-    formatted = [classification.format_classification(r) for r in results]
-  elif mode == "qa":
-    results = squad_predict.answer_questions(
-        model, tokenizer, inputs, max_seq_length=length, doc_stride=setting["doc_stride"],
-        max_query_length=setting["max_query_length"], max_answer_length=FLAGS.max_answer_length,
-        n_best=FLAGS.n_best, null_score_diff_threshold=FLAGS.null_score_diff_threshold,
-        batch_size=FLAGS.batch_size)
-    formatted = [squad_predict.format_answer(r, FLAGS.null_score_diff_threshold)
-                 for r in results]
-  elif mode == "tag":
-    results = tagging.tag(model, tokenizer, inputs, length, FLAGS.batch_size)
-    formatted = [tagging.format_tags(r) for r in results]
   else:
-    results = multiple_choice.choose(model, tokenizer, inputs, length, FLAGS.batch_size)
-    formatted = [multiple_choice.format_choice(r) for r in results]
-  _emit(results, formatted)
+    inputs = {"classify": lambda: _classify_inputs(info), "qa": _qa_examples,
+              "tag": _tag_inputs, "choose": _choice_inputs}[mode]()
+  # A fine-tuned model records how it was fed: its values are the defaults, flags override.
+  given = {name: FLAGS[name].value if FLAGS[name].present else None
+           for name in pipeline.SETTINGS}
+  model = pipeline.load(FLAGS.checkpoint, mode=mode, vocab=cli.vocabulary_from_flags(),
+                        vocab_flag="--spm_model_file" if FLAGS.spm_model_file else "--vocab_file",
+                        label_list=FLAGS.label_list, task_name=FLAGS.task_name, **given)
+  if mode == "fill_mask":
+    results = model.fill_mask(inputs, FLAGS.top_k)
+    # One object per input, like the other modes: `--output_file` and `--json` alike.
+    _emit(results, [inference.format_fill_mask(r["text"], r["predictions"]) for r in results])
+  elif mode == "classify":
+    results = model.classify(inputs, FLAGS.batch_size)
+    _emit(results, [classification.format_classification(r) for r in results])
+  elif mode == "qa":
+    results = model.answer(examples=inputs, n_best=FLAGS.n_best,
+                           max_answer_length=FLAGS.max_answer_length,
+                           null_score_diff_threshold=FLAGS.null_score_diff_threshold,
+                           batch_size=FLAGS.batch_size)
+    _emit(results, [squad_predict.format_answer(r, FLAGS.null_score_diff_threshold)
+                    for r in results])
+  elif mode == "tag":
+    results = model.tag(sentences=inputs, batch_size=FLAGS.batch_size)
+    _emit(results, [tagging.format_tags(r) for r in results])
+  else:
+    results = model.choose(examples=inputs, batch_size=FLAGS.batch_size)
+    _emit(results, [multiple_choice.format_choice(r) for r in results])
 
 
 def main(argv):

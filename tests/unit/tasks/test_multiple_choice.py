@@ -68,6 +68,8 @@ def test_swag_through_the_command_line_and_predict_chooses_as_the_run_did(bert_c
   assert proc.returncode == 0, proc.stderr[-3000:]
   (choice,) = [json.loads(line) for line in proc.stdout.splitlines()]
   assert choice["choice"] == label
+  from bert_jax.tasks import pipeline  # pylint: disable=g-import-not-at-top
+  assert pipeline.load(out).choose(sent1, endings, start=sent2) == [choice]  # the Python API
   assert choice["ending"] == f"{sent2} {endings[label]}"
   np.testing.assert_allclose(choice["probabilities"],
                              [float(p) for p in by_id["play0-0"][2:]], atol=1e-5)

@@ -152,6 +152,11 @@ def test_conll2003_through_the_command_line_and_predict_on_raw_text(bert_config_
   proc = _cli("bert_jax.predict", f"--checkpoint={out}", "--text=Alan Mulally of Boeing spoke.")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "Alan/B-PER Mulally/I-PER of Boeing/B-ORG spoke ." in proc.stdout
+  # The Python API: the same tagger, the same records.
+  from bert_jax.tasks import pipeline  # pylint: disable=g-import-not-at-top
+  tagger = pipeline.load(out)
+  assert tagger.mode == "tag"
+  assert tagger.tag((tmp_path / "raw.txt").read_text()) == tagged
 
 
 @pytest.mark.slow
