@@ -148,22 +148,28 @@ def test_in_memory_batches_resume_exactly_and_count_every_row():
     np.testing.assert_array_equal(np.asarray(got["input_ids"]), np.asarray(expected["input_ids"]))
 
 
+def _count_regression_step(mesh_shape, total_steps: int, batch_size: int):
+  """The outside objective's model, initial state and jitted train step on a mesh."""
+  objective = CountRegression()
+  bert_config = configuration.get_preset("test", vocab_size=64, max_position_embeddings=SEQ)
+  model = objective.model(bert_config)
+  devices = jax.devices()[:int(np.prod(mesh_shape))]
+  mesh = sharding.create_mesh(mesh_shape, devices)
+  rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
+  tx, schedule = optimizer.create_optimizer(ml_collections.ConfigDict({
+      "name": "adamw", "learning_rate": 1e-3, "total_steps": total_steps, "warmup_steps": 0}))
+  init = init_order.initial_state(objective, model, tx, mesh, rules, batch_size=batch_size,
+                                  seed=0, checkpoints=None)
+  batch_sh = sharding.batch_sharding(mesh)
+  return objective, init, step_lib.build_train_step(objective, model, tx, schedule,
+                                                    init.shardings, batch_sh, mesh, rules), batch_sh
+
+
 def test_a_progress_line_comes_at_least_every_heartbeat(capsys):
   """Steps slower than the log interval: a line with the step, rate and ETA whenever
   `heartbeat_seconds` pass without one (no metrics row, no device sync), so a long run is never
   silent for minutes; the logged lines come as before."""
-  objective = CountRegression()
-  bert_config = configuration.get_preset("test", vocab_size=64, max_position_embeddings=SEQ)
-  model = objective.model(bert_config)
-  mesh = sharding.create_mesh((1, 1, 1), jax.devices()[:1])
-  rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
-  tx, schedule = optimizer.create_optimizer(ml_collections.ConfigDict({
-      "name": "adamw", "learning_rate": 1e-3, "total_steps": 12, "warmup_steps": 0}))
-  init = init_order.initial_state(objective, model, tx, mesh, rules, batch_size=8, seed=0,
-                                  checkpoints=None)
-  batch_sh = sharding.batch_sharding(mesh)
-  jitted = step_lib.build_train_step(objective, model, tx, schedule, init.shardings, batch_sh,
-                                     mesh, rules)
+  objective, init, jitted, batch_sh = _count_regression_step((1, 1, 1), 12, 8)
 
   def slow_step(state, batch):
     time.sleep(0.12)
@@ -195,18 +201,7 @@ def test_the_loop_keeps_at_most_two_steps_in_flight():
   no more than `MAX_STEPS_IN_FLIGHT` are queued: XLA:CPU's per-device launch queue, filled by a
   loop that only fetched at log time, hung runs on meshes of several CPU devices (launches
   blocked on full queues took every thread the previous step's all-reduce needed)."""
-  objective = CountRegression()
-  bert_config = configuration.get_preset("test", vocab_size=64, max_position_embeddings=SEQ)
-  model = objective.model(bert_config)
-  mesh = sharding.create_mesh((8, 1, 1))
-  rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
-  tx, schedule = optimizer.create_optimizer(ml_collections.ConfigDict({
-      "name": "adamw", "learning_rate": 1e-3, "total_steps": 40, "warmup_steps": 0}))
-  init = init_order.initial_state(objective, model, tx, mesh, rules, batch_size=64, seed=0,
-                                  checkpoints=None)
-  batch_sh = sharding.batch_sharding(mesh)
-  jitted = step_lib.build_train_step(objective, model, tx, schedule, init.shardings, batch_sh,
-                                     mesh, rules)
+  objective, init, jitted, batch_sh = _count_regression_step((8, 1, 1), 40, 64)
   dispatched, unfinished = [], []
 
   def train_step(state, batch):
