@@ -186,11 +186,13 @@ def test_a_progress_line_comes_at_least_every_heartbeat(capsys):
                                      trim=False),
              objective=objective, writer=Rows(None, tensorboard=False),
              config=loop.LoopConfig(until_step=12, examples_per_step=8, tokens_per_example=SEQ,
-                                    log_every_steps=6, heartbeat_seconds=0.25))
+                                    log_every_steps=6, heartbeat_seconds=0.2))
   out = capsys.readouterr().out
   beats = re.findall(r"^step +(\d+)/12 \| steps/s [\d.]+ \| eta \S+$", out, re.M)
   logged = re.findall(r"^step +(\d+)/12 \| loss ", out, re.M)
   assert logged == ["6", "12"] and rows == [6, 12], out
+  # Steps take at least 0.12 s, so no two lines are more than 2 steps apart: a beat in every
+  # stretch of 2 steps between the logged lines (4 of them at least).
   assert len(beats) >= 3 and all(int(b) % 6 for b in beats), out
 
 
