@@ -16,8 +16,8 @@ def on_tpu_vm() -> bool:
   return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
-# JAX's plugin modules of the GPU platforms, by the platform name they register.
-_GPU_PLUGINS = (("cuda", "cuda"), ("rocm", "rocm"))
+# The GPU platforms, as JAX's plugin modules for them are named (xla_cuda12, jax_rocm7_plugin).
+_GPU_PLATFORMS = ("cuda", "rocm")
 
 
 def platforms_off_tpu(on_tpu: bool, has_libtpu: bool, plugins: list[str]) -> str | None:
@@ -29,7 +29,7 @@ def platforms_off_tpu(on_tpu: bool, has_libtpu: bool, plugins: list[str]) -> str
     return None
   platforms = []
   for name in plugins:
-    known = [platform for platform, part in _GPU_PLUGINS if part in name]
+    known = [platform for platform in _GPU_PLATFORMS if platform in name]
     if not known:
       return None
     platforms += known

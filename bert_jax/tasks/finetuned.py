@@ -174,8 +174,8 @@ def convert(source: str, target: str, output_format: str,
             bert_config_file: str | None = None) -> str:
   """`python -m bert_jax.convert`: `interop.convert.convert`, a fine-tuned model with its head
   written as its task class (`BertForSequenceClassification`, run_classifier.py's names, ...)."""
-  return interop_convert.convert(source, target, output_format, bert_config_file,
-                                 export_head(source))
+  head = export_head(source) if output_format in ("hf", "tf1") else None  # orbax keeps all
+  return interop_convert.convert(source, target, output_format, bert_config_file, head)
 
 
 # -------------------------------------------------------------------------------- fill-mask
