@@ -193,6 +193,14 @@ def test_feature_based_tagging_keeps_the_encoder_frozen(tmp_path):
   config.update(dict(do_train=False, feature_based=False, lstm_size=768))
   again = registry.run_from_config(ml_collections.ConfigDict(config), tokenizer)
   assert again["feature_based"] is True and again["dev"] == results["dev"]
+  # No transformers or TF1 class holds a BiLSTM tagger: refused by name; Orbax keeps it.
+  proc = helpers.run_command("bert_jax.convert", f"--from={tmp_path / 'out'}",
+                             f"--to={tmp_path / 'hf'}", "--format=hf")
+  assert proc.returncode == 1 and "is a feature-based tagger" in proc.stderr, proc.stderr
+  assert not (tmp_path / "hf").exists()
+  proc = helpers.run_command("bert_jax.convert", f"--from={tmp_path / 'out'}",
+                             f"--to={tmp_path / 'orbax'}", "--format=orbax")
+  assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def conll_tokenizer():
