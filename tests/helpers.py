@@ -158,8 +158,8 @@ def run_command(module_name: str, *args) -> subprocess.CompletedProcess:
   finally:
     sys.argv = program_argv
     root.removeHandler(log_lines)
-    absl_logger.setLevel(level)
-    flags.FLAGS.unparse_flags()
+    flags.FLAGS.unparse_flags()  # (resetting --verbosity sets the absl logger's level)
     for name in [name for name in flags.FLAGS if name not in known]:  # the command's own
       delattr(flags.FLAGS, name)
+    absl_logger.setLevel(level)
   return subprocess.CompletedProcess(argv, int(code or 0), out.getvalue(), err.getvalue())

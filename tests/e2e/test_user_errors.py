@@ -127,6 +127,26 @@ def test_command_errors_are_one_line_that_names_the_fix(records, tmp_path):
   assert line == "error: --warmup_proportion=1.5: must lie in [0, 1].", line
 
 
+def test_a_command_run_in_the_test_process_leaves_logging_as_it_found_it(tmp_path, caplog):
+  """`helpers.run_command` puts back what a command changes: the absl logger's level (set by
+  --verbosity's reset as well as by the command) and its flags; a later test's INFO records
+  still reach pytest."""
+  import logging  # pylint: disable=g-import-not-at-top
+  from absl import app, flags, logging as absl_logging  # pylint: disable=g-import-not-at-top
+  del app  # imported for its own flags, which every command has
+  before = (logging.getLogger("absl").level, set(flags.FLAGS))
+  corpus = tmp_path / "empty.txt"
+  corpus.write_text("")
+  for module, args in (("data_prep.train_tokenizer", (f"--input_file={corpus}",
+                                                       f"--output_prefix={tmp_path / 'v'}")),
+                       ("bert_jax.finetune", ("--task_name=SST-2",))):
+    assert helpers.run_command(module, *args).returncode == 1
+    assert (logging.getLogger("absl").level, set(flags.FLAGS)) == before
+  caplog.set_level(logging.INFO)
+  absl_logging.info("still heard")
+  assert "still heard" in caplog.text
+
+
 def test_a_missing_flag_or_a_config_field_typo_is_one_line(tmp_path):
   """Not absl's whole help with the message last, nor ml_collections' traceback: the message
   and where the flags are listed, on one line."""
