@@ -138,23 +138,12 @@ def fingerprints(tree: Any, prefix: str = "", on_devices: bool = False) -> dict[
   `on_devices`: then by the device program on their devices, host arrays on the default one).
   Every process must call it for a tree of arrays spread over several processes, as for a
   save."""
-  leaves = {name: leaf for name, leaf in flat_leaves(tree, prefix).items()
-            if hasattr(leaf, "dtype") and hasattr(leaf, "shape") and _supported(leaf)}
-  out = {}
-  # One computation per set of devices (a mesh's arrays) for arrays held on accelerators or
-  # across processes.
-  groups: dict[Any, list[str]] = {}
-  for name, leaf in leaves.items():
-    if _in_host_memory(leaf) and not on_devices:
-      out[name] = _hex(_host_leaf_fingerprint(np.asarray(leaf)))
-    else:
-      key = frozenset(leaf.sharding.device_set) if isinstance(leaf, jax.Array) else None
-      groups.setdefault(key, []).append(name)
-  for names in groups.values():
-    inputs = [leaves[n] if isinstance(leaves[n], jax.Array) else jnp.asarray(leaves[n])
-              for n in names]
-    for name, sums in zip(names, _to_host(_fingerprint_leaves(inputs))):
-      out[name] = _hex(sums)
+  leaves, groups = _split(tree, prefix, on_devices)
+  on_device = {name for names in groups.values() for name in names}
+  out = {name: _hex(_host_leaf_fingerprint(np.asarray(leaf))) for name, leaf in leaves.items()
+         if name not in on_device}
+  for names, sums in _run_groups(leaves, groups):
+    out.update((name, _hex(s)) for name, s in zip(names, sums))
   return out
 
 
@@ -164,10 +153,32 @@ def compile_ahead(tree: Any, on_devices: bool = False) -> None:
   and widen the window a preemption loses. Arrays in host memory take numpy's path: nothing to
   compile (`on_devices`: the device program for them as well). Every process must call it for
   a tree of arrays spread over several processes."""
-  leaves = [leaf for leaf in flat_leaves(tree).values()
-            if hasattr(leaf, "dtype") and hasattr(leaf, "shape") and _supported(leaf)]
-  if on_devices or not all(_in_host_memory(leaf) for leaf in leaves):
-    fingerprints(tree, on_devices=on_devices)
+  leaves, groups = _split(tree, "", on_devices)
+  for _ in _run_groups(leaves, groups):
+    pass  # compiled and run; the sums are not wanted yet
+
+
+def _split(tree: Any, prefix: str, on_devices: bool
+           ) -> tuple[dict[str, Any], dict[Any, list[str]]]:
+  """The arrays of `tree` by name, and the names the device program fingerprints, one group
+  per set of devices (a mesh's arrays; host arrays on the default device): arrays held on
+  accelerators or across processes, or every array with `on_devices`."""
+  leaves = {name: leaf for name, leaf in flat_leaves(tree, prefix).items()
+            if hasattr(leaf, "dtype") and hasattr(leaf, "shape") and _supported(leaf)}
+  groups: dict[Any, list[str]] = {}
+  for name, leaf in leaves.items():
+    if on_devices or not _in_host_memory(leaf):
+      key = frozenset(leaf.sharding.device_set) if isinstance(leaf, jax.Array) else None
+      groups.setdefault(key, []).append(name)
+  return leaves, groups
+
+
+def _run_groups(leaves: dict[str, Any], groups: dict[Any, list[str]]):
+  """Yields `(names, sums)` of each group, computed by the device program where they live."""
+  for names in groups.values():
+    inputs = [leaves[n] if isinstance(leaves[n], jax.Array) else jnp.asarray(leaves[n])
+              for n in names]
+    yield names, _to_host(_fingerprint_leaves(inputs))
 
 
 def _hex(sums) -> str:
