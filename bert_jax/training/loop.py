@@ -155,23 +155,23 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
             if k not in STEP_SCALARS}
     scalars = {f"train/{k}": v for k, v in objective.summarize(sums).items()}
     scalars.setdefault("train/loss", float(np.mean([m["loss"] for m in fetched])))
+    rows_per_sec = steps_per_sec * config.examples_per_step
+    total = lambda name: float(np.sum([m[name] for m in fetched]))
+    packed = "sequences" in fetched[0]  # packed rows: several sequences each
+    measured = "real_tokens" in fetched[0]  # the rows as they were (trimmed, per ending, ...)
     scalars.update({"train/learning_rate": float(fetched[-1]["learning_rate"]),
                     "train/grad_norm": float(fetched[-1]["grad_norm"]),
                     "perf/steps_per_sec": steps_per_sec,
-                    "perf/sequences_per_sec": steps_per_sec * config.examples_per_step,
-                    "perf/tokens_per_sec": (steps_per_sec * config.examples_per_step
-                                            * config.tokens_per_example),
+                    "perf/sequences_per_sec": (total("sequences") / elapsed if packed
+                                               else rows_per_sec),
+                    "perf/tokens_per_sec": (total("row_tokens") / elapsed if measured else
+                                            rows_per_sec * config.tokens_per_example),
                     "perf/eta_seconds": (until - step) / steps_per_sec})
-    if "real_tokens" in fetched[0]:  # what the rows hold besides padding
-      real = float(np.sum([m["real_tokens"] for m in fetched]))
-      slots = float(np.sum([m["row_tokens"] for m in fetched]))
-      scalars["perf/tokens_per_sec"] = slots / elapsed  # the rows as they were (trimmed, ...)
-      scalars["perf/useful_tokens_per_sec"] = real / elapsed
-      scalars["perf/padding_fraction"] = 1.0 - real / slots
-    if "sequences" in fetched[0]:  # packed rows: several sequences each
-      scalars["perf/rows_per_sec"] = scalars["perf/sequences_per_sec"]
-      scalars["perf/sequences_per_sec"] = float(
-          np.sum([m["sequences"] for m in fetched])) / elapsed
+    if packed:
+      scalars["perf/rows_per_sec"] = rows_per_sec
+    if measured:  # what the rows hold besides padding
+      scalars["perf/useful_tokens_per_sec"] = total("real_tokens") / elapsed
+      scalars["perf/padding_fraction"] = 1.0 - total("real_tokens") / total("row_tokens")
     if peak:
       scalars["perf/mfu"] = config.flops_per_step * steps_per_sec / (peak * jax.device_count())
     writer.write(step, scalars)
