@@ -159,15 +159,21 @@ def check_length(max_seq_length: int, config: configuration.BertConfig) -> None:
 
 # --------------------------------------------------------------------------------- export
 def export_head(path: str) -> task_heads.Head | None:
-  """The task head of a fine-tuned output directory, as the released formats name it (its
-  kind's `predict.export_head`); None for any other checkpoint (a pre-training workdir, a
-  Hugging Face or TF1 model)."""
+  """The task head of a fine-tuned output directory as the released formats name it (its
+  kind's, with the outputs' names the run recorded); None for any other checkpoint (a
+  pre-training workdir, a Hugging Face or TF1 model)."""
   kind, _ = checkpoints.checkpoint_kind(path)
   if kind != "orbax":
     return None
   info = inspect_checkpoint(path)
-  return None if info.task is None else registry.find(info.task).module(
-      "predict").export_head(info)
+  if info.task is None:
+    return None
+  if info.metadata.get("feature_based"):
+    raise ValueError(f"{info.path} is a feature-based tagger (frozen encoder + BiLSTM), which "
+                     "no transformers or TF1 class holds: --format=orbax keeps it.")
+  labels = info.metadata.get("label_list")
+  return task_heads.Head(registry.find(info.task).head,
+                         tuple(str(label) for label in labels) if labels else None)
 
 
 def convert(source: str, target: str, output_format: str,

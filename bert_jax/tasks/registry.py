@@ -24,6 +24,8 @@ import dataclasses
 import importlib
 from types import ModuleType
 
+from bert_jax.interop import task_heads
+
 # SQuAD task names → version 2.0 or not (None: --version_2_with_negative decides).
 SQUAD_VERSIONS = {"squad": None, "squad_v1": False, "squad_v1.1": False, "squad_v2": True,
                   "squad_v2.0": True, "squad2": True}
@@ -38,6 +40,7 @@ class TaskKind:
   max_seq_length: int     # tokens per input when --max_seq_length is not given
   model_name: str         # what its fine-tuned model is called in messages
   example: str            # where such a model comes from
+  head: str               # its head as transformers names it (`interop.task_heads.HEADS`)
 
   @property
   def serves(self) -> str:
@@ -54,15 +57,18 @@ class TaskKind:
 
 CLASSIFICATION = TaskKind(
     "classification", (), "classify", 128, "a fine-tuned classifier",
-    "the --output_dir of `finetune --task_name=SST-2` or another GLUE / custom task")
+    "the --output_dir of `finetune --task_name=SST-2` or another GLUE / custom task",
+    task_heads.SEQUENCE_CLASSIFICATION)
 SQUAD = TaskKind("squad", tuple(SQUAD_VERSIONS), "qa", 384, "a fine-tuned SQuAD model",
-                 "the --output_dir of `finetune --task_name=squad`")
+                 "the --output_dir of `finetune --task_name=squad`",
+                 task_heads.QUESTION_ANSWERING)
 TAGGING = TaskKind("tagging", ("conll2003", "tagging", "ner"), "tag", 128, "a fine-tuned tagger",
-                   "the --output_dir of `finetune --task_name=conll2003` or another tagging task")
+                   "the --output_dir of `finetune --task_name=conll2003` or another tagging task",
+                   task_heads.TOKEN_CLASSIFICATION)
 MULTIPLE_CHOICE = TaskKind(
     "multiple_choice", ("swag", "hellaswag"), "choose", 128,
     "a fine-tuned multiple-choice model",
-    "the --output_dir of `finetune --task_name=swag` or hellaswag")
+    "the --output_dir of `finetune --task_name=swag` or hellaswag", task_heads.MULTIPLE_CHOICE)
 KINDS = (CLASSIFICATION, SQUAD, TAGGING, MULTIPLE_CHOICE)
 
 

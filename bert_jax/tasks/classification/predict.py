@@ -11,7 +11,6 @@ from absl import logging
 
 from bert_jax import inference
 from bert_jax.model import heads
-from bert_jax.interop import task_heads
 from bert_jax.tasks.finetuned import (CheckpointInfo, FinetunedModel, PredictError, check_length,
                                       run_model)
 from bert_jax.tasks.classification import data as glue
@@ -19,14 +18,6 @@ from bert_jax.tasks.classification import objective as sequence_classification
 from bert_jax.text import pairs, tokenization
 
 PAIR_SEPARATOR = inference.PAIR_SEPARATOR
-
-
-def export_head(info: CheckpointInfo) -> task_heads.Head:
-  """The head as transformers names it, with the class names the run recorded (none for
-  regression)."""
-  labels = info.metadata.get("label_list")
-  return task_heads.Head(task_heads.SEQUENCE_CLASSIFICATION,
-                         tuple(str(l) for l in labels) if labels else None)
 
 
 def head(info: CheckpointInfo) -> str:

@@ -9,7 +9,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from bert_jax import inference
-from bert_jax.interop import task_heads
 from bert_jax.tasks.finetuned import (CheckpointInfo, FinetunedModel, PredictError, check_length,
                                       run_model)
 from bert_jax.tasks.multiple_choice import data as swag
@@ -20,11 +19,6 @@ from bert_jax.text import tokenization
 def plugin(info: CheckpointInfo) -> multiple_choice.MultipleChoice:
   """The plug-in the model was trained as: its recorded number of endings (SWAG's 4 if none)."""
   return multiple_choice.MultipleChoice(int(info.metadata.get("num_choices") or 4))
-
-
-def export_head(info: CheckpointInfo) -> task_heads.Head:
-  del info
-  return task_heads.Head(task_heads.MULTIPLE_CHOICE)
 
 
 def head(info: CheckpointInfo) -> str:

@@ -8,7 +8,6 @@ import math
 from typing import Any, Sequence
 
 from bert_jax.model import heads
-from bert_jax.interop import task_heads
 from bert_jax.tasks.finetuned import (CheckpointInfo, FinetunedModel, PredictError, check_length,
                                       run_model)
 from bert_jax.tasks.squad import data as squad
@@ -19,11 +18,6 @@ from bert_jax.text import tokenization
 # default, so that the answer (and its probability) is the one in fine-tuning's files however
 # few candidates are shown.
 _SQUAD_CANDIDATES = 20
-
-
-def export_head(info: CheckpointInfo) -> task_heads.Head:
-  del info
-  return task_heads.Head(task_heads.QUESTION_ANSWERING)
 
 
 def head(info: CheckpointInfo) -> str:

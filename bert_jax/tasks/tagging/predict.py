@@ -9,7 +9,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from bert_jax import inference
-from bert_jax.interop import task_heads
 from bert_jax.tasks.finetuned import (CheckpointInfo, FinetunedModel, PredictError, check_length,
                                       run_model)
 from bert_jax.tasks.tagging import data as conll
@@ -27,16 +26,6 @@ def plugin(info: CheckpointInfo) -> token_classification.TokenClassification:
                                  f"{info.task!r}).")
   return token_classification.TokenClassification.with_head_of(
       meta, num_labels=len(labels), task_name=str(info.task))
-
-
-def export_head(info: CheckpointInfo) -> task_heads.Head:
-  """The fine-tuned tagger as transformers names it, with its tags; the feature-based one
-  (frozen encoder + BiLSTM) has no class there."""
-  if info.metadata.get("feature_based"):
-    raise ValueError(f"{info.path} is a feature-based tagger (frozen encoder + BiLSTM), which "
-                     "no transformers or TF1 class holds: --format=orbax keeps it.")
-  return task_heads.Head(task_heads.TOKEN_CLASSIFICATION,
-                         tuple(str(l) for l in info.metadata.get("label_list") or ()) or None)
 
 
 def head(info: CheckpointInfo) -> str:
