@@ -235,7 +235,7 @@ def run_from_flags() -> None:
   # A fine-tuned model records how it was fed: its values are the defaults, flags override.
   given = {name: FLAGS[name].value if FLAGS[name].present else None
            for name in pipeline.SETTINGS}
-  model = pipeline.load(FLAGS.checkpoint, mode=mode, vocab=cli.vocabulary_from_flags(),
+  model = pipeline.load(info, mode=mode, vocab=cli.vocabulary_from_flags(),
                         vocab_flag="--spm_model_file" if FLAGS.spm_model_file else "--vocab_file",
                         label_list=FLAGS.label_list, task_name=FLAGS.task_name, **given)
   if mode == "fill_mask":

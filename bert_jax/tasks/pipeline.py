@@ -38,7 +38,7 @@ SETTINGS = ("do_lower_case", "max_seq_length", "doc_stride", "max_query_length")
 DEFAULTS = {"doc_stride": 128, "max_query_length": 64}
 
 
-def settings_of(info: finetuned.CheckpointInfo, given: dict[str, Any]) -> dict[str, Any]:
+def _settings(info: finetuned.CheckpointInfo, given: dict[str, Any]) -> dict[str, Any]:
   """The input settings of a checkpoint: `given` (values not None), else what fine-tuning
   recorded, else `DEFAULTS`."""
   out = {}
@@ -130,20 +130,22 @@ class Model:
                                   batch_size)
 
 
-def load(path: str, *, mode: str = "auto", vocab: vocab_files.VocabularyFiles | None = None,
-         vocab_flag: str = "--vocab_file", label_list: Sequence[str] | None = None,
-         task_name: str | None = None, **settings: Any) -> Model:
-  """The checkpoint at `path`, ready for its mode (`auto`: the task a fine-tuned model records,
-  else `fill_mask`). `vocab`: the vocabulary to use, checked against the model's own (default:
-  the one kept beside it). `settings`: `do_lower_case`, `max_seq_length`, `doc_stride`,
-  `max_query_length` over the recorded ones. `label_list` / `task_name`: a classifier's label
-  names over the recorded ones."""
+def load(checkpoint: str | finetuned.CheckpointInfo, *, mode: str = "auto",
+         vocab: vocab_files.VocabularyFiles | None = None, vocab_flag: str = "--vocab_file",
+         label_list: Sequence[str] | None = None, task_name: str | None = None,
+         **settings: Any) -> Model:
+  """The checkpoint at a path (or one `finetuned.inspect_checkpoint` has read), ready for its
+  mode (`auto`: the task a fine-tuned model records, else `fill_mask`). `vocab`: the vocabulary
+  to use, checked against the model's own (default: the one kept beside it). `settings`:
+  `do_lower_case`, `max_seq_length`, `doc_stride`, `max_query_length` over the recorded ones.
+  `label_list` / `task_name`: a classifier's label names over the recorded ones."""
   unknown = sorted(set(settings) - set(SETTINGS))
   if unknown:
     raise TypeError(f"load() got unknown settings {unknown}; it takes {', '.join(SETTINGS)}.")
-  info = finetuned.inspect_checkpoint(path)
+  info = (checkpoint if isinstance(checkpoint, finetuned.CheckpointInfo)
+          else finetuned.inspect_checkpoint(checkpoint))
   mode = info.mode if mode == "auto" else mode
-  setting = settings_of(info, settings)
+  setting = _settings(info, settings)
   files = finetuned.find_vocab(info, vocab, vocab_flag)  # before any weights are read
   if mode == "fill_mask":
     config, params = finetuned.load_fill_mask_model(info)
