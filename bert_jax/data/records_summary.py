@@ -38,15 +38,19 @@ def summary(files: list[str]) -> dict[str, Any]:
 
 
 def records_identity(files: list[str]) -> str:
-  """A digest of what a run reads: every file's name and size, and the summary.json data_prep
-  wrote beside them. Saved with the data position, so that a resume onto records rewritten
-  under the same names (another seed, another corpus) is told apart from one onto the same
-  records, without reading them."""
+  """A digest of what a run reads: every file's name, and the summary.json data_prep wrote
+  beside them (its settings, seed and counts change with any regeneration), or, for records
+  without one, every file's size. Saved with the data position, so that a resume onto records
+  rewritten under the same names (another seed, another corpus) is told apart from one onto
+  the same records, without reading them (nor, on a bucket, asking the size of every shard
+  where data_prep's summary tells)."""
   digest = hashlib.sha256()
-  for path in sorted(files):
-    digest.update(f"{os.path.basename(path)}\t{file_io.size(path)}\n".encode("utf-8"))
   summary_path = file_io.join(os.path.dirname(files[0]), "summary.json") if files else None
-  if summary_path and file_io.exists(summary_path):
+  described = bool(summary_path) and file_io.exists(summary_path)
+  for path in sorted(files):
+    size = "" if described else f"\t{file_io.size(path)}"
+    digest.update(f"{os.path.basename(path)}{size}\n".encode("utf-8"))
+  if described:
     digest.update(file_io.read_bytes(summary_path))
   return digest.hexdigest()[:16]
 
