@@ -91,6 +91,16 @@ ORIGINAL_FLAGS = (
     ("null_score_diff_threshold", "float", "SQuAD 2.0: predict no answer when null score - best "
                                            "score exceeds this (eval_results.json reports the "
                                            "best threshold on dev) (0)."),
+    # Not original flags: evaluation during training and early stopping.
+    ("eval_every_steps", "integer", "Score the dev data every this many training steps (with "
+                                    "--do_eval) and keep the best model in <output_dir>/best "
+                                    "(default: once, after training)."),
+    ("eval_metric", "string", "The dev score that picks the best model, as eval_results.json "
+                              "names it (default: the task's own: accuracy, f1, "
+                              "matthews_corr, pearson, ...)."),
+    ("early_stopping_patience", "integer", "Stop training after this many evaluations "
+                                           "(--eval_every_steps) without a better "
+                                           "--eval_metric (default: never)."),
     # Not original flags: the one switch of sequence packing, and ELECTRA's layer-wise decay.
     ("packing", "bool", "Pack several examples into each row of --max_seq_length (same "
                         "examples per step, fewer rows; see finetune_config)."),

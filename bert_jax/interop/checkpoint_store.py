@@ -114,6 +114,11 @@ class CheckpointStore:
       self._pending_step = int(step)
     return started
 
+  def delete(self, step: int) -> None:
+    """Removes a committed step (waiting for a save in flight first)."""
+    self.wait_until_finished()
+    self._manager.delete(int(step))
+
   def prepare(self, state: Any) -> None:
     """Compiles what a save of `state` runs on the devices (its fingerprints) now, before
     training, instead of at the first save (`checkpoint_fingerprints.compile_ahead`)."""

@@ -84,6 +84,15 @@ def get_config() -> ml_collections.ConfigDict:
       "grad_accum_steps": 1,
       "log_every_steps": 50,
       "checkpoint_every_steps": 1000,
+      # Evaluation during training (see `runs/finetune_job.py`): the dev data scored every so
+      # many steps (None: once, after training), the best model by `eval_metric` (None: the
+      # task's own, e.g. MRPC's F1, CoLA's Matthews correlation, SQuAD's F1) kept in
+      # <output_dir>/best, and training ended after `early_stopping_patience` evaluations
+      # without improvement (None: never).
+      "eval_every_steps": config_dict.placeholder(int),
+      "eval_metric": config_dict.placeholder(str),
+      "early_stopping_patience": config_dict.placeholder(int),
+      "keep_best": True,
       "shuffle_seed_offset": 0,
       "packing": False,              # several examples per row (see the docstring)
       "packing_max_sequences_per_row": 8,

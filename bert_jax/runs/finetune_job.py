@@ -1,7 +1,16 @@
 """What every fine-tuning run does the same way, whatever its task: the output directory, mesh
 and model config (`setup`), the fine-tuning optimizer, the init order and training through the
-core loop (`fit`), a stop before the last step (`stopped`), the results file (`finish`), and the
-forward pass over a task's features (`make_predictor`, `predict`, packed or not).
+core loop (`fit`), a stop before the last step (`stopped`), the results file (`finish`), the
+forward pass over a task's features (`predict`, packed or not), and its model scored on a split
+once per step (`Evaluator`).
+
+Evaluation during training (`eval_every_steps`): the run's `Evaluator` scores its dev split
+every so many steps and at the end, as the evaluation after training does (which then reuses
+the last one). The best model by the task's metric (`eval_metric`, by default the one its
+papers report) is kept in `<output_dir>/best/` — a fine-tuning output directory of its own
+(checkpoint, config, vocabulary, and its scores in eval_results.json) that `predict`, `convert`
+and `finetune --do_eval` read — and with `early_stopping_patience` training ends after that many
+evaluations without improvement (`training/selection.py`).
 
 The runs (`finetuning.py` for GLUE and SQuAD, `tagging.py`, `multiple_choice.py`) differ only in
 how they read, featurize, score and write; everything here is shared by all of them.
@@ -13,7 +22,7 @@ import dataclasses
 import json
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import ml_collections
@@ -26,6 +35,7 @@ from bert_jax.model import configuration
 from bert_jax.parallel import sharding
 from bert_jax.text import vocab_files
 from bert_jax.training import checkpointing, init_order, loop, metrics, optimizer
+from bert_jax.training import selection as selection_lib
 from bert_jax.training import step as step_lib
 
 
@@ -41,6 +51,11 @@ class Job:
   checkpoints: Any
   writer: metrics.MetricWriter
   started: float
+  best: checkpointing.CheckpointManager | None = None   # <output_dir>/best, when kept
+
+
+# Where a run keeps its best model (`eval_every_steps`), inside its output directory.
+BEST = "best"
 
 
 def refuse_what_the_kind_lacks(config, kind: str, data: str, packing: str) -> None:
@@ -143,10 +158,46 @@ def packer(job: Job, objective, feats, batch_size: int, seed) -> tuple[Any, floa
   return pack, report.bucketed_rows / len(batches)
 
 
+def keep_serving_files(job: Job, tokenizer, directory: str) -> None:
+  """What serving a model needs beside its checkpoint: its config and vocabulary."""
+  if jax.process_index() == 0:
+    job.bert_config.to_json_file(file_io.join(directory, "bert_config.json"))
+    files = vocab_files.of_tokenizer(tokenizer)
+    if files.main:
+      vocab_files.keep(files, directory)
+
+
+def _best_keeper(job: Job, tokenizer, meta: dict[str, Any]
+                 ) -> Callable[[int, Any, dict[str, float]], None]:
+  """Keeps a new best model in `<output_dir>/best`: its whole train state (so that the directory
+  is a fine-tuning output in its own right), config, vocabulary and scores. The new step is
+  written before the old one is removed, so there is a best model at every moment."""
+  directory = file_io.join(job.output_dir, BEST)
+  job.best = checkpointing.run_checkpoints(directory, max_to_keep=None, async_save=False)
+
+  def keep(step: int, state, scalars: dict[str, float]) -> None:
+    if step in job.best.all_steps():  # a resumed run reaching a step it had kept before
+      job.best.delete(step)
+    job.best.save(step, state, {}, meta)
+    for old in job.best.all_steps():
+      if old != step:
+        job.best.delete(old)
+    keep_serving_files(job, tokenizer, directory)
+    if jax.process_index() == 0:
+      file_io.write_text_atomic(file_io.join(directory, "eval_results.json"), json.dumps(
+          {"step": step, **{k: v for k, v in scalars.items()}}, indent=2, default=float) + "\n")
+    metrics.log(f"best so far: step {step}, kept in {directory}")
+  return keep
+
+
 def run_training(job: Job, objective, model, tx, schedule, init, feats, num_steps: int,
-                 batch_size: int, seed: int, tokenizer, metadata: dict[str, Any]):
+                 batch_size: int, seed: int, tokenizer, metadata: dict[str, Any],
+                 evaluator: "Evaluator | None" = None):
   """Trains through the core loop (checkpoints with the data position: an interrupted run
-  resumes), then keeps what serving the model needs beside it: its config and vocabulary."""
+  resumes; with `eval_every_steps`, the `evaluator` scores the dev split as it goes and the best
+  model is kept), then keeps what serving the model needs beside it: its config and
+  vocabulary. Returns the loop's result and the model selection (None without evaluation
+  during training)."""
   config = job.config
   train_step = step_lib.build_train_step(objective, model, tx, schedule, init.shardings,
                                          job.batch_sh, job.mesh, job.rules,
@@ -161,28 +212,34 @@ def run_training(job: Job, objective, model, tx, schedule, init, feats, num_step
                                     pack=pack)
   meta = {"bert_config": hf_config.to_hf_dict(job.bert_config),
           "do_lower_case": bool(tokenizer.do_lower_case), **metadata}
+  every = config.get("eval_every_steps")
+  evaluate = selection = None
+  if every and evaluator is not None:
+    evaluate = evaluator.scalars
+    selection = selection_lib.Selection(
+        f"{evaluator.tag}/{config.get('eval_metric') or evaluator.metric}",
+        patience=config.get("early_stopping_patience"),
+        on_best=(_best_keeper(job, tokenizer, meta) if config.get("keep_best", True)
+                 else None)).restored(init.metadata)
   result = loop.train(
       init.state, train_step, batches, objective=objective,
       config=loop.LoopConfig(
           until_step=num_steps, examples_per_step=batch_size,
           tokens_per_example=objective.max_seq_length, log_every_steps=config.log_every_steps,
-          checkpoint_every_steps=config.checkpoint_every_steps,
+          checkpoint_every_steps=config.checkpoint_every_steps, eval_every_steps=every,
           flops_per_step=objective.flops_per_step(job.bert_config, rows_per_step)),
-      writer=job.writer, checkpoints=job.checkpoints, metadata=meta)
-  if jax.process_index() == 0:
-    job.bert_config.to_json_file(file_io.join(job.output_dir, "bert_config.json"))
-    files = vocab_files.of_tokenizer(tokenizer)
-    if files.main:
-      vocab_files.keep(files, job.output_dir)
-  return result
+      writer=job.writer, checkpoints=job.checkpoints, metadata=meta, evaluate=evaluate,
+      selection=selection)
+  keep_serving_files(job, tokenizer, job.output_dir)
+  return result, selection
 
 
 def fit(job: Job, objective, model, tokenizer, *, feats, num_steps: int,
-        metadata: dict[str, Any], header: str, results: dict[str, Any]
-        ) -> tuple[Any, Any, Any]:
+        metadata: dict[str, Any], header: str, results: dict[str, Any],
+        evaluator: "Evaluator | None" = None) -> tuple[Any, Any, Any]:
   """The init order, then (when `feats` are given) training at the config's batch size,
-  learning rate and seed: `(state, init, loop result or None)`. Training settings and time go
-  into `results`."""
+  learning rate and seed, with the `evaluator` scoring the dev split every `eval_every_steps`:
+  `(state, init, loop result or None)`. Training settings and time go into `results`."""
   config = job.config
   tx, schedule = make_optimizer(config, num_steps, config.learning_rate,
                                 config.warmup_proportion,
@@ -197,10 +254,19 @@ def fit(job: Job, objective, model, tokenizer, *, feats, num_steps: int,
               f"{dict(job.mesh.shape)}")
   if feats is None:
     return init.state, init, None
-  result = run_training(job, objective, model, tx, schedule, init, feats, num_steps,
-                        config.train_batch_size, config.seed, tokenizer, metadata)
+  result, selection = run_training(job, objective, model, tx, schedule, init, feats, num_steps,
+                                   config.train_batch_size, config.seed, tokenizer, metadata,
+                                   evaluator)
   results["train_steps"] = num_steps
   results["train_seconds"] = time.time() - job.started
+  if selection is not None and selection.best_step is not None:
+    kept = file_io.join(job.output_dir, BEST) if selection.on_best else None
+    results["best"] = {"step": selection.best_step, "metric": selection.metric,
+                       "value": selection.best_value, "directory": kept}
+    metrics.log(selection.describe() + (f": kept in {kept}" if kept else ""))
+  if result.out_of_patience:
+    results["early_stopping"] = {"stopped_at_step": result.step,
+                                 "patience": config.early_stopping_patience}
   return result.state, init, result
 
 
@@ -209,9 +275,15 @@ def stopped(job: Job, result, num_steps: int, results: dict[str, Any]) -> dict[s
   eval_results.json that could be taken for a finished run's."""
   metrics.log(f"Stopped at step {result.step} of {num_steps}: not evaluated. Run the same "
               "command again to resume.")
-  job.checkpoints.close()
-  job.writer.close()
+  _close(job)
   return dict(results, stopped_early=True, seconds=time.time() - job.started)
+
+
+def _close(job: Job) -> None:
+  job.checkpoints.close()
+  if job.best is not None:
+    job.best.close()
+  job.writer.close()
 
 
 def finish(job: Job, results: dict[str, Any]) -> dict[str, Any]:
@@ -219,15 +291,8 @@ def finish(job: Job, results: dict[str, Any]) -> dict[str, Any]:
   if jax.process_index() == 0:
     file_io.write_text_atomic(file_io.join(job.output_dir, "eval_results.json"),
                               json.dumps(results, indent=2, default=float) + "\n")
-  job.checkpoints.close()
-  job.writer.close()
+  _close(job)
   return results
-
-
-def make_predictor(job: Job, objective, model, init) -> inference.Predictor:
-  """The forward pass of `model` laid out as training laid out its parameters."""
-  return inference.Predictor(model, objective.input_names, mesh=job.mesh, rules=job.rules,
-                             param_shardings=init.shardings.params)
 
 
 def predict(predictor: inference.Predictor, objective, params, feats, batch_size: int, *,
@@ -259,3 +324,52 @@ def recorded(output_dir: str) -> dict[str, Any]:
     return checkpoints.run_metadata(output_dir)
   except (FileNotFoundError, ValueError):
     return {}
+
+
+class Evaluator:
+  """A run's model applied to one of its splits, once per (step, split): the evaluations during
+  training (`eval_every_steps`) and the one after it share the work.
+
+  `apply(predict, split)` returns `(scores or None, outputs)` — None where the split has no gold
+  answers to score — with `predict(feats, batch_size, *, desc, trim=True)` the model's outputs
+  for a split's features under the parameters being evaluated. Evaluation during training
+  scores `split`, its numbers reported as `<tag>/<name>`; `metric` is the task's own measure of
+  a better model (the one its papers report). `params_of` picks the evaluated model's
+  parameters from the train state's (a distilled student's, without its teacher).
+  """
+
+  def __init__(self, job: Job, objective, model,
+               apply: Callable[[Callable, str], tuple[dict[str, Any] | None, Any]], *,
+               split: str, tag: str, metric: str, params_of: Callable[[Any], Any] | None = None):
+    self.job, self.objective, self.model, self._apply = job, objective, model, apply
+    self.split, self.tag, self.metric = split, tag, metric
+    self._params_of = params_of or (lambda params: params)
+    self._predictor: inference.Predictor | None = None
+    self._memo: dict[tuple[int, str], Any] = {}
+
+  def __call__(self, state, split: str) -> tuple[dict[str, Any] | None, Any]:
+    key = (int(state.step), split)
+    if key not in self._memo:
+      params = self._params_of(state.params)
+      if self._predictor is None:  # laid out as training laid out the parameters
+        self._predictor = inference.Predictor(
+            self.model, self.objective.input_names, mesh=self.job.mesh, rules=self.job.rules,
+            param_shardings=jax.tree.map(lambda a: a.sharding, params))
+
+      def run(feats, batch_size: int, *, desc: str, trim: bool = True):
+        return predict(self._predictor, self.objective, params, feats, batch_size, desc=desc,
+                       trim=trim)
+
+      self._memo = {k: v for k, v in self._memo.items() if k[0] == key[0]}
+      self._memo[key] = self._apply(run, split)
+    return self._memo[key]
+
+  def scalars(self, state) -> dict[str, float]:
+    """The scores of `split` as the loop reports an evaluation (`<tag>/<name>`)."""
+    scores, _ = self(state, self.split)
+    if scores is None:
+      raise ValueError(f"--eval_every_steps: the {self.split} data has no gold answers to "
+                       "score.")
+    return {f"{self.tag}/{k}": int(v) if isinstance(v, (int, np.integer)) else float(v)
+            for k, v in scores.items()
+            if isinstance(v, (int, float, np.number)) and not isinstance(v, bool)}

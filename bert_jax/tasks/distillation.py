@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
-import jax
 import jax.numpy as jnp
 
 from bert_jax.model.configuration import BertConfig
@@ -164,10 +163,3 @@ class TaskDistillation(Objective):
       return student
     return student + self.student.flops_per_step(self.teacher_config, batch_size) / 3.0
 
-
-def student_view(objective: TaskDistillation, state, init):
-  """`(student objective, state, init)` with the teacher left out of the parameters and their
-  shardings: evaluation and prediction run the student's own model."""
-  state = state.replace(params=objective.student_params(state.params))
-  shardings = init.shardings.replace(params=objective.student_params(init.shardings.params))
-  return objective.student, state, dataclasses.replace(init, shardings=shardings)

@@ -119,6 +119,23 @@ def check_config(config) -> None:
     raise ValueError("--init_checkpoint is empty: name the pre-trained model (a pre-training "
                      "workdir, a Hugging Face directory or a TF1 bert_model.ckpt), or leave the "
                      "flag out to train from random weights.")
+  check_evaluation(config)
+
+
+def check_evaluation(config) -> None:
+  """Refuses evaluation settings during training that cannot work, naming the flag."""
+  every, patience = config.get("eval_every_steps"), config.get("early_stopping_patience")
+  if every is not None and every <= 0:
+    raise ValueError(f"--eval_every_steps={every}: must be positive.")
+  if patience is not None:
+    if patience < 1:
+      raise ValueError(f"--early_stopping_patience={patience}: must be at least 1 evaluation.")
+    if every is None:
+      raise ValueError("--early_stopping_patience counts evaluations during training: set "
+                       "--eval_every_steps too.")
+  if every is not None and config.do_train and not config.do_eval:
+    raise ValueError("--eval_every_steps scores the dev data while training: add --do_eval "
+                     "(SQuAD: and a --predict_file with answers).")
 
 
 def run_from_config(config, tokenizer) -> dict:

@@ -36,6 +36,9 @@ class InitialState:
   shardings: state_lib.TrainState
   position: dict[str, int] | None   # the data position to resume from (own checkpoint only)
   origin: str                       # where the state came from, for the run's first line
+  # What the run's own checkpoint recorded beside the state (resumed runs only): e.g. its model
+  # selection (`training/selection.py`).
+  metadata: dict | None = None
 
 
 def initial_state(objective, model, tx, mesh, rules, *, batch_size: int, seed: int,
@@ -51,12 +54,13 @@ def initial_state(objective, model, tx, mesh, rules, *, batch_size: int, seed: i
   if checkpoints is not None and checkpoints.latest_step() is not None:
     # The newest step that is intact; newer damaged ones are set aside (named in a warning),
     # so that this run saves those steps again.
-    state, data_state, _ = checkpoints.restore(abstract, set_aside_damaged=True)
+    state, data_state, meta = checkpoints.restore(abstract, set_aside_damaged=True)
     position = data_position.own_position(data_state, records) if data_state else None
     damaged = (f" (damaged, set aside: step {', '.join(str(s) for s, _ in checkpoints.skipped)})"
                if checkpoints.skipped else "")
     return InitialState(state, state_sh, position, f"resumed from step {int(state.step)} "
-                                                   f"of {checkpoints.directory}{damaged}")
+                                                   f"of {checkpoints.directory}{damaged}",
+                        dict(meta or {}))
   if init_checkpoint:
     kind, where = checkpoint_kind(init_checkpoint)
     if init_mode == "continue":

@@ -4,7 +4,8 @@ Given a train state, the jitted step (`training/step.py`) and a stream of
 `(global_batch, data_position)` pairs, it trains up to `until_step` and owns everything around
 the steps: progress lines with rate, ETA and MFU; the objective's metrics, averaged exactly from
 their sums, to the console, TensorBoard and `metrics.jsonl`; evaluation every
-`eval_every_steps`; checkpoints with the data position (so a resumed run reads exactly the
+`eval_every_steps`, with model selection by one of its metrics (`training/selection.py`: the
+best step kept, early stopping); checkpoints with the data position (so a resumed run reads exactly the
 batches an uninterrupted one would); SIGTERM, Ctrl-C and TPU preemption (save, then stop); and a
 NaN/inf loss (stop, name the last good checkpoint). What the objective or task is does not matter
 here.
@@ -23,6 +24,7 @@ import jax
 import numpy as np
 
 from bert_jax.training import checkpointing, data_position, metrics, perf
+from bert_jax.training import selection as selection_lib
 from bert_jax.training.objective import Objective
 from bert_jax.training.step import STEP_SCALARS
 
@@ -65,6 +67,9 @@ class LoopResult:
   step: int
   scalars: dict[str, float]   # the last reported train/perf/eval scalars
   stopped_early: bool         # a stop (SIGTERM, Ctrl-C, preemption) came before until_step
+  # Training ended before until_step because the selection's patience ran out (early
+  # stopping): the run is complete, unlike one `stopped_early`.
+  out_of_patience: bool = False
 
 
 class StopSignal:
@@ -110,19 +115,23 @@ def _any_process(flag: bool) -> bool:
 
 
 def _eval_line(step: int, scalars: dict[str, float]) -> str:
-  return f"eval at step {step}: " + ", ".join(f"{k.split('/', 1)[1]} {v:.4f}"
-                                              for k, v in scalars.items())
+  return f"eval at step {step}: " + ", ".join(
+      f"{k.split('/', 1)[1]} {v}" if isinstance(v, int) else f"{k.split('/', 1)[1]} {v:.4f}"
+      for k, v in scalars.items())
 
 
 def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]], *,
           objective: Objective, config: LoopConfig, writer: metrics.MetricWriter,
           checkpoints: checkpointing.CheckpointManager | None = None,
           metadata: dict[str, Any] | None = None,
-          evaluate: Callable[[Any], dict[str, float]] | None = None) -> LoopResult:
+          evaluate: Callable[[Any], dict[str, float]] | None = None,
+          selection: selection_lib.Selection | None = None) -> LoopResult:
   """Trains from `state.step` to `config.until_step`; see the module docstring.
 
   `evaluate(state)` returns prefixed scalars (`eval/...`); it runs every `eval_every_steps`
   and at the end (also when nothing was left to train). Without `checkpoints` nothing is saved.
+  `selection` (restored from the checkpoint the state came from) counts every evaluation and
+  ends training early when its patience runs out; its state is saved with each checkpoint.
   """
   start_step = step = int(state.step)
   until = config.until_step
@@ -133,6 +142,10 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
   window_start, window_first_step = time.time(), start_step
   evaluated = False
   stopping = False
+  out_of_patience = selection is not None and selection.exhausted
+  if out_of_patience:  # a resumed run that had stopped for lack of improvement
+    metrics.log(f"Not training: early stopping ended this run at step {step} "
+                f"({selection.describe()}).")
 
   def check_finite(window_metrics, first, last_step):
     losses = [float(m["loss"]) for m in window_metrics]
@@ -196,6 +209,13 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
     metrics.log(_eval_line(step, scalars))
     last.update(scalars)
     evaluated = True
+    if selection is not None:
+      selection.update(step, state, scalars)
+
+  def saved_metadata():
+    if selection is None:
+      return metadata or {}
+    return dict(metadata or {}, **{selection_lib.METADATA_KEY: selection.record()})
 
   heartbeat = {"time": time.time(), "step": start_step}
   if checkpoints is not None and step < until:
@@ -203,7 +223,7 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
   with StopSignal() as stop:
     position = None
     compile_start = time.time()
-    while step < until:
+    while step < until and not out_of_patience:
       batch, position = next(batches)
       state, step_metrics = train_step(state, batch)
       step += 1
@@ -233,9 +253,14 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
         window, window_start, window_first_step = [], time.time(), step
       if is_eval:
         run_evaluation()
+        if selection is not None and selection.exhausted:
+          out_of_patience = is_ckpt = True
+          metrics.log(f"Early stopping at step {step} of {until}: no better "
+                      f"{selection.metric} in the last {selection.patience} evaluations "
+                      f"({selection.describe()}).")
       if checkpoints is not None and (is_ckpt or stopping):
         checkpoints.save(step, state, data_position.gather_positions(position, config.records),
-                         metadata or {})
+                         saved_metadata())
         last_good_step = step
       if is_ckpt or is_eval:
         window_start = time.time()  # evaluation and saving are not training throughput
@@ -251,4 +276,5 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
   if checkpoints is not None:
     checkpoints.wait_until_finished()
   last["step"] = step
-  return LoopResult(state, step, last, stopped_early=stopping and step < until)
+  return LoopResult(state, step, last, stopped_early=stopping and step < until,
+                    out_of_patience=out_of_patience)

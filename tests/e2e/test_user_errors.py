@@ -92,6 +92,35 @@ def test_vocab_size_comes_from_the_data_and_is_checked_against_it(tmp_path):
                                         files).model.vocab_size == 640
 
 
+def test_sequence_length_and_predictions_come_from_the_records_when_unset(tmp_path):
+  """A config that leaves the two shapes unset (the default) takes them from the records, so
+  records written at another length train at the first start; a set value is kept (and checked
+  against the records, below); with no records, the paper's phase 1."""
+  unset = {"data.max_seq_length": None, "data.max_predictions_per_seq": None}
+  static = ph.write_records(str(tmp_path / "static"), num_files=1, per_file=4)
+  files = [str(tmp_path / "static" / "train-00000.tfrecord")]
+  resolved = pretraining.resolve_record_shapes(ph.run_config(static, **unset), files)
+  assert (resolved.data.max_seq_length, resolved.data.max_predictions_per_seq) == (ph.SEQ,
+                                                                                   ph.PRED)
+  kept = pretraining.resolve_record_shapes(ph.run_config(
+      static, **{"data.max_seq_length": 64, "data.max_predictions_per_seq": None}), files)
+  assert (kept.data.max_seq_length, kept.data.max_predictions_per_seq) == (64, ph.PRED)
+  default = pretraining.resolve_record_shapes(ph.run_config(static, **unset))
+  assert (default.data.max_seq_length, default.data.max_predictions_per_seq) == (128, 20)
+  # Dynamic records: the length from the records, the budget data_prep packed for (its
+  # summary.json), else ceil(masked_lm_prob x length).
+  dynamic = ph.write_records(str(tmp_path / "dynamic"), num_files=1, per_file=4,
+                             masking="dynamic")
+  files = [str(tmp_path / "dynamic" / "train-00000.tfrecord")]
+  guessed = pretraining.resolve_record_shapes(ph.run_config(dynamic, **unset), files)
+  assert (guessed.data.max_seq_length, guessed.data.max_predictions_per_seq) == (ph.SEQ, 5)
+  (tmp_path / "dynamic" / "summary.json").write_text(json.dumps(
+      {"settings": {"max_predictions_per_seq": 7}}))
+  budget = pretraining.resolve_record_shapes(ph.run_config(dynamic, **unset), files)
+  assert budget.data.max_predictions_per_seq == 7
+  # A whole run started so: tests/unit/runs/test_pretrain.py, records rewritten.
+
+
 # ---------------------------------------------------------------------- one-line CLI errors
 @pytest.mark.slow
 @pytest.mark.e2e
@@ -125,6 +154,14 @@ def test_command_errors_are_one_line_that_names_the_fix(records, tmp_path):
   line = _one_line_error(_cli(*finetune, "--task_name=SST-2", "--warmup_proportion=1.5",
                               cwd=cwd))
   assert line == "error: --warmup_proportion=1.5: must lie in [0, 1].", line
+  line = _one_line_error(_cli(*finetune, "--task_name=SST-2", "--eval_every_steps=50",
+                              cwd=cwd))
+  assert line == ("error: --eval_every_steps scores the dev data while training: add --do_eval "
+                  "(SQuAD: and a --predict_file with answers)."), line
+  line = _one_line_error(_cli(*finetune, "--task_name=SST-2", "--early_stopping_patience=3",
+                              "--do_eval", cwd=cwd))
+  assert line == ("error: --early_stopping_patience counts evaluations during training: set "
+                  "--eval_every_steps too."), line
 
 
 def test_a_command_run_in_the_test_process_leaves_logging_as_it_found_it(tmp_path, caplog):

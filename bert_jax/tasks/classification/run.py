@@ -60,6 +60,7 @@ def run(config: ml_collections.ConfigDict, tokenizer, task=None) -> dict[str, An
         job.config.distill_alpha).with_checkpoints(checkpoints)
   model = objective.model(job.bert_config)
   results: dict[str, Any] = {"task": task.name}
+  evaluator = _evaluator(job, task, objective, tokenizer)
   train_examples = read_examples(task, data_dir, "train", data_format) if do_train else []
   num_steps = (finetune_job.num_train_steps(len(train_examples), train_batch_size,
                                             config.num_train_epochs) if do_train else 1)
@@ -78,27 +79,13 @@ def run(config: ml_collections.ConfigDict, tokenizer, task=None) -> dict[str, An
           "label_list": None if task.is_regression else list(task.label_list),
           # What the model reads, for `predict --input_file` (a label column is not a text_b).
           "sentence_pairs": any(e.text_b is not None for e in train_examples) if do_train
-                            else None})
+                            else None}, evaluator=evaluator)
   if result is not None and result.stopped_early:
     return finetune_job.stopped(job, result, num_steps, results)
 
-  if isinstance(objective, task_distillation.TaskDistillation):  # the student alone from here
-    objective, state, init = task_distillation.student_view(objective, state, init)
-    model = objective.model(job.bert_config)
-  predictor = finetune_job.make_predictor(job, objective, model, init)
   if do_eval:
     for split in task.eval_splits:
-      examples = read_examples(task, data_dir, split, data_format)
-      feats = objective.featurize(examples, tokenizer)
-      logits = finetune_job.predict(predictor, objective, state.params, feats,
-                                    config.eval_batch_size,
-                                    desc=f"eval {split}")
-      preds = sequence_classification.to_predictions(task, logits)
-      split_metrics = task.compute_metrics(preds, feats["label"])
-      split_metrics["num_examples"] = len(examples)
-      if not task.is_regression:  # what always answering the most frequent label scores
-        split_metrics["majority_class_accuracy"] = float(
-            np.max(np.bincount(np.asarray(feats["label"], np.int64))) / max(len(examples), 1))
+      split_metrics, _ = evaluator(state, split)
       results[split] = split_metrics
       job.writer.write(int(state.step),
                        {f"eval_{split}/{k}": v for k, v in split_metrics.items()})
@@ -106,17 +93,46 @@ def run(config: ml_collections.ConfigDict, tokenizer, task=None) -> dict[str, An
                                                 else f"{k} {v}" for k, v in split_metrics.items()))
   if do_predict:
     for split, filename in task.predict_splits.items():
-      examples = read_examples(task, data_dir, split, data_format)
-      feats = objective.featurize(examples, tokenizer)
-      logits = finetune_job.predict(predictor, objective, state.params, feats,
-                                    config.predict_batch_size,
-                                    desc=f"predict {split}")
+      _, predictions = evaluator(state, split)
       path = file_io.join(output_dir, filename)
       if jax.process_index() == 0:
-        task.write_predictions(path, sequence_classification.to_predictions(task, logits))
+        task.write_predictions(path, predictions)
       results.setdefault("prediction_files", []).append(path)
-      metrics.log(f"wrote {len(examples)} predictions to {path}")
+      metrics.log(f"wrote {len(predictions)} predictions to {path}")
   return finetune_job.finish(job, results)
+
+
+def _evaluator(job, task, objective, tokenizer) -> finetune_job.Evaluator:
+  """The fine-tuned model on a split: its predictions, and on a labelled (dev) split the task's
+  metrics beside what always answering the most frequent label scores. A distilled run is
+  evaluated as the student alone."""
+  config = job.config
+  params_of = None
+  if isinstance(objective, task_distillation.TaskDistillation):
+    objective, params_of = objective.student, objective.student_params
+  featurized = {}
+
+  def apply(predict, split):
+    if split not in featurized:  # read and featurized once, however often it is scored
+      featurized[split] = objective.featurize(
+          read_examples(task, config.data_dir, split, config.data_format), tokenizer)
+    feats = featurized[split]
+    if split not in task.eval_splits:  # a test split: predictions only
+      logits = predict(feats, config.predict_batch_size, desc=f"predict {split}")
+      return None, sequence_classification.to_predictions(task, logits)
+    logits = predict(feats, config.eval_batch_size, desc=f"eval {split}")
+    predictions = sequence_classification.to_predictions(task, logits)
+    split_metrics = task.compute_metrics(predictions, feats["label"])
+    split_metrics["num_examples"] = len(feats["label"])
+    if not task.is_regression:  # what always answering the most frequent label scores
+      split_metrics["majority_class_accuracy"] = float(
+          np.max(np.bincount(np.asarray(feats["label"], np.int64))) / max(len(feats["label"]),
+                                                                          1))
+    return split_metrics, predictions
+
+  return finetune_job.Evaluator(job, objective, objective.model(job.bert_config), apply,
+                                split=task.eval_splits[0], tag=f"eval_{task.eval_splits[0]}",
+                                metric=task.main_metric, params_of=params_of)
 
 
 def task_from_config(config: ml_collections.ConfigDict):

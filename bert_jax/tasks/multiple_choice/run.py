@@ -66,26 +66,43 @@ def run(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
                                              config.num_train_epochs)
     metrics.log(f"training: {len(train_examples)} examples of {num_choices} endings from "
                 f"{source}, {num_steps} steps of {config.train_batch_size}")
-  state, init, result = finetune_job.fit(
+  featurized = {}
+
+  def apply(predict, split):
+    """Each example's probability per ending, and the accuracy where the split has answers."""
+    if split not in featurized:  # read and featurized once, however often it is scored
+      examples, source = swag.read_split(task_name, data_dir, split)
+      if _num_choices(examples, source) != num_choices:
+        raise ValueError(f"{source}: {_num_choices(examples, source)} endings per example, "
+                         f"but the model chooses among {num_choices}.")
+      featurized[split] = examples, source, swag.featurize(examples, tokenizer, max_seq_length)
+    examples, _, split_feats = featurized[split]
+    batch_size = config.eval_batch_size if split == "dev" else config.predict_batch_size
+    probabilities = inference.softmax(predict(split_feats, batch_size,
+                                              desc=f"{split} choices"))
+    if not all(e.label is not None for e in examples):
+      return None, probabilities
+    gold = np.asarray([e.label for e in examples])
+    return {"accuracy": swag.accuracy(np.argmax(probabilities, axis=-1), gold),
+            "num_examples": len(examples), "chance_accuracy": 1.0 / num_choices,
+            # What always answering the most frequent right position scores.
+            "majority_position_accuracy": float(np.max(np.bincount(gold)) / len(gold))
+            }, probabilities
+
+  evaluator = finetune_job.Evaluator(job, objective, model, apply, split="dev", tag="eval_dev",
+                                     metric="accuracy")
+  state, _, result = finetune_job.fit(
       job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
       header=f"{task_name} ({num_choices} endings)", results=results,
       metadata={"task": task_name, "num_choices": num_choices,
-                "max_seq_length": max_seq_length})
+                "max_seq_length": max_seq_length}, evaluator=evaluator)
   if result is not None and result.stopped_early:
     return finetune_job.stopped(job, result, num_steps, results)
 
-  predictor = finetune_job.make_predictor(job, objective, model, init)
   for split in [s for s, wanted in (("dev", config.do_eval), ("test", config.do_predict))
                 if wanted]:
-    examples, source = swag.read_split(task_name, data_dir, split)
-    if _num_choices(examples, source) != num_choices:
-      raise ValueError(f"{source}: {_num_choices(examples, source)} endings per example, but "
-                       f"the model chooses among {num_choices}.")
-    split_feats = swag.featurize(examples, tokenizer, max_seq_length)
-    batch_size = config.eval_batch_size if split == "dev" else config.predict_batch_size
-    probabilities = inference.softmax(finetune_job.predict(predictor, objective, state.params,
-                                                 split_feats, batch_size,
-                                                 desc=f"{split} choices"))
+    split_metrics, probabilities = evaluator(state, split)
+    examples, source, _ = featurized[split]
     path = file_io.join(output_dir, _PREDICTION_FILES[split])
     paths = [path]
     if split == "test":  # also in the form the task's leaderboard reads
@@ -96,13 +113,7 @@ def run(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
         swag.write_submission(paths[1], task_name, probabilities)
     results.setdefault("prediction_files", []).extend(paths)
     metrics.log(f"wrote predictions for {len(examples)} examples of {source} to {path}")
-    if all(e.label is not None for e in examples):
-      gold = np.asarray([e.label for e in examples])
-      split_metrics = {
-          "accuracy": swag.accuracy(np.argmax(probabilities, axis=-1), gold),
-          "num_examples": len(examples), "chance_accuracy": 1.0 / num_choices,
-          # What always answering the most frequent right position scores.
-          "majority_position_accuracy": float(np.max(np.bincount(gold)) / len(gold))}
+    if split_metrics is not None:
       results[split] = split_metrics
       job.writer.write(int(state.step), {f"eval_{split}/{k}": v
                                          for k, v in split_metrics.items()})

@@ -86,37 +86,51 @@ def run(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
                 f"{num_steps} steps of {train_batch_size}")
   else:
     num_steps = 1
-  state, init, result = finetune_job.fit(
-      job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
-      header=f"SQuAD {version}", results=results,
-      metadata={"task": f"squad {version}", **window})
-  if result is not None and result.stopped_early:
-    return finetune_job.stopped(job, result, num_steps, results)
+  read = {}
 
-  if config.do_predict or config.do_eval:
-    examples, source = _squad_examples(config.predict_file, data_dir, "validation",
-                                       version_2_with_negative)
-    features = squad.convert_examples_to_features(examples, tokenizer, is_training=False,
-                                                  **window)
+  def apply(predict, split):
+    """The questions of --predict_file answered: their scores where it has answers (a dev set,
+    scored as the official script would), and what the prediction files hold."""
+    if split not in read:  # read and cut into windows once, however often it is scored
+      examples, source = _squad_examples(config.predict_file, data_dir, split,
+                                         version_2_with_negative)
+      read[split] = examples, source, squad.convert_examples_to_features(
+          examples, tokenizer, is_training=False, **window)
+    examples, source, features = read[split]
     # Untrimmed: outputs with a sequence axis are joined across batches.
-    start_logits, end_logits = finetune_job.predict(
-        finetune_job.make_predictor(job, objective, model, init), objective, state.params,
-        features.arrays, config.predict_batch_size, desc="predict SQuAD", trim=False)
+    start_logits, end_logits = predict(features.arrays, config.predict_batch_size,
+                                       desc="predict SQuAD", trim=False)
     predictions, nbest, null_odds = squad.postprocess(
         examples, features, start_logits, end_logits, n_best_size=config.n_best_size,
         max_answer_length=config.max_answer_length,
         version_2_with_negative=version_2_with_negative,
         null_score_diff_threshold=config.null_score_diff_threshold)
+    gold = squad.gold_answers(examples)
+    scores = None
+    if any(gold.values()):
+      scores = squad_eval.evaluate(gold, predictions,
+                                   na_probs=null_odds if version_2_with_negative else None,
+                                   version_2_with_negative=version_2_with_negative)
+    return scores, (examples, source, features, predictions, nbest, null_odds)
+
+  evaluator = finetune_job.Evaluator(job, objective, model, apply, split="validation",
+                                     tag="eval", metric="f1")
+  state, _, result = finetune_job.fit(
+      job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
+      header=f"SQuAD {version}", results=results,
+      metadata={"task": f"squad {version}", **window}, evaluator=evaluator)
+  if result is not None and result.stopped_early:
+    return finetune_job.stopped(job, result, num_steps, results)
+
+  if config.do_predict or config.do_eval:
+    scores, (examples, source, features, predictions, nbest, null_odds) = evaluator(
+        state, "validation")
     if jax.process_index() == 0:
       results["prediction_files"] = squad.write_prediction_files(
           output_dir, predictions, nbest, null_odds if version_2_with_negative else None)
     metrics.log(f"wrote predictions for {len(examples)} questions of {source} "
                 f"({len(features.example_index)} windows) to {output_dir}")
-    gold = squad.gold_answers(examples)
-    if any(gold.values()):  # a dev set: score it as the official script would
-      scores = squad_eval.evaluate(gold, predictions,
-                                   na_probs=null_odds if version_2_with_negative else None,
-                                   version_2_with_negative=version_2_with_negative)
+    if scores is not None:
       results["eval"] = scores
       job.writer.write(int(state.step), {f"eval/{k}": v for k, v in scores.items()
                                          if isinstance(v, (int, float))})

@@ -120,32 +120,45 @@ def run(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
   kind = ("feature-based: frozen encoder + BiLSTM" if objective.feature_based
           else "fine-tuned")
   header = f"{task_name} ({len(labels)} tags, {kind})"
-  state, init, result = finetune_job.fit(
+  featurized = {}
+
+  def apply(predict, split):
+    """A split's words tagged, and scored where the files have tags."""
+    if split not in featurized:  # read and featurized once, however often it is scored
+      featurized[split] = featurize(split)
+    sentences, _, features = featurized[split]
+    batch_size = config.eval_batch_size if split == "dev" else config.predict_batch_size
+    # Untrimmed: per-token outputs are joined across batches.
+    logits = predict(features.arrays, batch_size, desc=f"{split} tags", trim=False)
+    predicted = conll.words_from_predictions(features, np.argmax(logits, axis=-1), labels)
+    scores = None
+    if all(s.labels is not None for s in sentences):
+      scores = conlleval.evaluate([list(s.labels) for s in sentences], predicted)
+    return (None if scores is None else dict(scores.as_dict(), num_sentences=len(sentences)),
+            (predicted, scores))
+
+  evaluator = finetune_job.Evaluator(job, objective, model, apply, split="dev", tag="eval_dev",
+                                     metric="f1")
+  state, _, result = finetune_job.fit(
       job, objective, model, tokenizer, feats=feats, num_steps=num_steps, header=header,
       results=results,
       metadata={"task": task_name, "num_labels": len(labels), "label_list": list(labels),
-                "max_seq_length": max_seq_length, **objective.head_settings(), **window})
+                "max_seq_length": max_seq_length, **objective.head_settings(), **window},
+      evaluator=evaluator)
   if result is not None and result.stopped_early:
     return finetune_job.stopped(job, result, num_steps, results)
 
-  predictor = finetune_job.make_predictor(job, objective, model, init)
   splits = [s for s, wanted in (("dev", config.do_eval), ("test", config.do_predict)) if wanted]
   for split in splits:
-    sentences, source, features = featurize(split)
-    batch_size = config.eval_batch_size if split == "dev" else config.predict_batch_size
-    # Untrimmed: per-token outputs are joined across batches.
-    logits = finetune_job.predict(predictor, objective, state.params, features.arrays,
-                                  batch_size, desc=f"{split} tags", trim=False)
-    predicted = conll.words_from_predictions(features, np.argmax(logits, axis=-1), labels)
+    split_scores, (predicted, scores) = evaluator(state, split)
+    sentences, source, _ = featurized[split]
     path = file_io.join(output_dir, _PREDICTION_FILES[split])
     if jax.process_index() == 0:
       conll.write_predictions(path, sentences, predicted,
                               scheme=_file_scheme(sentences, scheme))
     results.setdefault("prediction_files", []).append(path)
     metrics.log(f"wrote tags of {sum(len(p) for p in predicted)} words of {source} to {path}")
-    if all(s.labels is not None for s in sentences):
-      scores = conlleval.evaluate([list(s.labels) for s in sentences], predicted)
-      split_scores = dict(scores.as_dict(), num_sentences=len(sentences))
+    if split_scores is not None:
       results[split] = split_scores
       job.writer.write(int(state.step), {f"eval_{split}/{k}": v for k, v in split_scores.items()
                                          if isinstance(v, (int, float))})

@@ -303,11 +303,15 @@ def test_task_distillation_teaches_a_smaller_student(tokenizer, tmp_path):
   student_dir = str(tmp_path / "student")
   out = classification_run.run(finetune_config.make(
       bert_config_file=student_cfg, output_dir=student_dir, teacher_checkpoint=teacher_dir,
-      distill_temperature=2.0, distill_alpha=0.5, **common), tokenizer, task)
+      distill_temperature=2.0, distill_alpha=0.5, eval_every_steps=20, **common), tokenizer,
+      task)
   assert out["dev"]["num_examples"] == 16
   assert out["dev"]["accuracy"] >= 0.9, out["dev"]  # the student's own model, evaluated
 
   rows = metrics.read_jsonl(os.path.join(student_dir, "metrics.jsonl"))
+  # Evaluated as the student alone while training too; the last is the final evaluation.
+  scored = {r["step"]: r["eval_dev/accuracy"] for r in rows if "eval_dev/accuracy" in r}
+  assert sorted(scored) == [20, 40] and scored[40] == out["dev"]["accuracy"]
   last = [r for r in rows if "train/loss" in r][-1]
   assert {"train/distill_loss", "train/task_loss", "train/teacher_agreement",
           "train/accuracy"} <= set(last)

@@ -13,7 +13,9 @@ from bert_jax.runs import finetune_config
 from bert_jax.tasks.classification import run as classification_run
 from bert_jax.tasks.classification import objective as sequence_classification
 from bert_jax.model import configuration
+from bert_jax.tasks import pipeline
 from bert_jax.tasks.classification import data as glue
+from bert_jax.training import checkpointing, metrics
 from tests import helpers
 from tests.task_helpers import NEGATIVE, POSITIVE, sst2_dir as _sst2_dir
 
@@ -44,6 +46,50 @@ def test_tiny_model_learns_a_tiny_task_and_counts_every_dev_example(sst2_model, 
       task_name="SST-2", data_dir=data, init_checkpoint=None, output_dir=str(tmp_path / "out"),
       max_seq_length=16, eval_batch_size=8, do_eval=True), tokenizer)
   assert again["dev"] == out["dev"]
+
+
+@pytest.mark.slow
+def test_evaluation_during_training_keeps_the_best_model_and_stops_early(
+    tokenizer, bert_config_file, tmp_path):
+  """`eval_every_steps`: dev scored as training goes (TensorBoard/metrics rows), the best model
+  by the task's metric kept in <output_dir>/best as a fine-tuning output of its own (evaluating
+  it gives the score it was kept for), training ended after `early_stopping_patience`
+  evaluations without a better score, and the evaluation after training reusing the last."""
+  data = _sst2_dir(tmp_path / "sst2", dev_size=13)
+  out = str(tmp_path / "out")
+  results = classification_run.run(finetune_config.make(
+      task_name="SST-2", data_dir=data, init_checkpoint=None, bert_config_file=bert_config_file,
+      output_dir=out, max_seq_length=16, train_batch_size=4, eval_batch_size=8,
+      learning_rate=1e-3, num_train_epochs=15, do_train=True, do_eval=True,
+      eval_every_steps=4, early_stopping_patience=2), tokenizer)
+  rows = [r for r in metrics.read_jsonl(os.path.join(out, "metrics.jsonl"))
+          if "eval_dev/accuracy" in r]
+  scored = {r["step"]: r["eval_dev/accuracy"] for r in rows}
+  steps = sorted(scored)
+  assert steps[:3] == [4, 8, 12] and all(s % 4 == 0 for s in steps)
+  best_value = max(scored.values())
+  best_step = min(s for s in steps if scored[s] == best_value)  # the first to reach it
+  stopped = results["early_stopping"]["stopped_at_step"]
+  # Two evaluations after the best, none better: stopped there, well before step 60.
+  assert stopped == steps[-1] == best_step + 8 < 60, scored
+  assert results["best"] == {"step": best_step, "metric": "eval_dev/accuracy",
+                             "value": best_value, "directory": os.path.join(out, "best")}
+  assert results["dev"]["accuracy"] == scored[stopped]  # the last model, evaluated once more
+  kept = json.load(open(os.path.join(out, "best", "eval_results.json")))
+  assert (kept["step"], kept["eval_dev/accuracy"]) == (best_step, best_value)
+  assert os.path.exists(os.path.join(out, "best", "bert_config.json"))
+  store = checkpointing.run_checkpoints(os.path.join(out, "best"), async_save=False)
+  assert store.all_steps() == [best_step]  # the earlier bests removed
+  store.close()
+  # Read as any fine-tuned model is: by the Python API (and so `predict`), and by evaluation.
+  classifier = pipeline.load(os.path.join(out, "best"))
+  dev = [line.split("\t") for line in open(os.path.join(data, "dev.tsv")).read().splitlines()[1:]]
+  answers = classifier.classify([text for text, _ in dev])
+  assert np.mean([a["label"] == label for a, (_, label) in zip(answers, dev)]) == best_value
+  again = classification_run.run(finetune_config.make(
+      task_name="SST-2", data_dir=data, init_checkpoint=None, output_dir=os.path.join(out, "best"),
+      max_seq_length=16, eval_batch_size=8, do_eval=True), tokenizer)
+  assert again["dev"]["accuracy"] == best_value
 
 
 @pytest.mark.mesh

@@ -14,6 +14,7 @@ import pytest
 from bert_jax.runs import finetune_config
 from bert_jax.tasks import registry
 from bert_jax.text import tokenization
+from bert_jax.training import metrics
 from tests import helpers, task_helpers
 
 REPO = helpers.REPO
@@ -108,9 +109,16 @@ def test_hellaswag_jsonl_trains_and_a_kept_model_evaluates_again(bert_config_fil
   config.update(dict(task_name="hellaswag", data_dir=str(data), bert_config_file=bert_config_file,
                      output_dir=str(tmp_path / "out"), do_train=True, do_eval=True,
                      max_seq_length=32, train_batch_size=8, learning_rate=1e-3,
-                     num_train_epochs=60, seed=3, log_every_steps=1000))
+                     num_train_epochs=60, seed=3, log_every_steps=1000,
+                     eval_every_steps=20))
   first = registry.run_from_config(ml_collections.ConfigDict(config), _tokenizer())
   assert first["dev"]["accuracy"] == 1.0, first
+  # Scored while training; the evaluation after it is the one at the last step.
+  rows = {r["step"]: r["eval_dev/accuracy"] for r in metrics.read_jsonl(
+      str(tmp_path / "out" / "metrics.jsonl")) if "eval_dev/accuracy" in r}
+  assert sorted(rows) == [20, 40, 60] and rows[60] == 1.0
+  assert first["best"]["metric"] == "eval_dev/accuracy"
+  assert first["best"]["value"] == max(rows.values())
   # Evaluating the kept model again (no --do_train) gives the same predictions.
   config.update(dict(do_train=False))
   again = registry.run_from_config(ml_collections.ConfigDict(config), _tokenizer())

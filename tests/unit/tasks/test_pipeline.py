@@ -94,7 +94,9 @@ def test_the_fine_tuned_modes_and_their_refusals(sst2_model, squad_v2_model):
   assert classifier.mode == "classify" and classifier.labels == ["0", "1"]
   (one,) = classifier.classify("a moving and beautiful film")
   both = classifier.classify(["a moving and beautiful film", ("a dull mess", "so boring")])
-  assert one == both[0] and both[1]["text_b"] == "so boring"
+  # The same answer alone or in a batch (to float rounding: other shapes, other kernels).
+  assert one["label"] == both[0]["label"] and both[1]["text_b"] == "so boring"
+  assert one["probability"] == pytest.approx(both[0]["probability"], abs=1e-6)
   assert classifier.classify("a ||| b")[0]["text_b"] == "b"
   with pytest.raises(finetuned.PredictError, match="it serves classify, not fill_mask"):
     classifier.fill_mask("the [MASK]")

@@ -14,6 +14,7 @@ from bert_jax.interop import hf as hf_io
 from bert_jax.text import tokenization
 from bert_jax.tasks.squad import data as squad
 from bert_jax.tasks.squad import objective as question_answering
+from bert_jax.training import metrics
 from data_prep import demo_corpus, demo_squad, train_tokenizer
 from tests import helpers
 from tests.task_helpers import CONTEXT_1, CONTEXT_2, OFFICIAL, overfit_set as _overfit_set
@@ -384,7 +385,6 @@ def test_fine_tuning_on_a_model_parallel_mesh_takes_the_steps_of_data_parallel(
   they are)."""
   from bert_jax.runs import finetune_config
   from bert_jax.tasks.squad import run as squad_run
-  from bert_jax.training import metrics
   data_file = _write(tmp_path / "train-v2.0.json", _overfit_set())
   losses = {}
   for name, mesh in (("model", (4, 1, 2)), ("data", (8, 1, 1))):
@@ -417,9 +417,15 @@ def test_a_train_set_smaller_than_one_batch_trains(tmp_path, tokenizer, bert_con
       output_dir=str(tmp_path / "out"), train_file=data_file, predict_file=data_file,
       max_seq_length=128, doc_stride=64, max_query_length=32, train_batch_size=8,
       predict_batch_size=8, learning_rate=1e-3, num_train_epochs=120, do_train=True,
-      do_predict=True), tokenizer)
+      do_predict=True, do_eval=True, eval_every_steps=40, keep_best=False), tokenizer)
   assert results["train_steps"] == 120  # one (padded) batch per epoch
   assert results["eval"]["total"] == 5 and results["eval"]["exact_match"] == 100.0
+  # Scored by the official measures while training, F1 picking the best; nothing kept.
+  rows = {r["step"]: r["eval/f1"] for r in metrics.read_jsonl(
+      str(tmp_path / "out" / "metrics.jsonl")) if "eval/f1" in r}
+  assert sorted(rows) == [40, 80, 120] and rows[120] == results["eval"]["f1"]
+  assert results["best"]["metric"] == "eval/f1" and results["best"]["directory"] is None
+  assert not os.path.exists(tmp_path / "out" / "best")
 
 
 # ------------------------------------------------------------------------ tensorflow-datasets

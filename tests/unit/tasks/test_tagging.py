@@ -24,6 +24,7 @@ from bert_jax.tasks import registry
 from bert_jax.tasks.tagging import data as conll
 from bert_jax.tasks.tagging import metrics as conlleval
 from bert_jax.tasks.tagging import objective as token_classification
+from bert_jax.training import metrics
 from tests import helpers, task_helpers
 
 
@@ -240,8 +241,14 @@ def test_conlleval_equals_seqeval_on_a_real_runs_predictions(bert_config_file, t
   config.update(dict(task_name="conll2003", data_dir=data,
                      bert_config_file=bert_config_file, output_dir=str(tmp_path / "out"),
                      do_train=True, do_eval=True, max_seq_length=16, train_batch_size=8,
-                     learning_rate=3e-3, num_train_epochs=20, seed=2, log_every_steps=1000))
+                     learning_rate=3e-3, num_train_epochs=20, seed=2, log_every_steps=1000,
+                     eval_every_steps=10))
   results = registry.run_from_config(ml_collections.ConfigDict(config), conll_tokenizer())
+  # Entity F1 scored while training (the task's measure); the last is the final evaluation.
+  rows = {r["step"]: r["eval_dev/f1"] for r in metrics.read_jsonl(
+      os.path.join(tmp_path, "out", "metrics.jsonl")) if "eval_dev/f1" in r}
+  assert sorted(rows)[:2] == [10, 20] and rows[results["train_steps"]] == results["dev"]["f1"]
+  assert results["best"]["metric"] == "eval_dev/f1"
   path = os.path.join(tmp_path, "out", "dev_predictions.txt")
   scores = conlleval.evaluate_conll_file(path)
   assert 0.0 < scores.f1 < 1.0, scores.report()  # some right, some wrong: a real comparison

@@ -4,6 +4,7 @@ interface (`Objective`, the step builder, the loop, the init order) with no chan
 import dataclasses
 import os
 import re
+import signal
 import time
 
 import flax.linen as nn
@@ -148,8 +149,9 @@ def test_in_memory_batches_resume_exactly_and_count_every_row():
     np.testing.assert_array_equal(np.asarray(got["input_ids"]), np.asarray(expected["input_ids"]))
 
 
-def _count_regression_step(mesh_shape, total_steps: int, batch_size: int):
-  """The outside objective's model, initial state and jitted train step on a mesh."""
+def _count_regression_step(mesh_shape, total_steps: int, batch_size: int, checkpoints=None):
+  """The outside objective's model, initial state (resumed from `checkpoints` where they hold a
+  step) and jitted train step on a mesh."""
   objective = CountRegression()
   bert_config = configuration.get_preset("test", vocab_size=64, max_position_embeddings=SEQ)
   model = objective.model(bert_config)
@@ -159,7 +161,7 @@ def _count_regression_step(mesh_shape, total_steps: int, batch_size: int):
   tx, schedule = optimizer.create_optimizer(ml_collections.ConfigDict({
       "name": "adamw", "learning_rate": 1e-3, "total_steps": total_steps, "warmup_steps": 0}))
   init = init_order.initial_state(objective, model, tx, mesh, rules, batch_size=batch_size,
-                                  seed=0, checkpoints=None)
+                                  seed=0, checkpoints=checkpoints)
   batch_sh = sharding.batch_sharding(mesh)
   return objective, init, step_lib.build_train_step(objective, model, tx, schedule,
                                                     init.shardings, batch_sh, mesh, rules), batch_sh
@@ -194,6 +196,69 @@ def test_a_progress_line_comes_at_least_every_heartbeat(capsys):
   # Steps take at least 0.12 s, so no two lines are more than 2 steps apart: a beat in every
   # stretch of 2 steps between the logged lines (4 of them at least).
   assert len(beats) >= 3 and all(int(b) % 6 for b in beats), out
+
+
+def test_model_selection_keeps_the_best_stops_without_improvement_and_resumes_exactly(
+    tmp_path, capsys):
+  """Evaluations every 2 steps with scripted scores: the best step is handed on as it is found,
+  training ends after `patience` evaluations without improvement (a complete run, not a stop),
+  and the selection is saved with each checkpoint, so a run interrupted half-way stops where an
+  uninterrupted one stops, and one that had stopped does not train again."""
+  scores = {2: 0.5, 4: 0.7, 6: 0.6, 8: 0.7, 10: 0.69, 12: 0.9, 14: 0.95}
+  data = _data(96, np.random.default_rng(0))
+
+  def run(workdir, until, selection, stop_at=None):
+    ckpt = checkpointing.run_checkpoints(str(workdir), async_save=False)
+    objective, init, jitted, batch_sh = _count_regression_step((1, 1, 1), 20, 8, ckpt)
+    trained = []
+
+    def train_step(state, batch):
+      trained.append(int(state.step) + 1)
+      if trained[-1] == stop_at:  # as a scheduler's SIGTERM would: save after this step, stop
+        os.kill(os.getpid(), signal.SIGTERM)
+      return jitted(state, batch)
+
+    result = loop.train(
+        init.state, train_step,
+        arrays.training_batches(data, 8, batch_sh, seed=0, trim=False, position=init.position),
+        objective=objective, writer=metrics.MetricWriter(None, tensorboard=False),
+        checkpoints=ckpt, evaluate=lambda state: {"eval/accuracy": scores[int(state.step)]},
+        selection=selection.restored(init.metadata),
+        config=loop.LoopConfig(until_step=until, examples_per_step=8, tokens_per_example=SEQ,
+                               log_every_steps=2, eval_every_steps=2,
+                               checkpoint_every_steps=6))
+    ckpt.close()
+    return result, trained
+
+  kept = []
+  whole, trained = run(tmp_path / "whole", 20, loop.selection_lib.Selection(
+      "eval/accuracy", patience=3, on_best=lambda step, state, s: kept.append(step)))
+  # Best 0.7 at step 4; 6, 8 (0.7 is not better) and 10 bring nothing: stopped at 10.
+  assert (whole.step, whole.out_of_patience, whole.stopped_early) == (10, True, False)
+  assert trained == list(range(1, 11)) and kept == [2, 4]
+  assert "Early stopping at step 10 of 20: no better eval/accuracy in the last 3 " \
+         "evaluations (best accuracy 0.7000 at step 4)" in capsys.readouterr().out
+  saved = checkpointing.run_checkpoints(str(tmp_path / "whole"), async_save=False)
+  assert saved.all_steps() == [6, 10]
+  assert saved.restore_metadata(10)["selection"] == {
+      "metric": "eval/accuracy", "best_step": 4, "best_value": 0.7,
+      "evaluations_since_best": 3, "last_step": 10}
+  saved.close()
+
+  # Run again: no step trained, the same end.
+  again, trained = run(tmp_path / "whole", 20, loop.selection_lib.Selection(
+      "eval/accuracy", patience=3))
+  assert (again.step, again.out_of_patience, trained) == (10, True, [])
+
+  # Stopped after step 7 (best 4, one evaluation since), then resumed.
+  kept = []
+  selection = lambda: loop.selection_lib.Selection(
+      "eval/accuracy", patience=3, on_best=lambda step, state, s: kept.append(step))
+  first, _ = run(tmp_path / "split", 20, selection(), stop_at=7)
+  assert (first.step, first.stopped_early, first.out_of_patience) == (7, True, False)
+  resumed, trained = run(tmp_path / "split", 20, selection())
+  assert trained == [8, 9, 10] and kept == [2, 4]
+  assert (resumed.step, resumed.out_of_patience) == (10, True)
 
 
 @pytest.mark.mesh
