@@ -69,6 +69,8 @@ def recipe_config(recipe: str):
   start = pretrain_configs.get_config(recipe[:-len("_phase2")]).train_until_step \
       if recipe.endswith("_phase2") else 0
   config.mesh_shape = (-1, 1, 1)
+  from bert_jax.runs import pretraining  # pylint: disable=g-import-not-at-top
+  config = pretraining.resolve_record_shapes(config)  # no records: the recipe's own shapes
   return config, name, int(config.train_until_step) - start
 
 

@@ -118,8 +118,12 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
   config.data = ml_collections.ConfigDict({
       "train_files": "",             # comma-separated globs of TFRecord shards (local or gs://)
       "eval_files": "",              # held-out shards; empty: hold out the last training shards
-      "max_seq_length": 128,
-      "max_predictions_per_seq": 20,
+      # None: the records' own (their rows' length; the masked-LM slots of static records, or
+      # data_prep's budget for dynamic ones, from its summary.json), said in the log; 128 and
+      # 20 (the paper's phase 1) where no records are read. A value set here is checked against
+      # the records.
+      "max_seq_length": placeholder(int),
+      "max_predictions_per_seq": placeholder(int),
       "shuffle_buffer_size": 10000,
       # Only for dynamic-masking records (data_prep --masking=dynamic): masks are drawn here.
       "vocab_file": "",
@@ -220,6 +224,7 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
     config.model.attention_probs_dropout_prob = 0.0
     config.model.initializer_range = 0.06
     config.data.max_seq_length = 128
+    config.data.max_predictions_per_seq = 20
     config.global_batch_size = 16
     config.total_steps = config.train_until_step = 6000
     config.optimizer.learning_rate = 1e-3

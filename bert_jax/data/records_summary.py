@@ -55,6 +55,26 @@ def records_identity(files: list[str]) -> str:
   return digest.hexdigest()[:16]
 
 
+def record_shapes(files: list[str]) -> dict[str, tuple[int, str]]:
+  """`max_seq_length` and `max_predictions_per_seq` as the records fix them, each with where it
+  was read: tokens per row and, for static-masking records, masked-LM slots from the first
+  record; for dynamic-masking records the masking budget data_prep was given (its summary.json),
+  which its packed rows were packed for. A setting the records leave open is absent."""
+  lengths = input_pipeline.record_lengths(files[0])
+  found = {}
+  if features.INPUT_IDS in lengths:
+    found["max_seq_length"] = (lengths[features.INPUT_IDS], f"the records ({files[0]})")
+  if features.MASKED_LM_POSITIONS in lengths:
+    found["max_predictions_per_seq"] = (lengths[features.MASKED_LM_POSITIONS],
+                                        f"the records ({files[0]})")
+  else:
+    described = summary(files)
+    budget = (described.get("settings") or {}).get("max_predictions_per_seq")
+    if budget:
+      found["max_predictions_per_seq"] = (int(budget), described["path"])
+  return found
+
+
 def max_token_id(path: str, num_records: int = 1000) -> int:
   """The largest token id in the first records of `path` (inputs and masked-LM labels).
   Damaged records are passed over here: the input pipeline names them."""

@@ -224,6 +224,7 @@ def check(config: ml_collections.ConfigDict, accelerator: str, config_name: str 
   slice's device count). Raises `DoesNotFit` when the step needs more HBM than a device has.
   """
   slice_ = tpu_slices.parse(accelerator)
+  config = pretraining.with_records_settings(config)
   shape = [int(d) for d in config.mesh_shape]
   if -1 not in shape and math.prod(shape) != slice_.devices:
     raise ValueError(

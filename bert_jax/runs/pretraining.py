@@ -9,6 +9,7 @@ config's mesh without data or weights, to check that a config fits its pod befor
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -133,6 +134,35 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.init_mode={config.init_mode!r}: expected 'continue' or 'params'.")
 
 
+# The paper's phase-1 shapes: what a config that leaves them unset uses where there are no
+# records to read them from (an ahead-of-time compile, a step built without data).
+DEFAULT_RECORD_SHAPES = {"max_seq_length": 128, "max_predictions_per_seq": 20}
+
+
+def resolve_record_shapes(config: ml_collections.ConfigDict, files: list[str] | None = None
+                          ) -> ml_collections.ConfigDict:
+  """`data.max_seq_length` and `data.max_predictions_per_seq` left unset (None) are the
+  records' own (`records_summary.record_shapes`), each said in the log; without records, or
+  for dynamic records without data_prep's summary, 128 tokens and a budget of
+  ceil(masked_lm_prob x length) predictions (20 at 128, as the paper). A value the config sets
+  is kept, and checked against the records when they are read. Returns a copy."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  data = config.data
+  unset = [k for k in DEFAULT_RECORD_SHAPES if data.get(k) is None]
+  if not unset:
+    return config
+  found = records_summary.record_shapes(files) if files else {}
+  for name in unset:
+    if name in found:
+      data[name], source = found[name]
+      logging.info("data.%s=%d from %s", name, data[name], source)
+    elif name == "max_seq_length" or data.get("max_seq_length") is None:
+      data[name] = DEFAULT_RECORD_SHAPES[name]
+    else:
+      data[name] = max(1, math.ceil(data.masked_lm_prob * data.max_seq_length))
+  return config
+
+
 def resolve_vocabulary(config: ml_collections.ConfigDict, files: list[str]
                        ) -> ml_collections.ConfigDict:
   """`model.vocab_size` checked against the data (`records_summary.check_vocab_size`): taken
@@ -149,19 +179,23 @@ def resolve_vocabulary(config: ml_collections.ConfigDict, files: list[str]
   return config
 
 
-def _with_records_vocabulary(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`resolve_vocabulary` for an ahead-of-time compile, so that it counts the parameters of the
-  run the config describes; the preset's size where the records cannot be listed from here (a
-  bucket off the cloud), said in the log."""
-  if config.model.vocab_size is not None or not config.data.get("train_files"):
-    return config
+def with_records_settings(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`resolve_vocabulary` and `resolve_record_shapes` for an ahead-of-time compile, so that it
+  builds the step of the run the config describes; the preset's vocabulary size and the default
+  shapes where the records cannot be read from here (a bucket off the cloud), said in the
+  log."""
+  needs_records = config.model.vocab_size is None or any(
+      config.data.get(k) is None for k in DEFAULT_RECORD_SHAPES)
+  if not needs_records or not config.data.get("train_files"):
+    return resolve_record_shapes(config)
   try:
     files = input_pipeline.list_files(config.data.train_files)
+    config = resolve_record_shapes(config, files)
   except Exception as e:  # pylint: disable=broad-except  (any reason the records are out of reach)
-    logging.warning("Compiling with the preset's vocabulary size: the records' summary.json "
-                    "cannot be read here (%s).", e)
-    return config
-  return resolve_vocabulary(config, files)
+    logging.warning("Compiling with the preset's vocabulary size and default shapes: the "
+                    "records cannot be read here (%s).", e)
+    return resolve_record_shapes(config)
+  return resolve_vocabulary(config, files) if config.model.vocab_size is None else config
 
 
 def keep_vocabulary(config: ml_collections.ConfigDict, files: list[str], workdir: str) -> None:
@@ -184,6 +218,7 @@ def keep_vocabulary(config: ml_collections.ConfigDict, files: list[str], workdir
 
 def build(config: ml_collections.ConfigDict, devices=None,
           max_sequences_per_row: int | None = None) -> Run:
+  config = resolve_record_shapes(config)  # a config's unset shapes, where no records decided
   check_config(config)
   # Scanned or unrolled layers by the platform the step is built for, which for an
   # ahead-of-time compile (a TPU topology from a CPU machine) is not the local one.
@@ -213,7 +248,7 @@ def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_
   packed rows when `data.packing` is set, its rules, accumulation and attention kernel.
   """
   devices = list(jax.devices() if devices is None else devices)
-  config = _with_records_vocabulary(config)
+  config = with_records_settings(config)
   shape = [int(s) for s in config.mesh_shape]
   if -1 not in shape:  # a slice's worth of the given devices
     devices = devices[:int(np.prod(shape))]
@@ -279,8 +314,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   if not config.data.train_files:
     raise ValueError("config.data.train_files is not set: pass "
                      "--config.data.train_files='DIR/*.tfrecord' (the shards data_prep wrote).")
-  check_config(config)
   files = input_pipeline.list_files(config.data.train_files)
+  config = resolve_record_shapes(config, files)
+  check_config(config)
   check_records_objective(config, files)
   config = resolve_vocabulary(config, files)
   # Checked first, so a refused config leaves no workdir behind; then one run per workdir.

@@ -179,11 +179,16 @@ def test_resume_continues_exactly(records, tmp_path, caplog):
 def test_records_rewritten_under_the_same_names_are_not_resumed_into(tmp_path, caplog):
   """Records regenerated between a stop and a restart (another seed, same shard names): the
   saved position is no place in them; the run says so and starts their first epoch instead
-  of resuming silently into other data."""
+  of resuming silently into other data. The first run leaves the records' shapes unset (the
+  default config does): they are read from the records."""
   data = str(tmp_path / "data")
   records = ph.write_records(data, num_files=2, seed=0)
   workdir = str(tmp_path / "run")
-  pretraining.train_and_evaluate(ph.run_config(records, train_until_step=4), workdir)
+  caplog.set_level("INFO")
+  pretraining.train_and_evaluate(ph.run_config(records, train_until_step=4, **{
+      "data.max_seq_length": None, "data.max_predictions_per_seq": None}), workdir)
+  assert f"data.max_seq_length={ph.SEQ} from the records" in caplog.text
+  assert f"data.max_predictions_per_seq={ph.PRED} from the records" in caplog.text
   data_item = json.load(open(os.path.join(workdir, "checkpoints", "4", "data", "metadata")))
   assert len(data_item["records"]) == 16 and len(data_item["per_process"]) == 1
   ph.write_records(data, num_files=2, seed=1)  # the same names, other records
