@@ -12,8 +12,8 @@ papers report) is kept in `<output_dir>/best/` — a fine-tuning output director
 and `finetune --do_eval` read — and with `early_stopping_patience` training ends after that many
 evaluations without improvement (`training/selection.py`).
 
-The runs (`finetuning.py` for GLUE and SQuAD, `tagging.py`, `multiple_choice.py`) differ only in
-how they read, featurize, score and write; everything here is shared by all of them.
+The runs (each task kind's `tasks/<kind>/run.py`) differ only in how they read, featurize,
+score and write; everything here is shared by all of them.
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def _best_keeper(job: Job, tokenizer, meta: dict[str, Any]
     keep_serving_files(job, tokenizer, directory)
     if jax.process_index() == 0:
       file_io.write_text_atomic(file_io.join(directory, "eval_results.json"), json.dumps(
-          {"step": step, **{k: v for k, v in scalars.items()}}, indent=2, default=float) + "\n")
+          {"step": step, **scalars}, indent=2, default=float) + "\n")
     metrics.log(f"best so far: step {step}, kept in {directory}")
   return keep
 
@@ -236,10 +236,10 @@ def run_training(job: Job, objective, model, tx, schedule, init, feats, num_step
 
 def fit(job: Job, objective, model, tokenizer, *, feats, num_steps: int,
         metadata: dict[str, Any], header: str, results: dict[str, Any],
-        evaluator: "Evaluator | None" = None) -> tuple[Any, Any, Any]:
+        evaluator: "Evaluator | None" = None) -> tuple[Any, Any]:
   """The init order, then (when `feats` are given) training at the config's batch size,
   learning rate and seed, with the `evaluator` scoring the dev split every `eval_every_steps`:
-  `(state, init, loop result or None)`. Training settings and time go into `results`."""
+  `(state, loop result or None)`. Training settings and time go into `results`."""
   config = job.config
   tx, schedule = make_optimizer(config, num_steps, config.learning_rate,
                                 config.warmup_proportion,
@@ -253,7 +253,7 @@ def fit(job: Job, objective, model, tokenizer, *, feats, num_steps: int,
   metrics.log(f"{header}: {init.origin}; {job.bert_config.num_hidden_layers} layers; mesh "
               f"{dict(job.mesh.shape)}")
   if feats is None:
-    return init.state, init, None
+    return init.state, None
   result, selection = run_training(job, objective, model, tx, schedule, init, feats, num_steps,
                                    config.train_batch_size, config.seed, tokenizer, metadata,
                                    evaluator)
@@ -267,7 +267,7 @@ def fit(job: Job, objective, model, tokenizer, *, feats, num_steps: int,
   if result.out_of_patience:
     results["early_stopping"] = {"stopped_at_step": result.step,
                                  "patience": config.early_stopping_patience}
-  return result.state, init, result
+  return result.state, result
 
 
 def stopped(job: Job, result, num_steps: int, results: dict[str, Any]) -> dict[str, Any]:

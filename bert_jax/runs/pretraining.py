@@ -142,7 +142,7 @@ DEFAULT_RECORD_SHAPES = {"max_seq_length": 128, "max_predictions_per_seq": 20}
 def resolve_record_shapes(config: ml_collections.ConfigDict, files: list[str] | None = None
                           ) -> ml_collections.ConfigDict:
   """`data.max_seq_length` and `data.max_predictions_per_seq` left unset (None) are the
-  records' own (`records_summary.record_shapes`), each said in the log; without records, or
+  records' own (`records_summary.record_shapes`), each said in a line; without records, or
   for dynamic records without data_prep's summary, 128 tokens and a budget of
   ceil(masked_lm_prob x length) predictions (20 at 128, as the paper). A value the config sets
   is kept, and checked against the records when they are read. Returns a copy."""
@@ -155,7 +155,7 @@ def resolve_record_shapes(config: ml_collections.ConfigDict, files: list[str] | 
   for name in unset:
     if name in found:
       data[name], source = found[name]
-      logging.info("data.%s=%d from %s", name, data[name], source)
+      metrics.log(f"data.{name}={data[name]} from {source}")
     elif name == "max_seq_length" or data.get("max_seq_length") is None:
       data[name] = DEFAULT_RECORD_SHAPES[name]
     else:

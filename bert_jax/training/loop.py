@@ -5,10 +5,10 @@ Given a train state, the jitted step (`training/step.py`) and a stream of
 the steps: progress lines with rate, ETA and MFU; the objective's metrics, averaged exactly from
 their sums, to the console, TensorBoard and `metrics.jsonl`; evaluation every
 `eval_every_steps`, with model selection by one of its metrics (`training/selection.py`: the
-best step kept, early stopping); checkpoints with the data position (so a resumed run reads exactly the
-batches an uninterrupted one would); SIGTERM, Ctrl-C and TPU preemption (save, then stop); and a
-NaN/inf loss (stop, name the last good checkpoint). What the objective or task is does not matter
-here.
+best step kept, early stopping); checkpoints with the data position (so a resumed run reads
+exactly the batches an uninterrupted one would); SIGTERM, Ctrl-C and TPU preemption (save, then
+stop); and a NaN/inf loss (stop, name the last good checkpoint). What the objective or task is
+does not matter here.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
         window, window_start, window_first_step = [], time.time(), step
       if is_eval:
         run_evaluation()
-        if selection is not None and selection.exhausted:
+        if selection is not None and selection.exhausted and step < until:
           out_of_patience = is_ckpt = True
           metrics.log(f"Early stopping at step {step} of {until}: no better "
                       f"{selection.metric} in the last {selection.patience} evaluations "

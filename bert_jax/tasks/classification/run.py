@@ -71,7 +71,7 @@ def run(config: ml_collections.ConfigDict, tokenizer, task=None) -> dict[str, An
                 f"({config.num_train_epochs} epochs of "
                 f"{arrays.steps_per_epoch(len(train_examples), train_batch_size)}), "
                 f"batch {train_batch_size}")
-  state, init, result = finetune_job.fit(
+  state, result = finetune_job.fit(
       job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
       header=f"{task.name} ({objective.num_labels} outputs)", results=results, metadata={
           "task": task.name, "num_labels": objective.num_labels,

@@ -91,7 +91,7 @@ def run(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
 
   evaluator = finetune_job.Evaluator(job, objective, model, apply, split="dev", tag="eval_dev",
                                      metric="accuracy")
-  state, _, result = finetune_job.fit(
+  state, result = finetune_job.fit(
       job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
       header=f"{task_name} ({num_choices} endings)", results=results,
       metadata={"task": task_name, "num_choices": num_choices,

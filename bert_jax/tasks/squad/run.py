@@ -115,7 +115,7 @@ def run(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
 
   evaluator = finetune_job.Evaluator(job, objective, model, apply, split="validation",
                                      tag="eval", metric="f1")
-  state, _, result = finetune_job.fit(
+  state, result = finetune_job.fit(
       job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
       header=f"SQuAD {version}", results=results,
       metadata={"task": f"squad {version}", **window}, evaluator=evaluator)

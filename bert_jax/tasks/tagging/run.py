@@ -139,7 +139,7 @@ def run(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
 
   evaluator = finetune_job.Evaluator(job, objective, model, apply, split="dev", tag="eval_dev",
                                      metric="f1")
-  state, _, result = finetune_job.fit(
+  state, result = finetune_job.fit(
       job, objective, model, tokenizer, feats=feats, num_steps=num_steps, header=header,
       results=results,
       metadata={"task": task_name, "num_labels": len(labels), "label_list": list(labels),
