@@ -203,7 +203,9 @@ def _train(batches, vocab_size, steps, dtype, seed, low_precision=True):
   rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
   state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, 0, batches[0],
                                                  objective.input_names)
-  state = state.replace(rng=jax.random.PRNGKey(seed))
+  # Placed as the step's output places it: an input laid out otherwise would compile the step
+  # a second time at step 2.
+  state = state.replace(rng=jax.device_put(jax.random.PRNGKey(seed), state_sh.rng))
   batch_sh = sharding.batch_sharding(mesh)
   train_step = step_lib.build_train_step(objective, model, tx, schedule, state_sh, batch_sh,
                                          mesh, rules)
