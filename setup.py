@@ -57,8 +57,8 @@ EXTRAS_REQUIRE = {
 
 # Commands on the PATH after `pip install` (`bert-jax-pretrain --help`): each is
 # `python -m bert_jax.<name>` (or `data_prep.<name>`), `bert_jax.cli.console_script` says how.
-CONSOLE_SCRIPTS = ["pretrain", "finetune", "predict", "convert", "extract-features", "demo",
-                   "train-tokenizer", "create-pretraining-data"]
+CONSOLE_SCRIPTS = ["pretrain", "finetune", "predict", "convert", "extract-features", "analyze",
+                   "demo", "train-tokenizer", "create-pretraining-data"]
 
 setuptools.setup(
     name="bert_jax",

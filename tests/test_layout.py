@@ -11,10 +11,12 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Rooms in the order data flows; a module may import only from its own room or earlier ones.
 # `interop` comes before `training`: the init order reads checkpoints of every kind through
 # interop's format readers. `tasks` comes after `runs`: a task kind's package holds its run and
-# its predictions beside its data and objective (`tasks/registry.py`).
+# its predictions beside its data and objective (`tasks/registry.py`). `analysis` looks inside
+# trained models, of any task.
 ORDER = ("file_io", "text", "data", "model", "parallel", "interop", "training", "objectives",
-         "inference", "runs", "tasks", "cli")
-ENTRY_POINTS = ("pretrain", "finetune", "predict", "convert", "extract_features", "demo")
+         "inference", "runs", "tasks", "analysis", "cli")
+ENTRY_POINTS = ("pretrain", "finetune", "predict", "convert", "extract_features", "analyze",
+                "demo")
 
 
 def _modules():

@@ -354,12 +354,18 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
                                       implementation=implementation)
 
 
-def _explicit_attention(query, key, value, mask, dropout_rate, dropout_rng, dropout_bits=16):
-  """softmax(q·k/√d) in float32, masked, with the probabilities dropped out (the paper's)."""
+def attention_probabilities(query: jax.Array, key: jax.Array, mask: jax.Array) -> jax.Array:
+  """softmax(q·k/√d) in float32 over the keys `mask` allows: (batch, heads, queries, keys).
+  The reference every kernel computes, and what attention maps show."""
   scale = 1.0 / math.sqrt(query.shape[-1])
   logits = jnp.einsum("btnd,bsnd->bnts", query, key, preferred_element_type=jnp.float32) * scale
   logits = jnp.where(mask, logits, MASKED_LOGIT)
-  probs = jax.nn.softmax(logits, axis=-1)
+  return jax.nn.softmax(logits, axis=-1)
+
+
+def _explicit_attention(query, key, value, mask, dropout_rate, dropout_rng, dropout_bits=16):
+  """softmax(q·k/√d) in float32, masked, with the probabilities dropped out (the paper's)."""
+  probs = attention_probabilities(query, key, mask)
   if dropout_rate > 0.0:
     probs = dropout_lib.dropout(probs, dropout_rate, dropout_rng, dropout_bits)
   return jnp.einsum("bnts,bsnd->btnd", probs.astype(value.dtype), value)
@@ -434,6 +440,11 @@ class BertEmbeddings(nn.Module):
     return jnp.einsum("...h,vh->...v", x, table, preferred_element_type=jnp.float32)
 
 
+# The collection that holds every layer's attention probabilities when an apply makes it
+# mutable (unrolled layers; `analysis/attention.py`), whatever kernel the model runs.
+ATTENTION_MAPS = "attention_maps"
+
+
 class BertSelfAttention(nn.Module):
   config: BertConfig
 
@@ -449,6 +460,9 @@ class BertSelfAttention(nn.Module):
       return nn.with_logical_constraint(y, (BATCH, LENGTH, HEADS, KV))
 
     query, key, value = project("query"), project("key"), project("value")
+    if self.is_mutable_collection(ATTENTION_MAPS):  # asked for (`analysis/attention.py`)
+      self.sow(ATTENTION_MAPS, "probabilities",
+               attention_probabilities(query, key, attention_mask(input_mask, sequence_ids)))
     use_dropout = not deterministic and cfg.attention_probs_dropout_prob > 0.0
     out = dot_product_attention(
         query, key, value, input_mask, dropout_rate=cfg.attention_probs_dropout_prob,

@@ -1,0 +1,1 @@
+"""Looking inside trained models: where heads attend (`attention.py`)."""
