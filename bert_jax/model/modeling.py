@@ -460,7 +460,9 @@ class BertSelfAttention(nn.Module):
       return nn.with_logical_constraint(y, (BATCH, LENGTH, HEADS, KV))
 
     query, key, value = project("query"), project("key"), project("value")
-    if self.is_mutable_collection(ATTENTION_MAPS):  # asked for (`analysis/attention.py`)
+    # Asked for (`analysis/attention.py`); `init`, for which every collection is mutable, keeps
+    # none, so a model's variables are its parameters alone.
+    if self.is_mutable_collection(ATTENTION_MAPS) and not self.is_initializing():
       self.sow(ATTENTION_MAPS, "probabilities",
                attention_probabilities(query, key, attention_mask(input_mask, sequence_ids)))
     use_dropout = not deterministic and cfg.attention_probs_dropout_prob > 0.0
