@@ -1,1 +1,2 @@
-"""Looking inside trained models: where heads attend (`attention.py`)."""
+"""Looking inside trained models: where heads attend (`attention.py`), which heads matter
+(`heads.py`)."""

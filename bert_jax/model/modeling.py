@@ -443,6 +443,9 @@ class BertEmbeddings(nn.Module):
 # The collection that holds every layer's attention probabilities when an apply makes it
 # mutable (unrolled layers; `analysis/attention.py`), whatever kernel the model runs.
 ATTENTION_MAPS = "attention_maps"
+# A gate ξ per head on each self-attention block's output (Michel et al. 2019), present only
+# when an apply passes this collection (`analysis/heads.py`): 1 keeps a head, 0 removes it.
+HEAD_GATES = "head_gates"
 
 
 class BertSelfAttention(nn.Module):
@@ -473,6 +476,8 @@ class BertSelfAttention(nn.Module):
         sequence_ids=sequence_ids, dropout_bits=cfg.dropout_bits,
         cudnn_seed=cudnn_dropout_seed(self.scope.path))
     out = nn.with_logical_constraint(out, (BATCH, LENGTH, HEADS, KV))
+    if self.has_variable(HEAD_GATES, "gates"):
+      out = out * self.get_variable(HEAD_GATES, "gates").astype(out.dtype)[:, None]
     return out.reshape(batch, length, cfg.hidden_size)
 
 
