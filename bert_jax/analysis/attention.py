@@ -39,6 +39,16 @@ class AttentionMaps:
   probabilities: list[np.ndarray]
 
 
+def layer_index(path: Sequence[str]) -> int:
+  """The index of the unrolled layer a module path lies in (`layer_<i>`); -1 for a block that
+  no single layer owns (shared by every layer)."""
+  for part in path:
+    match = re.fullmatch(r"layer_(\d+)", part)
+    if match:
+      return int(match.group(1))
+  return -1
+
+
 def _in_layer_order(tree: Any) -> list[jax.Array]:
   """The sown probabilities of every layer, first to last: `layer_<i>` paths in index order;
   a block shared by every layer holds one entry per application, already in order."""
@@ -52,14 +62,6 @@ def _in_layer_order(tree: Any) -> list[jax.Array]:
         walk(value, path + (key,))
 
   walk(tree, ())
-
-  def layer_index(path):
-    for part in path:
-      match = re.fullmatch(r"layer_(\d+)", part)
-      if match:
-        return int(match.group(1))
-    return -1
-
   found.sort(key=lambda item: layer_index(item[0]))
   return [p for _, probs in found for p in probs]
 

@@ -11,13 +11,13 @@ as their code does), and normalised per layer by its L2 norm as their code does.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.analysis import attention
 from bert_jax.model import configuration, modeling
 from bert_jax.training import step as step_lib
 
@@ -40,15 +40,7 @@ def gate_paths(params: Any) -> list[tuple[str, ...]]:
   if any("layer" in path for path in found):
     raise ValueError("head gates need unrolled layers: load the parameters unrolled "
                      "(interop.checkpoints.in_layout(params, config, scan_layers=False)).")
-
-  def layer_index(path):
-    for part in path:
-      match = re.fullmatch(r"layer_(\d+)", part)
-      if match:
-        return int(match.group(1))
-    return -1
-
-  return sorted(found, key=layer_index)
+  return sorted(found, key=attention.layer_index)
 
 
 def gates_tree(params: Any, gates: np.ndarray) -> dict:
