@@ -76,24 +76,20 @@ def head_importance(objective, model, config: configuration.BertConfig, params: 
   """(blocks, heads): E |∂L/∂ξ_h| over `batches` of the objective's deterministic loss at
   ξ = 1, each block's row divided by its L2 norm when `normalize`."""
   ones = np.ones((len(gate_paths(params)), config.num_attention_heads), np.float32)
+  gradient = step_lib.make_model_state_gradient(objective, model)
 
   @jax.jit
-  def gate_gradient(gates, batch):
-    def loss(gates):
-      outputs = step_lib.apply_model(objective, model, params, batch, deterministic=True,
-                                     model_state={modeling.HEAD_GATES: gates_tree(params,
-                                                                                   gates)})
-      value, _ = objective.loss(outputs, batch, objective.denominators(batch))
-      return value
-    return jax.grad(loss)(gates)
+  def add_gate_gradient(total, params, batch):
+    grads = gradient({modeling.HEAD_GATES: gates_tree(params, ones)}, params, batch)
+    return total + jnp.abs(gates_array(grads[modeling.HEAD_GATES], params))
 
-  total, count = np.zeros_like(ones, np.float64), 0
+  total, count = jnp.zeros_like(ones), 0  # summed on the device, read once at the end
   for batch in batches:
-    total += np.abs(np.asarray(gate_gradient(ones, batch), np.float64))
+    total = add_gate_gradient(total, params, batch)
     count += 1
   if not count:
     raise ValueError("no batches to measure head importance on.")
-  importance = total / count
+  importance = np.asarray(total, np.float64) / count
   if normalize:
     norms = np.linalg.norm(importance, axis=1, keepdims=True)
     importance = importance / np.where(norms > 0, norms, 1.0)

@@ -174,15 +174,19 @@ def _best_keeper(job: Job, tokenizer, meta: dict[str, Any]
   written before the old one is removed, so there is a best model at every moment."""
   directory = file_io.join(job.output_dir, BEST)
   job.best = checkpointing.run_checkpoints(directory, max_to_keep=None, async_save=False)
+  served = False  # the config and vocabulary, the same for every best: written once
 
   def keep(step: int, state, scalars: dict[str, float]) -> None:
+    nonlocal served
     if step in job.best.all_steps():  # a resumed run reaching a step it had kept before
       job.best.delete(step)
     job.best.save(step, state, {}, meta)
     for old in job.best.all_steps():
       if old != step:
         job.best.delete(old)
-    keep_serving_files(job, tokenizer, directory)
+    if not served:
+      keep_serving_files(job, tokenizer, directory)
+      served = True
     if jax.process_index() == 0:
       file_io.write_text_atomic(file_io.join(directory, "eval_results.json"), json.dumps(
           {"step": step, **scalars}, indent=2, default=float) + "\n")

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from bert_jax import inference
 from bert_jax.model.configuration import BertConfig
+from bert_jax.runs import finetune_config
 from bert_jax.tasks import finetuned, registry
 from bert_jax.tasks.classification import predict as classification
 from bert_jax.tasks.multiple_choice import data as swag
@@ -32,10 +33,11 @@ from bert_jax.tasks.tagging import predict as tagging
 from bert_jax.text import tokenization, vocab_files
 
 # What a fine-tuned model records of how it was fed; given values override them. Where neither
-# says: the original run_squad.py's windows, the task kind's length, and lower-casing as the
-# vocabulary's record keeps it.
+# says: fine-tuning's defaults for SQuAD's windows (the original run_squad.py's), the task
+# kind's length, and lower-casing as the vocabulary's record keeps it.
 SETTINGS = ("do_lower_case", "max_seq_length", "doc_stride", "max_query_length")
-DEFAULTS = {"doc_stride": 128, "max_query_length": 64}
+DEFAULTS = {name: finetune_config.get_config()[name] for name in ("doc_stride",
+                                                                  "max_query_length")}
 
 
 def _settings(info: finetuned.CheckpointInfo, given: dict[str, Any]) -> dict[str, Any]:

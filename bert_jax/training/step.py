@@ -162,15 +162,28 @@ def make_train_step(objective: Objective, model: nn.Module, tx: optax.GradientTr
   return train_step
 
 
+def deterministic_loss(objective: Objective, model: nn.Module, params: Any, batch,
+                       model_state: Any = None) -> tuple[jax.Array, dict]:
+  """`(loss, sums)` of the model without dropout on a batch: what evaluation measures."""
+  outputs = apply_model(objective, model, params, batch, deterministic=True,
+                        model_state=model_state)
+  return objective.loss(outputs, batch, objective.denominators(batch))
+
+
 def make_eval_step(objective: Objective, model: nn.Module) -> Callable[..., dict]:
   """`eval_step(params, batch[, model_state]) -> sums` of the deterministic model (no
   dropout); a model with FP8 scales needs the state's `model_state` (refused without)."""
   def eval_step(params, batch, model_state=None):
-    outputs = apply_model(objective, model, params, batch, deterministic=True,
-                          model_state=model_state)
-    _, sums = objective.loss(outputs, batch, objective.denominators(batch))
-    return sums
+    return deterministic_loss(objective, model, params, batch, model_state)[1]
   return eval_step
+
+
+def make_model_state_gradient(objective: Objective, model: nn.Module) -> Callable[..., Any]:
+  """`gradient(model_state, params, batch)`: the gradient of the deterministic loss with
+  respect to the variables passed beside the parameters — how the loss moves with what is not
+  trained (the head gates of `analysis/heads.py`). Not jitted."""
+  return jax.grad(lambda model_state, params, batch: deterministic_loss(
+      objective, model, params, batch, model_state)[0])
 
 
 def jit_train_step(train_step: Callable, state_shardings, batch_sharding, mesh, rules):
