@@ -13,7 +13,12 @@ Hugging Face directory, one of our workdirs or Orbax directories. `--format` is 
 `vocab_record.json`) is copied beside the output, with transformers' tokenizer files for `hf`;
 an Orbax source says which step was exported. A fine-tuning output directory is written as its
 task's model (`BertForSequenceClassification`, run_classifier.py's names, ...:
-`interop/task_heads.py`).
+`interop/task_heads.py`); to Orbax it keeps its task, so `predict` serves the copy alike.
+
+    python -m bert_jax.convert --from=out/sst2 --to=sst2_int8 --format=orbax --int8
+
+writes the dense kernels as int8 with a scale per output (`model/int8.py`): ~4x smaller
+kernels, which `predict` reads back as an int8 model. The other formats have no int8 BERT.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ def define_flags() -> None:
   flags.DEFINE_enum("format", None, list(convert.FORMATS), "What to write.")
   flags.DEFINE_string("bert_config_file", None, "Config of a TF1 checkpoint that has no "
                       "bert_config.json beside it.")
+  flags.DEFINE_bool("int8", False, "With --format=orbax: write the dense kernels as int8 with a "
+                    "scale per output (~4x smaller; bert_jax/model/int8.py), read back by "
+                    "predict as an int8 model.")
 
 
 def main(argv):
@@ -43,7 +51,8 @@ def main(argv):
     if not FLAGS[name].value:
       raise app.UsageError(f"--{name} is required.")
   cli.quiet_unless_verbose()
-  finetuned.convert(FLAGS["from"].value, FLAGS.to, FLAGS.format, FLAGS.bert_config_file)
+  finetuned.convert(FLAGS["from"].value, FLAGS.to, FLAGS.format, FLAGS.bert_config_file,
+                    int8=FLAGS.int8)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ checkpoint (in the directory of a TF1 prefix, a Hugging Face directory or a run 
 `vocab.txt`, `spiece.model` / `spm.model`, or `vocab.json` + `merges.txt`
 (`text/vocab_files.py`). In fill_mask texts, `[MASK]` also stands for the family's own mask
 token (RoBERTa's `<mask>`).
-`--output_file` writes one JSON object per input; `--json` prints them.
+`--output_file` writes one JSON object per input; `--json` prints them. `--int8` quantizes the
+model on load and computes its dense layers in int8 (`model/int8.py`), in every mode; a
+checkpoint written by `convert --int8` is int8 already.
 """
 
 from __future__ import annotations
@@ -125,6 +127,9 @@ def define_flags() -> None:
                        "qa: question tokens kept.")
   flags.DEFINE_integer("max_answer_length", 30, "qa: longest answer, in tokens.")
   flags.DEFINE_integer("batch_size", 32, "Inputs per forward pass (classify, qa).")
+  flags.DEFINE_bool("int8", False, "Quantize the float model on load and compute its dense "
+                    "layers in int8 (int8 weights and activations, bert_jax/model/int8.py); an "
+                    "int8 export (convert --int8) is int8 without it.")
 
 
 def _texts_from_flags() -> list[str]:
@@ -237,7 +242,8 @@ def run_from_flags() -> None:
            for name in pipeline.SETTINGS}
   model = pipeline.load(info, mode=mode, vocab=cli.vocabulary_from_flags(),
                         vocab_flag="--spm_model_file" if FLAGS.spm_model_file else "--vocab_file",
-                        label_list=FLAGS.label_list, task_name=FLAGS.task_name, **given)
+                        label_list=FLAGS.label_list, task_name=FLAGS.task_name,
+                        int8=FLAGS.int8, **given)
   if mode == "fill_mask":
     results = model.fill_mask(inputs, FLAGS.top_k)
     # One object per input, like the other modes: `--output_file` and `--json` alike.

@@ -133,9 +133,12 @@ def test_one_step_one_loop_one_forward_pass():
       jit_sites[module] = count
     if re.search(r"""["']checkpoints["']""", text):
       checkpoint_dirs.append(module)
-  # (interop.checkpoint_fingerprints jits the checksum of saved arrays, not a model.)
+  # (interop.checkpoint_fingerprints jits the checksum of saved arrays, not a model;
+  # analysis.probe the optimiser of linear probes over fixed word vectors, which the model's
+  # forward pass through `inference` produced.)
   assert set(jit_sites) == {"training.step", "training.state", "inference",
-                            "parallel.sharding", "interop.checkpoint_fingerprints"}, jit_sites
+                            "parallel.sharding", "interop.checkpoint_fingerprints",
+                            "analysis.probe"}, jit_sites
   assert checkpoint_dirs == ["interop.kinds"], checkpoint_dirs
   loops = [m for m, p in _modules() if re.search(r"^def train\(", open(p).read(), re.M)]
   assert loops == ["training.loop"], loops

@@ -71,6 +71,10 @@ def attention_maps(config: configuration.BertConfig, encoder_params: Any, tokeni
                    max_seq_length: int = 128, batch_size: int = 16) -> AttentionMaps:
   """Every layer's and head's attention probabilities for each text (or pair)."""
   config.check_sequence_length(max_seq_length, "--max_seq_length")
+  if config.pruned_heads is not None:
+    raise ValueError(f"this model has pruned heads ({config.num_heads_kept} of "
+                     f"{config.num_hidden_layers * config.num_attention_heads} kept): its layers "
+                     "differ in head count; look at the model it was pruned from.")
   config = config.replace(scan_layers=False)
   feats = pairs.encode_examples(tokenizer, texts_a, texts_b, max_seq_length)
   model = modeling.BertModel(config, add_pooling_layer=False)
@@ -153,7 +157,7 @@ def write_statistics(stats: dict[str, np.ndarray], output_dir: str, num_examples
   file_io.write_text_atomic(json_path, json.dumps(
       {"examples": num_examples, "tokens": num_tokens, "measures": list(MEASURES),
        **{m: stats[m].tolist() for m in MEASURES}}, indent=1) + "\n")
-  plt = _pyplot()
+  plt = pyplot()
   layers, heads = stats[MEASURES[0]].shape
   fig, axes = plt.subplots(1, len(MEASURES), figsize=(3.2 * len(MEASURES), 0.45 * layers + 2))
   for ax, measure in zip(axes, MEASURES):
@@ -167,7 +171,7 @@ def write_statistics(stats: dict[str, np.ndarray], output_dir: str, num_examples
     fig.colorbar(image, ax=ax, fraction=0.046)
   fig.tight_layout()
   png_path = file_io.join(output_dir, "head_statistics.png")
-  _save(fig, png_path)
+  save_png(fig, png_path)
   plt.close(fig)
   return [json_path, png_path]
 
@@ -175,7 +179,7 @@ def write_statistics(stats: dict[str, np.ndarray], output_dir: str, num_examples
 def plot_example(maps: AttentionMaps, example: int, output_dir: str) -> list[str]:
   """One PNG per layer for one example: a grid of its heads, the tokens on both axes (keys
   across, queries down); returns the paths."""
-  plt = _pyplot()
+  plt = pyplot()
   tokens, probs = maps.tokens[example], maps.probabilities[example]
   layers, heads, n, _ = probs.shape
   columns = min(heads, 4)
@@ -198,20 +202,20 @@ def plot_example(maps: AttentionMaps, example: int, output_dir: str) -> list[str
       ax.set_yticklabels(tokens, fontsize=6)
     fig.tight_layout()
     path = file_io.join(output_dir, f"example{example}_layer{layer}.png")
-    _save(fig, path)
+    save_png(fig, path)
     plt.close(fig)
     paths.append(path)
   return paths
 
 
-def _pyplot():
+def pyplot():
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   return plt
 
 
-def _save(fig, path: str) -> None:
+def save_png(fig, path: str) -> None:
   """Written whole and renamed into place (local or gs://): a PNG that exists is complete."""
   buffer = io.BytesIO()
   fig.savefig(buffer, format="png", dpi=110)

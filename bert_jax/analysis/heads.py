@@ -70,27 +70,38 @@ def gates_array(tree: dict, params: Any) -> jax.Array:
   return jnp.stack(rows)
 
 
+class ImportanceMeter:
+  """`meter(params, batches)`: (blocks, heads) E |∂L/∂ξ_h| over `batches` of the objective's
+  deterministic loss at ξ = 1, each block's row divided by its L2 norm when `normalize`. The
+  gradient is compiled once per meter, so measuring again after a change of the parameters
+  (heads silenced: `pruning.masked`) costs no new compilation."""
+
+  def __init__(self, objective, model, config: configuration.BertConfig,
+               normalize: bool = True):
+    self.heads, self.normalize = config.num_attention_heads, normalize
+    self._gradient = step_lib.make_model_state_gradient(
+        objective, model, lambda grads, params: jnp.abs(gates_array(grads[modeling.HEAD_GATES],
+                                                                    params)))
+
+  def __call__(self, params: Any, batches: Iterable[dict[str, np.ndarray]]) -> np.ndarray:
+    ones = {modeling.HEAD_GATES: gates_tree(params, np.ones((len(gate_paths(params)),
+                                                             self.heads), np.float32))}
+    total, count = 0.0, 0  # summed on the device, read once at the end
+    for batch in batches:
+      total = total + self._gradient(ones, params, batch)
+      count += 1
+    if not count:
+      raise ValueError("no batches to measure head importance on.")
+    importance = np.asarray(total, np.float64) / count
+    if self.normalize:
+      norms = np.linalg.norm(importance, axis=1, keepdims=True)
+      importance = importance / np.where(norms > 0, norms, 1.0)
+    return importance
+
+
 def head_importance(objective, model, config: configuration.BertConfig, params: Any,
                     batches: Iterable[dict[str, np.ndarray]], normalize: bool = True
                     ) -> np.ndarray:
   """(blocks, heads): E |∂L/∂ξ_h| over `batches` of the objective's deterministic loss at
-  ξ = 1, each block's row divided by its L2 norm when `normalize`."""
-  ones = np.ones((len(gate_paths(params)), config.num_attention_heads), np.float32)
-  gradient = step_lib.make_model_state_gradient(objective, model)
-
-  @jax.jit
-  def add_gate_gradient(total, params, batch):
-    grads = gradient({modeling.HEAD_GATES: gates_tree(params, ones)}, params, batch)
-    return total + jnp.abs(gates_array(grads[modeling.HEAD_GATES], params))
-
-  total, count = jnp.zeros_like(ones), 0  # summed on the device, read once at the end
-  for batch in batches:
-    total = add_gate_gradient(total, params, batch)
-    count += 1
-  if not count:
-    raise ValueError("no batches to measure head importance on.")
-  importance = np.asarray(total, np.float64) / count
-  if normalize:
-    norms = np.linalg.norm(importance, axis=1, keepdims=True)
-    importance = importance / np.where(norms > 0, norms, 1.0)
-  return importance
+  ξ = 1, each block's row divided by its L2 norm when `normalize` (`ImportanceMeter`)."""
+  return ImportanceMeter(objective, model, config, normalize)(params, batches)

@@ -258,13 +258,20 @@ def select_scopes(loaded: Mapping, fresh: Mapping, scopes: Sequence[str] | None,
 
 
 # ----------------------------------------------------------------------------------- writing
-def save_orbax_params(params: Mapping, config: BertConfig, directory: str) -> str:
+def save_orbax_params(params: Mapping, config: BertConfig, directory: str,
+                      metadata: Mapping[str, Any] | None = None) -> str:
   """Writes `params` as a run directory that every loader here and pre-training with
   `init_mode="params"` read: `bert_config.json` + `checkpoints/0` (weights only, so not a run
-  that `init_mode="continue"` could resume)."""
+  that `init_mode="continue"` could resume). `metadata`: recorded beside the config (a
+  fine-tuned model's task, labels and settings, which `predict` reads). An int8 model's config
+  records `quantization` in both places, since its parameters are int8 (`model/int8.py`)."""
   manager = checkpoint_store.CheckpointStore(file_io.join(directory, CHECKPOINTS),
                                              max_to_keep=None, async_save=False)
-  manager.save(0, {"params": to_numpy(params)}, {}, {"bert_config": hf_config.to_hf_dict(config)})
+  bert_config = hf_config.to_hf_dict(config)
+  if config.quantization == "int8":
+    bert_config["quantization"] = config.quantization
+  manager.save(0, {"params": to_numpy(params)}, {},
+               {**(metadata or {}), "bert_config": bert_config})
   manager.close()
   file_io.write_text_atomic(file_io.join(directory, tf1.TF1_CONFIG_NAME),
                             tf1.original_config_json(config))

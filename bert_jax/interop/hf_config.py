@@ -68,8 +68,17 @@ def to_hf_dict(config: BertConfig, architectures=None) -> dict[str, Any]:
   """
   if architectures is None:
     architectures = ARCHITECTURES[config.model_type][:1]
-  if config.model_type == "distilbert":
-    return _to_distilbert(config, architectures)
+  out = (_to_distilbert(config, architectures) if config.model_type == "distilbert"
+         else _to_family_dict(config, architectures))
+  if config.pruned_heads is not None:
+    # Read back by our loaders (and by transformers 4, in this form). Exports for
+    # transformers 5, which has no pruned BERT, put the heads back first (`model/pruning.py`).
+    out["pruned_heads"] = {str(layer): list(heads)
+                           for layer, heads in enumerate(config.pruned_heads) if heads}
+  return out
+
+
+def _to_family_dict(config: BertConfig, architectures) -> dict[str, Any]:
   out = {name: getattr(config, name) for name in config.SHAPE_FIELDS}
   out.update(model_type=config.model_type, position_embedding_type="absolute",
              torch_dtype="float32")

@@ -38,8 +38,10 @@ MODEL_TYPES = ("bert", "albert", "roberta", "electra", "distilbert")
 SHARE_PARAMETERS = ("none", "all", "attention", "ffn")
 
 # How the dense layers multiply (`modeling.dense`): in the compute dtype, or in FP8 with delayed
-# scaling (Hopper GPUs), whose scales travel in the train state beside the parameters.
-QUANTIZATIONS = ("none", "fp8")
+# scaling (Hopper GPUs), whose scales travel in the train state beside the parameters, or in
+# int8 for inference (`model/int8.py`: int8 kernels with a scale per output in the parameters,
+# activations quantized per token at run time; refused in training).
+QUANTIZATIONS = ("none", "fp8", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +50,8 @@ class BertConfig:
 
   Shape fields (legacy names, exported): everything from `vocab_size` to `layer_norm_eps`.
   Compute fields (ours, not exported): `dtype`, `param_dtype`, `scan_layers`, `remat_policy`,
-  `attention_implementation`, `dropout_bits`, `low_precision_layer_norm`, `quantization`.
+  `attention_implementation`, `dropout_bits`, `low_precision_layer_norm`, `quantization`
+  (written only as "int8", whose parameters are int8).
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -83,6 +86,12 @@ class BertConfig:
   generator_num_hidden_layers: int | None = None
   generator_num_attention_heads: int | None = None
   generator_intermediate_size: int | None = None
+  # Heads removed after training (Michel et al. 2019; `analysis/heads.py`): per layer, the
+  # original indices of the heads that are gone, so layer l keeps num_attention_heads −
+  # len(pruned_heads[l]) heads of head_dim each, and its query/key/value and attention-output
+  # matrices are that much smaller. None: every head of every layer. Read from a list of lists
+  # (ours) or from {"layer": [heads]} (transformers 4's `pruned_heads`).
+  pruned_heads: tuple[tuple[int, ...], ...] | None = None
 
   # How to compute. bfloat16 on TPU; parameters stay float32 (`param_dtype`), and LayerNorm,
   # softmax and losses are always computed in float32.
@@ -105,6 +114,8 @@ class BertConfig:
   low_precision_layer_norm: bool = True
   # "fp8": the dense layers' matmuls in FP8 (`modeling.dense`), for Hopper GPUs. The parameters
   # are those of "none"; the scales and amax histories are the train state's `model_state`.
+  # "int8": inference with int8 kernels (`model/int8.py`). Unlike FP8 it changes the parameters
+  # (int8 `kernel` + `kernel_scale`), so a config of such parameters records it when written.
   quantization: str = "none"
 
   SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -116,11 +127,14 @@ class BertConfig:
   GENERATOR_FIELDS = ("generator_hidden_size", "generator_num_hidden_layers",
                       "generator_num_attention_heads", "generator_intermediate_size")
   FAMILY_FIELDS = ("model_type", "embedding_size", "share_parameters",
-                   "position_offset") + GENERATOR_FIELDS
+                   "position_offset") + GENERATOR_FIELDS + ("pruned_heads",)
   FAMILY_DEFAULTS = {"model_type": "bert", "embedding_size": None, "share_parameters": "none",
-                     "position_offset": 0, **{name: None for name in GENERATOR_FIELDS}}
+                     "position_offset": 0, **{name: None for name in GENERATOR_FIELDS},
+                     "pruned_heads": None}
 
   def __post_init__(self):
+    if self.pruned_heads is not None:
+      object.__setattr__(self, "pruned_heads", self._read_pruned_heads(self.pruned_heads))
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(
           f"BertConfig: hidden_size={self.hidden_size} is not divisible by "
@@ -196,9 +210,63 @@ class BertConfig:
                        f"{self.share_parameters!r} is not supported; use scan_layers=False "
                        "(share_parameters='all' and 'none' scan).")
 
+  def _read_pruned_heads(self, value) -> tuple[tuple[int, ...], ...] | None:
+    """`pruned_heads` as a tuple per layer of sorted original head indices (None when no head
+    is pruned), from either form; refused naming the layer when it cannot be this model's."""
+    layers = int(self.num_hidden_layers)
+    if isinstance(value, Mapping):  # transformers 4: {"3": [0, 5]}, only the pruned layers
+      rows: list[Any] = [()] * layers
+      for key, heads in value.items():
+        if not str(key).lstrip("-").isdigit() or not 0 <= int(key) < layers:
+          raise ValueError(f"BertConfig: pruned_heads names layer {key!r}; the model has "
+                           f"layers 0..{layers - 1}.")
+        rows[int(key)] = heads
+    elif isinstance(value, (list, tuple)):
+      if len(value) != layers:
+        raise ValueError(f"BertConfig: pruned_heads has {len(value)} rows for "
+                         f"num_hidden_layers={layers}: one list of removed heads per layer.")
+      rows = list(value)
+    else:
+      raise ValueError(f"BertConfig: pruned_heads={value!r}; expected a list per layer of the "
+                       "removed heads' indices.")
+    out = []
+    for layer, heads in enumerate(rows):
+      heads = tuple(sorted(int(h) for h in heads))
+      if len(set(heads)) != len(heads) or any(not 0 <= h < self.num_attention_heads
+                                              for h in heads):
+        raise ValueError(f"BertConfig: pruned_heads of layer {layer} = {list(heads)}: expected "
+                         f"distinct heads in 0..{self.num_attention_heads - 1}.")
+      out.append(heads)
+    if not any(out):
+      return None
+    if self.scan_layers or self.share_parameters != "none":
+      raise ValueError(
+          f"BertConfig: pruned heads need unrolled, unshared layers (got scan_layers="
+          f"{self.scan_layers}, share_parameters={self.share_parameters!r}): each layer keeps "
+          "its own number of heads.")
+    return tuple(out)
+
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
+
+  def heads_in_layer(self, layer: int) -> int:
+    """How many attention heads layer `layer` computes (fewer than num_attention_heads where
+    heads were pruned)."""
+    if self.pruned_heads is None:
+      return self.num_attention_heads
+    return self.num_attention_heads - len(self.pruned_heads[layer])
+
+  def kept_heads(self, layer: int) -> tuple[int, ...]:
+    """The original indices of the heads layer `layer` still has, in the order its matrices
+    hold them."""
+    gone = set(self.pruned_heads[layer]) if self.pruned_heads is not None else set()
+    return tuple(h for h in range(self.num_attention_heads) if h not in gone)
+
+  @property
+  def num_heads_kept(self) -> int:
+    """Heads over all layers."""
+    return sum(self.heads_in_layer(i) for i in range(self.num_hidden_layers))
 
   @property
   def embedding_width(self) -> int:
@@ -288,6 +356,8 @@ class BertConfig:
     where they differ from BERT (so a BERT config is written as the original wrote it)."""
     out = {name: getattr(self, name) for name in self.SHAPE_FIELDS if name != "layer_norm_eps"}
     out.update(self._family_values())
+    if self.quantization == "int8":  # the parameters are int8: who reads them must know
+      out["quantization"] = self.quantization
     return out
 
   def to_json_file(self, path: str) -> None:

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.model import dropout as dropout_lib
+from bert_jax.model import int8
 from bert_jax.model.configuration import BertConfig, PRESETS, get_preset  # re-exported
 
 __all__ = ["BertConfig", "PRESETS", "get_preset", "BertModel", "BertEmbeddings", "BertEncoder",
@@ -86,7 +87,16 @@ def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) -
   Layers whose width is not a multiple of 16 (NSP's two logits, classifiers, span ends,
   ELECTRA's one score) stay in the compute dtype: Hopper's FP8 GEMMs need dimensions in
   multiples of 16, and these logit layers cost next to nothing and would lose most to rounding.
+
+  With `config.quantization == "int8"` (inference) it is `int8.Int8Dense`: an int8 kernel with
+  a scale per output, stored so in the parameters, times the input quantized per token, in
+  int8 with int32 accumulation (`model/int8.py`, which says why). Layers narrower than 16 stay
+  float there too, by the same reasoning.
   """
+  if config.quantization == "int8" and int8.quantized_width(features):
+    return int8.Int8Dense(features, axes, bert_initializer(config.initializer_range),
+                          init_range=2.0 * config.initializer_range, dtype=_dtype(config.dtype),
+                          param_dtype=_dtype(config.param_dtype), name=name)
   fp8 = config.quantization == "fp8" and features % 16 == 0
   return nn.Dense(
       features, dtype=_dtype(config.dtype), param_dtype=_dtype(config.param_dtype),
@@ -449,16 +459,21 @@ HEAD_GATES = "head_gates"
 
 
 class BertSelfAttention(nn.Module):
+  """Multi-head self-attention: `num_heads` heads of `config.head_dim` (all of the config's
+  unless heads were pruned: then the projections are that much narrower, and a layer with
+  none left contributes nothing but its output bias)."""
   config: BertConfig
+  num_heads: int | None = None  # None: config.num_attention_heads
 
   @nn.compact
   def __call__(self, x, input_mask, deterministic: bool, sequence_ids=None):
     cfg = self.config
     batch, length, _ = x.shape
-    heads = cfg.num_attention_heads
+    heads = cfg.num_attention_heads if self.num_heads is None else self.num_heads
+    width = heads * cfg.head_dim
 
     def project(name):
-      y = dense(cfg, cfg.hidden_size, ("embed", "joined_kv"), name)(x)
+      y = dense(cfg, width, ("embed", "joined_kv"), name)(x)
       y = y.reshape(batch, length, heads, cfg.head_dim)
       return nn.with_logical_constraint(y, (BATCH, LENGTH, HEADS, KV))
 
@@ -478,7 +493,7 @@ class BertSelfAttention(nn.Module):
     out = nn.with_logical_constraint(out, (BATCH, LENGTH, HEADS, KV))
     if self.has_variable(HEAD_GATES, "gates"):
       out = out * self.get_variable(HEAD_GATES, "gates").astype(out.dtype)[:, None]
-    return out.reshape(batch, length, cfg.hidden_size)
+    return out.reshape(batch, length, width)
 
 
 class BertResidualOutput(nn.Module):
@@ -489,7 +504,10 @@ class BertResidualOutput(nn.Module):
   @nn.compact
   def __call__(self, x, residual, deterministic: bool):
     cfg = self.config
-    y = dense(cfg, cfg.hidden_size, (self.in_axis, "embed"), "dense")(x)
+    if x.shape[-1]:
+      y = dense(cfg, cfg.hidden_size, (self.in_axis, "embed"), "dense")(x)
+    else:  # a layer whose every head was pruned: the projection of nothing is its bias
+      y = _Bias(cfg, name="dense")(residual.shape)
     y = Dropout(cfg.hidden_dropout_prob, cfg.dropout_bits)(y, deterministic=deterministic)
     if cfg.low_precision_layer_norm:
       # The add fused into the LayerNorm (`residual_layer_norm`), inputs and output in the
@@ -500,13 +518,32 @@ class BertResidualOutput(nn.Module):
     return nn.with_logical_constraint(y.astype(_dtype(cfg.dtype)), (BATCH, LENGTH, EMBED))
 
 
-class BertAttention(nn.Module):
+class _Bias(nn.Module):
+  """The bias of a dense layer whose input has no features left, broadcast to `shape`: what
+  the attention output of a layer with every head pruned computes. A kernel of zero rows is
+  left out rather than stored, as checkpoints cannot hold empty arrays."""
   config: BertConfig
 
   @nn.compact
+  def __call__(self, shape) -> jax.Array:
+    cfg = self.config
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                           ("embed",)),
+                      (cfg.hidden_size,), _dtype(cfg.param_dtype))
+    return jnp.broadcast_to(bias.astype(_dtype(cfg.dtype)), tuple(shape[:-1]) + bias.shape)
+
+
+class BertAttention(nn.Module):
+  config: BertConfig
+  num_heads: int | None = None  # None: config.num_attention_heads
+
+  @nn.compact
   def __call__(self, x, input_mask, deterministic: bool, sequence_ids=None):
-    context = BertSelfAttention(self.config, name="self")(x, input_mask, deterministic,
-                                                          sequence_ids)
+    if self.num_heads == 0:  # every head pruned: nothing attends
+      context = jnp.zeros(x.shape[:-1] + (0,), x.dtype)
+    else:
+      context = BertSelfAttention(self.config, self.num_heads, name="self")(
+          x, input_mask, deterministic, sequence_ids)
     return BertResidualOutput(self.config, "joined_kv", name="output")(context, x, deterministic)
 
 
@@ -533,13 +570,14 @@ class BertLayer(nn.Module):
   scanned: bool = False
   collect_hidden_states: bool = False
   shared: "SharedLayerParts | None" = None
+  num_heads: int | None = None  # this layer's attention heads (pruned); None: the config's
 
   @nn.compact
   def __call__(self, x, input_mask, deterministic: bool, sequence_ids=None):
     cfg = self.config
     parts = self.shared.parts if self.shared is not None else ()
     attention = (self.shared.attention if "attention" in parts
-                 else BertAttention(cfg, name="attention"))
+                 else BertAttention(cfg, self.num_heads, name="attention"))
     intermediate = (self.shared.intermediate if "ffn" in parts
                     else BertIntermediate(cfg, name="intermediate"))
     output = (self.shared.output if "ffn" in parts
@@ -614,8 +652,8 @@ class BertEncoder(nn.Module):
       return x, hidden_states
     hidden_states = []
     for i in range(cfg.num_hidden_layers):
-      x = layer_cls(cfg, shared=shared, name=f"layer_{i}")(x, input_mask, deterministic,
-                                                            sequence_ids)
+      x = layer_cls(cfg, shared=shared, num_heads=cfg.heads_in_layer(i), name=f"layer_{i}")(
+          x, input_mask, deterministic, sequence_ids)
       hidden_states.append(x)
     return x, (tuple(hidden_states) if self.collect_hidden_states else ())
 

@@ -109,3 +109,88 @@ def make(**fields) -> ml_collections.ConfigDict:
                      "bert_jax/runs/finetune_config.py).")
   config.update(fields)
   return config
+
+
+# The command line of `finetune` (and of `analyze heads`, which reads tasks the same way): the
+# original flags and ours, (name, kind, help). Their defaults are the config's.
+ORIGINAL_FLAGS = (
+    ("task_name", "string", "GLUE task (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI), "
+                            "'squad' / 'squad_v2', 'conll2003' (or 'tagging' with "
+                            "--label_list), 'swag' / 'hellaswag', or 'custom' with "
+                            "--label_list."),
+    ("data_dir", "string", "The task's directory (GLUE TSV files, CoNLL files, SWAG CSV or "
+                           "HellaSwag JSONL files) or a tfds data_dir."),
+    ("data_format", "string", "auto (the task's files if the directory holds them, else "
+                              "tensorflow-datasets), tsv (GLUE), conll (tagging) or tfds."),
+    ("bert_config_file", "string", "bert_config.json (default: the checkpoint's)."),
+    ("init_checkpoint", "string", "Pre-trained encoder: our workdir/checkpoint, a Hugging Face "
+                                  "directory, or a TF1 checkpoint prefix (.../bert_model.ckpt) "
+                                  "or its directory."),
+    ("output_dir", "string", "Checkpoints, metrics, predictions."),
+    ("max_seq_length", "integer", "Maximum total input length in tokens (128; SQuAD 384)."),
+    ("train_batch_size", "integer", "Training batch size (32)."),
+    ("eval_batch_size", "integer", "Evaluation batch size (8)."),
+    ("predict_batch_size", "integer", "Prediction batch size (8)."),
+    ("learning_rate", "float", "Peak learning rate of Adam (5e-5)."),
+    ("num_train_epochs", "float", "Training epochs (3)."),
+    ("warmup_proportion", "float", "Fraction of steps with linear warmup (0.1)."),
+    ("do_train", "bool", "Fine-tune."),
+    ("do_eval", "bool", "Evaluate on the dev split(s)."),
+    ("do_predict", "bool", "Write predictions for the test split(s) (SQuAD: --predict_file)."),
+    ("seed", "integer", "Seed for the head's init, dropout and shuffling (12345)."),
+    ("label_list", "list", "custom task: the labels (omit with --regression); tagging: the "
+                           "tags (O,B-PER,I-PER,...) or the entity types (PER,LOC,...)."),
+    ("regression", "bool", "custom task: one real-valued output."),
+    ("text_a_column", "integer", "custom task: column of the first text (0)."),
+    ("text_b_column", "integer", "custom task: column of the second text, if any."),
+    ("label_column", "integer", "custom task: column of the label (1)."),
+    ("has_header", "string", "custom task: whether the TSV files start with a header line: "
+                             "auto (decided from the first line, and said), true or false."),
+    ("train_file", "string", "SQuAD: official training JSON (train-v1.1.json)."),
+    ("predict_file", "string", "SQuAD: JSON to predict (dev-v1.1.json); scored when it has "
+                               "answers."),
+    ("version_2_with_negative", "bool", "SQuAD 2.0: questions may have no answer."),
+    ("doc_stride", "integer", "SQuAD: distance between context windows, in tokens (128)."),
+    ("max_query_length", "integer", "SQuAD: question tokens kept (64)."),
+    ("n_best_size", "integer", "SQuAD: candidates per question in nbest_predictions.json (20)."),
+    ("max_answer_length", "integer", "SQuAD: longest answer, in tokens (30)."),
+    ("null_score_diff_threshold", "float", "SQuAD 2.0: predict no answer when null score - best "
+                                           "score exceeds this (eval_results.json reports the "
+                                           "best threshold on dev) (0)."),
+    # Not original flags: evaluation during training and early stopping.
+    ("eval_every_steps", "integer", "Score the dev data every this many training steps (with "
+                                    "--do_eval) and keep the best model in <output_dir>/best "
+                                    "(default: once, after training)."),
+    ("eval_metric", "string", "The dev score that picks the best model, as eval_results.json "
+                              "names it (default: the task's own: accuracy, f1, "
+                              "matthews_corr, pearson, ...)."),
+    ("early_stopping_patience", "integer", "Stop training after this many evaluations "
+                                           "(--eval_every_steps) without a better "
+                                           "--eval_metric (default: never)."),
+    # Not original flags: the one switch of sequence packing, and ELECTRA's layer-wise decay.
+    ("packing", "bool", "Pack several examples into each row of --max_seq_length (same "
+                        "examples per step, fewer rows; see finetune_config)."),
+    ("layerwise_lr_decay", "float", "Layer-wise learning-rate decay (ELECTRA): each layer "
+                                    "down from the head learns at this factor of the rate of "
+                                    "the one above; 0 is off (0; ELECTRA: 0.8 base, 0.9 "
+                                    "large)."),
+    ("teacher_checkpoint", "string", "Distil a fine-tuned teacher (the --output_dir of its "
+                                     "fine-tuning run on this task) into the model being "
+                                     "fine-tuned (GLUE-style tasks)."),
+    ("distill_temperature", "float", "Temperature T of the teacher's and student's softmax "
+                                     "(2.0, DistilBERT's task distillation)."),
+    ("distill_alpha", "float", "Weight of the teacher's soft targets (x T²); 1 - alpha goes "
+                               "to the labels (0.5)."),
+    # Token tagging (conll2003, or `tagging` over CoNLL-layout files with --label_list).
+    ("tagging_scheme", "string", "tagging: how the files write their tags: auto (detected: "
+                                 "IOB1 as CoNLL-2003 was released, or IOB2), iob1 or iob2."),
+    ("document_context", "bool", "tagging: fill each window with the sentences around it in "
+                                 "its document (the paper's setting); else the sentence alone."),
+    ("feature_based", "bool", "tagging: the paper's feature-based variant (Table 7): the "
+                              "encoder frozen, --feature_layers concatenated into a two-layer "
+                              "BiLSTM and a linear classifier."),
+    ("feature_layers", "list", "tagging, --feature_based: hidden states to concatenate, -1 the "
+                               "last layer (-1,-2,-3,-4: the last four, the paper's best)."),
+    ("lstm_size", "integer", "tagging, --feature_based: units per direction of each BiLSTM "
+                             "layer (768)."),
+)

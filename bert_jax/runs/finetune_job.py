@@ -18,6 +18,7 @@ score and write; everything here is shared by all of them.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import math
@@ -257,6 +258,13 @@ def fit(job: Job, objective, model, tokenizer, *, feats, num_steps: int,
   metrics.log(f"{header}: {init.origin}; {job.bert_config.num_hidden_layers} layers; mesh "
               f"{dict(job.mesh.shape)}")
   if feats is None:
+    look = _INSPECTOR.get()
+    if look is not None:  # `inspect`: the model handed over instead of evaluated
+      try:
+        value = look(Inspection(job, objective, model, evaluator, init.state))
+      finally:
+        _close(job)
+      raise _Inspected(value)
     return init.state, None
   result, selection = run_training(job, objective, model, tx, schedule, init, feats, num_steps,
                                    config.train_batch_size, config.seed, tokenizer, metadata,
@@ -272,6 +280,45 @@ def fit(job: Job, objective, model, tokenizer, *, feats, num_steps: int,
     results["early_stopping"] = {"stopped_at_step": result.step,
                                  "patience": config.early_stopping_patience}
   return result.state, result
+
+
+@dataclasses.dataclass
+class Inspection:
+  """A fine-tuned model as its run sees it: the job, the task's objective and model, the
+  restored train state, and the evaluator that scores a split with the task's own reader and
+  metric (`Evaluator`; its `apply` takes any `predict`, so other parameters can be scored)."""
+  job: Job
+  objective: Any
+  model: Any
+  evaluator: "Evaluator | None"
+  state: Any
+
+
+_INSPECTOR: contextvars.ContextVar[Callable[[Inspection], Any] | None] = contextvars.ContextVar(
+    "finetune_inspector", default=None)
+
+
+class _Inspected(Exception):
+  """Carries what `inspect`'s callback returned out of the run that called it."""
+
+  def __init__(self, value):
+    super().__init__("inspected")
+    self.value = value
+
+
+def inspect(run: Callable[[], Any], look: Callable[[Inspection], Any]) -> Any:
+  """`look(inspection)` of the fine-tuned model that `run()` (a task kind's run of a config
+  without training: its output directory holds the model) sets up, in place of evaluating
+  it: what `analyze heads` uses to score changed models with every task's own reader, metric
+  and features. The run's files are closed after `look` returns."""
+  token = _INSPECTOR.set(look)
+  try:
+    run()
+  except _Inspected as handed:
+    return handed.value
+  finally:
+    _INSPECTOR.reset(token)
+  raise ValueError("the fine-tuning run ended before its model was set up.")
 
 
 def stopped(job: Job, result, num_steps: int, results: dict[str, Any]) -> dict[str, Any]:
@@ -340,12 +387,18 @@ class Evaluator:
   scores `split`, its numbers reported as `<tag>/<name>`; `metric` is the task's own measure of
   a better model (the one its papers report). `params_of` picks the evaluated model's
   parameters from the train state's (a distilled student's, without its teacher).
+  `loss_features(split)`, where given, cuts a split with the training targets the scored
+  features lack (what a loss on the dev data, such as head importance, reads).
   """
 
   def __init__(self, job: Job, objective, model,
                apply: Callable[[Callable, str], tuple[dict[str, Any] | None, Any]], *,
-               split: str, tag: str, metric: str, params_of: Callable[[Any], Any] | None = None):
+               split: str, tag: str, metric: str, params_of: Callable[[Any], Any] | None = None,
+               loss_features: Callable[[str], dict[str, np.ndarray]] | None = None):
     self.job, self.objective, self.model, self._apply = job, objective, model, apply
+    # A split's features with the loss's targets, where the ones scored lack them (SQuAD's
+    # prediction windows carry no answer positions); None: the scored features have them.
+    self.loss_features = loss_features
     self.split, self.tag, self.metric = split, tag, metric
     self._params_of = params_of or (lambda params: params)
     self._predictor: inference.Predictor | None = None
@@ -367,6 +420,11 @@ class Evaluator:
       self._memo = {k: v for k, v in self._memo.items() if k[0] == key[0]}
       self._memo[key] = self._apply(run, split)
     return self._memo[key]
+
+  def score_with(self, predict: Callable, split: str) -> tuple[dict[str, Any] | None, Any]:
+    """The split scored from the outputs of any `predict(feats, batch_size, *, desc, trim)`
+    (another model's, other parameters'), with this run's reader, features and metric."""
+    return self._apply(predict, split)
 
   def scalars(self, state) -> dict[str, float]:
     """The scores of `split` as the loop reports an evaluation (`<tag>/<name>`)."""

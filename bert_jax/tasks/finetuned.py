@@ -15,6 +15,7 @@ from bert_jax import inference
 from bert_jax.interop import checkpoints, task_heads
 from bert_jax.interop import convert as interop_convert
 from bert_jax.model import configuration
+from bert_jax.model import int8 as int8_lib
 from bert_jax.tasks import registry
 from bert_jax.text import tokenization, vocab_files
 
@@ -99,18 +100,21 @@ class FinetunedModel:
     return "v2" in (self.info.task or "")  # fine-tuning records "squad v1.1" / "squad v2.0"
 
 
-def load_finetuned(info: CheckpointInfo, mode: str) -> FinetunedModel:
+def load_finetuned(info: CheckpointInfo, mode: str, int8: bool = False) -> FinetunedModel:
   """The model behind a fine-tuned output directory, for `mode` ("classify", "qa", "tag" or
   "choose").
 
   The weights are read by the same loader as every other Orbax tree (encoder + the task's head,
   with the config it was trained with); only the head module differs by task, and is the one
   the task's kind builds from what the run recorded (`<kind>/predict.py`: `head`, `model`).
+  `int8`: the float model quantized on load (`model/int8.py`); an int8 export is int8 anyway.
   """
   check_mode(info, mode)
   predict = registry.for_mode(mode).module("predict")
   head = predict.head(info)
   config, params = _load(info, require_heads=False)
+  if int8:
+    config, params = int8_lib.quantize_model(config, params)
   if head not in params:
     raise PredictError(f"{info.path}: the checkpoint records task {info.task!r} but holds no "
                        f"'{head}' parameters (it has {sorted(params)}).")
@@ -177,20 +181,38 @@ def export_head(path: str) -> task_heads.Head | None:
 
 
 def convert(source: str, target: str, output_format: str,
-            bert_config_file: str | None = None) -> str:
+            bert_config_file: str | None = None, int8: bool = False) -> str:
   """`python -m bert_jax.convert`: `interop.convert.convert`, a fine-tuned model with its head
-  written as its task class (`BertForSequenceClassification`, run_classifier.py's names, ...)."""
+  written as its task class (`BertForSequenceClassification`, run_classifier.py's names, ...);
+  to Orbax with every head and what the run recorded (its task, labels and input settings), so
+  that `predict` serves the copy as it served the run. `int8`: `model/int8.py`'s export."""
+  interop_convert.check_int8_format(output_format, int8)  # before anything is read
   head = export_head(source) if output_format in ("hf", "tf1") else None  # orbax keeps all
-  return interop_convert.convert(source, target, output_format, bert_config_file, head)
+  metadata = finetuned_metadata(source) if output_format == "orbax" else None
+  return interop_convert.convert(source, target, output_format, bert_config_file, head,
+                                 int8=int8, metadata=metadata)
+
+
+def finetuned_metadata(path: str) -> dict[str, Any] | None:
+  """What a fine-tuned output directory recorded beside its weights (task, labels, settings),
+  less what a writer records anew (the config, the step); None for any other checkpoint."""
+  if checkpoints.checkpoint_kind(path)[0] != "orbax":
+    return None
+  info = inspect_checkpoint(path)
+  if info.task is None:
+    return None
+  return {k: v for k, v in info.metadata.items() if k not in ("bert_config", "step")}
 
 
 # -------------------------------------------------------------------------------- fill-mask
-def load_fill_mask_model(info: CheckpointInfo) -> tuple[configuration.BertConfig, Any]:
+def load_fill_mask_model(info: CheckpointInfo, int8: bool = False
+                         ) -> tuple[configuration.BertConfig, Any]:
   """The encoder and its masked-LM head, from any kind of checkpoint (a next-sentence head is
-  not needed: a Hugging Face `BertForMaskedLM` serves)."""
+  not needed: a Hugging Face `BertForMaskedLM` serves); with `int8`, quantized on load."""
   check_mode(info, "fill_mask")
   try:
-    return checkpoints.load_masked_lm(info.where)
+    config, params = checkpoints.load_masked_lm(info.where)
   except (ValueError, FileNotFoundError) as e:
     raise PredictError(str(e)) from e
+  return int8_lib.quantize_model(config, params) if int8 else (config, params)
 

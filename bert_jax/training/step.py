@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bert_jax.model import int8
 from bert_jax.training.objective import Objective
 from bert_jax.training.state import MODEL_STATE_COLLECTIONS, TrainState
 
@@ -104,9 +105,16 @@ def next_model_state(current: Any, returned: Any) -> Any:
 def make_train_step(objective: Objective, model: nn.Module, tx: optax.GradientTransformation,
                     schedule: Callable, grad_accum_steps: int = 1
                     ) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
-  """`step(state, batch) -> (state, metrics)`, not yet jitted (see `jit_train_step`)."""
+  """`step(state, batch) -> (state, metrics)`, not yet jitted (see `jit_train_step`).
+  Refuses an int8 model (`model/int8.py`), or a distillation's int8 student, at once, and any
+  int8 parameters (an int8 teacher's too) when traced: int8 kernels have no gradient."""
+  for part in (model, getattr(model, "student", None)):
+    if getattr(getattr(part, "config", None), "quantization", None) == "int8":
+      raise ValueError(int8.TRAINING_ERROR)
 
   def train_step(state: TrainState, batch: dict[str, jax.Array]):
+    if any(leaf.dtype == jnp.int8 for leaf in jax.tree.leaves(state.params)):
+      raise ValueError(int8.TRAINING_ERROR)
     dropout_rng = jax.random.fold_in(state.rng, state.step)
     denominators = objective.denominators(batch)
 
@@ -178,12 +186,17 @@ def make_eval_step(objective: Objective, model: nn.Module) -> Callable[..., dict
   return eval_step
 
 
-def make_model_state_gradient(objective: Objective, model: nn.Module) -> Callable[..., Any]:
-  """`gradient(model_state, params, batch)`: the gradient of the deterministic loss with
-  respect to the variables passed beside the parameters — how the loss moves with what is not
-  trained (the head gates of `analysis/heads.py`). Not jitted."""
-  return jax.grad(lambda model_state, params, batch: deterministic_loss(
+def make_model_state_gradient(objective: Objective, model: nn.Module,
+                              reduce: Callable[[Any, Any], Any] = lambda grads, params: grads
+                              ) -> Callable[..., Any]:
+  """`gradient(model_state, params, batch)`: `reduce(grads, params)` of the gradient of the
+  deterministic loss with respect to the variables passed beside the parameters — how the loss
+  moves with what is not trained (the head gates of `analysis/heads.py`), jitted once with the
+  reduction, so that only what is asked for leaves the device."""
+  grad = jax.grad(lambda model_state, params, batch: deterministic_loss(
       objective, model, params, batch, model_state)[0])
+  return jax.jit(lambda model_state, params, batch: reduce(grad(model_state, params, batch),
+                                                           params))
 
 
 def jit_train_step(train_step: Callable, state_shardings, batch_sharding, mesh, rules):

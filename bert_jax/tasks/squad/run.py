@@ -113,8 +113,16 @@ def run(config: ml_collections.ConfigDict, tokenizer) -> dict[str, Any]:
                                    version_2_with_negative=version_2_with_negative)
     return scores, (examples, source, features, predictions, nbest, null_odds)
 
+  def with_answers(split):
+    """The split's windows cut as training cuts them, with answer positions: the loss's
+    targets, which prediction windows lack."""
+    examples = (read[split][0] if split in read else
+                _squad_examples(config.predict_file, data_dir, split, version_2_with_negative)[0])
+    return squad.convert_examples_to_features(examples, tokenizer, is_training=True,
+                                              **window).arrays
+
   evaluator = finetune_job.Evaluator(job, objective, model, apply, split="validation",
-                                     tag="eval", metric="f1")
+                                     tag="eval", metric="f1", loss_features=with_answers)
   state, result = finetune_job.fit(
       job, objective, model, tokenizer, feats=feats, num_steps=num_steps,
       header=f"SQuAD {version}", results=results,

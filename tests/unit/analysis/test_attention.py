@@ -122,6 +122,12 @@ def test_the_command_writes_its_files_and_refuses_mistakes_in_one_line(tmp_path)
                                f"--output_dir={tmp_path / 'o2'}", *args)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(message), \
         proc.stderr
-  proc = helpers.run_command("bert_jax.analyze", "heads", f"--checkpoint={tmp_path}",
+  proc = helpers.run_command("bert_jax.analyze", "shrink", f"--checkpoint={tmp_path}",
                              f"--output_dir={tmp_path}")
-  assert proc.returncode == 1 and "Name one analysis: attention (got heads)" in proc.stderr
+  line = proc.stderr.strip().splitlines()[-1]
+  assert proc.returncode == 1 and line.startswith("error: Name one analysis: attention, heads")
+  assert "(got shrink)." in line
+  proc = helpers.run_command("bert_jax.analyze", "attention", f"--checkpoint={tmp_path}",
+                             f"--output_dir={tmp_path}", "--text=a", "--task_name=SST-2")
+  assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(
+      "error: --task_name is for `analyze heads`, not `analyze attention`.")

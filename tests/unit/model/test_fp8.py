@@ -123,8 +123,8 @@ def test_xla_cpu_executes_float8_dots():
 
 # --------------------------------------------------------------------------------- the config
 def test_quantization_is_a_compute_field_checked_and_never_exported():
-  with pytest.raises(ValueError, match=r"quantization='int8'; expected one of none, fp8"):
-    _config("int8")
+  with pytest.raises(ValueError, match=r"quantization='int4'; expected one of none, fp8, int8"):
+    _config("int4")
   with pytest.raises(ValueError, match=r"quantization='fp8' needs unrolled, unshared layers"):
     _config("fp8", scan_layers=True)
   with pytest.raises(ValueError, match=r"share_parameters='all'"):
