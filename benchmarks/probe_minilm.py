@@ -111,6 +111,10 @@ def prepare() -> tuple[str, str, dict]:
 
 def main(argv):
   del argv
+  # The command runs from the repository (so that it imports this checkout): paths are made
+  # absolute first, so that both read the same files.
+  FLAGS.data_dir, FLAGS.output_dir = (os.path.abspath(FLAGS.data_dir),
+                                      os.path.abspath(FLAGS.output_dir))
   train_path, dev_path, summary = prepare()
   command = [sys.executable, "-m", "bert_jax.analyze", "probe", f"--checkpoint={minilm_dir()}",
              f"--train_file={train_path}", f"--dev_file={dev_path}",

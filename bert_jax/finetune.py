@@ -41,8 +41,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from bert_jax import cli
-from bert_jax.runs import finetune_config
+from bert_jax.runs import finetune_config, finetune_job
 from bert_jax.tasks import registry
+from bert_jax.text import vocab_files
 
 FLAGS = flags.FLAGS
 
@@ -84,8 +85,12 @@ def main(argv):
     raise app.UsageError("At least one of --do_train, --do_eval, --do_predict.")
   cli.quiet_unless_verbose()
   cli.initialize_distributed_from_flags()
+  # The model the run reads: the output directory's own when it holds one with its vocabulary
+  # (a finished run, evaluated again), else --init_checkpoint; the vocabulary is beside it.
+  out = config.output_dir
+  model = out if finetune_job.recorded(out) and vocab_files.find_beside(out) else None
   registry.run_from_config(
-      config, cli.tokenizer_from_flags(config.init_checkpoint, config.bert_config_file))
+      config, cli.tokenizer_from_flags(model or config.init_checkpoint, config.bert_config_file))
 
 
 if __name__ == "__main__":

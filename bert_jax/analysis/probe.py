@@ -33,7 +33,6 @@ import dataclasses
 import io
 import json
 import math
-import re
 import time
 from typing import Any, Sequence
 
@@ -48,8 +47,6 @@ from bert_jax.model import configuration, modeling
 from bert_jax.tasks.tagging import data as tagging_data
 from bert_jax.text import features as feature_names
 
-DOCSTART = tagging_data.DOCSTART
-_COLUMNS_RE = re.compile(r"[ \t]+")
 WORD_POSITIONS = "word_positions"
 
 # The probe's optimiser, the same for every layer and every file (see the module docstring).
@@ -74,74 +71,15 @@ class LabelledSentence:
 
 
 def read_labelled_words(path: str, label_column: int = -1) -> list[LabelledSentence]:
-  """The sentences of a CoNLL-layout file, each word with the label in `label_column`.
-
-  The layout: one word per line, its columns separated by spaces or tabs, the word first; a
-  blank line after each sentence; `-DOCSTART-` lines are skipped. `label_column` counts from 0
-  (the word's column) or, when negative, from the end (-1: the last column). Any label is
-  accepted (part-of-speech tags, chunk tags, entity tags, anything): the tagging task's reader
-  insists on entity tags (B-X / I-X), which is why probes read files here. Every word line must
-  have the columns of the first one: a line with another number of columns would put another
-  field in the label's place. Errors are ValueErrors naming "path:line" and what was expected.
-  """
+  """The sentences of a CoNLL-layout file, each word with the label in `label_column`, read by
+  the layout's one reader (`tasks/tagging/data.read_columns`: one word per line, the word
+  first, a blank line after each sentence, `-DOCSTART-` lines skipped; `label_column` counted
+  from 0 or from the end; errors name "path:line"). Any label is accepted (part-of-speech
+  tags, chunk tags, entity tags, anything), where the tagging task insists on entity tags."""
   if not file_io.exists(path):
     raise FileNotFoundError(f"{path}: no such file.")
-  data = file_io.read_bytes(path)
-  try:
-    text = data.decode("utf-8")
-  except UnicodeDecodeError as e:
-    line = data[:e.start].count(b"\n") + 1
-    raise ValueError(f"{path}:{line}: bytes that are not UTF-8 ({e.reason}); CoNLL files are "
-                     "read as UTF-8 (re-encode a Latin-1 file first, e.g. with iconv).") from None
-  if text.startswith("\ufeff"):
-    text = text[1:]
-  sentences: list[LabelledSentence] = []
-  words: list[str] = []
-  labels: list[str] = []
-  first_of_sentence = 0
-  num_columns = first_line = column = None
-
-  def end_sentence():
-    nonlocal words, labels
-    if words:
-      sentences.append(LabelledSentence(tuple(words), tuple(labels),
-                                        f"{path}:{first_of_sentence}"))
-    words, labels = [], []
-
-  for number, line in enumerate(text.split("\n"), start=1):
-    stripped = line.strip(" \t\r")
-    if not stripped:
-      end_sentence()
-      continue
-    fields = _COLUMNS_RE.split(stripped)
-    if fields[0] == DOCSTART:
-      end_sentence()
-      continue
-    where = f"{path}:{number}"
-    if num_columns is None:
-      num_columns, first_line = len(fields), number
-      if not -num_columns <= label_column < num_columns:
-        raise ValueError(f"{where}: label_column={label_column} is out of range: the line has "
-                         f"{num_columns} column{'s' if num_columns > 1 else ''} (the word, then "
-                         f"its labels; columns count from 0, or from -1 for the last).")
-      column = label_column % num_columns
-      if column == 0:
-        raise ValueError(f"{where}: label_column={label_column} is the word's own column; the "
-                         "label is in another (e.g. 1 for the part of speech of CoNLL-2003, -1 "
-                         "for the last column).")
-    if len(fields) != num_columns:
-      raise ValueError(f"{where}: {len(fields)} column{'s' if len(fields) > 1 else ''}; "
-                       f"expected {num_columns}, as on the first word line ({first_line}), "
-                       f"so that column {label_column} is the label on every line.")
-    if not words:
-      first_of_sentence = number
-    words.append(fields[0])
-    labels.append(fields[column])
-  end_sentence()
-  if not sentences:
-    raise ValueError(f"{path}: no words (expected one word per line with its labels in columns, "
-                     "a blank line after each sentence).")
-  return sentences
+  return [LabelledSentence(r.words, r.labels, f"{path}:{r.lines[0]}")
+          for r in tagging_data.read_columns(path, label_column)]
 
 
 def hold_out(sentences: Sequence[LabelledSentence], fraction: float = DEV_FRACTION,

@@ -140,19 +140,27 @@ def _strip_bom(text: str) -> str:
   return text[1:] if text.startswith("\ufeff") else text
 
 
-def read_conll(path: str, *, scheme: str = "auto", label_column: int | None = -1,
-               label_list: Sequence[str] | None = None) -> list[Sentence]:
-  """The sentences of a CoNLL-layout file (see the module docstring), tags converted to IOB2.
+@dataclasses.dataclass(frozen=True)
+class ColumnSentence:
+  """One sentence of a CoNLL-layout file as written: its words, the values of the label column
+  (None when read without one), each word's line number and its document's index."""
+  words: tuple[str, ...]
+  labels: tuple[str, ...] | None
+  lines: tuple[int, ...]
+  document: int
 
-  `scheme`: "auto" (IOB1 when some chunk begins with I-, else IOB2), "iob1" or "iob2" (then a
-  chunk that begins with I- is an error: the file looks like IOB1). `label_column`: the column
-  of the tag (-1: the last); None reads an unlabelled file (the word is the first column, any
-  others are ignored, `labels` is None). `label_list`: when given, every tag (in IOB2) must be
-  one of them. Errors are ValueErrors naming "path:line" and what was expected.
+
+def read_columns(path: str, label_column: int | None) -> list[ColumnSentence]:
+  """The sentences of a CoNLL-layout file, each word with the value of its `label_column`
+  (counted from 0, the word's own column, or from the end: -1 is the last; None: no labels,
+  any columns after the word ignored). The one reader of the layout: the tagging task checks
+  the values as tags (`read_conll`), layer probes take any labels (`analysis/probe.py`).
+
+  The layout: one word per line, its columns separated by spaces or tabs, the word first; a
+  blank line after each sentence; `-DOCSTART-` lines begin a new document. Every word line must
+  have the columns of the first one (a line with another number would put another field in the
+  label's place). Errors are ValueErrors naming "path:line" and what was expected.
   """
-  if scheme not in ("auto",) + SCHEMES:
-    raise ValueError(f"scheme={scheme!r}: expected auto, iob1 or iob2.")
-  known = set(label_list) if label_list is not None else None
   data = file_io.read_bytes(path)
   try:
     text = _strip_bom(data.decode("utf-8"))
@@ -160,23 +168,22 @@ def read_conll(path: str, *, scheme: str = "auto", label_column: int | None = -1
     line = data[:e.start].count(b"\n") + 1
     raise ValueError(f"{path}:{line}: bytes that are not UTF-8 ({e.reason}); CoNLL files are "
                      "read as UTF-8 (re-encode a Latin-1 file first, e.g. with iconv).") from None
-  lines = text.split("\n")
-  sentences_raw: list[tuple[list[str], list[str], list[int], int]] = []
+  sentences: list[ColumnSentence] = []
   words: list[str] = []
-  tags: list[str] = []
+  labels: list[str] = []
   line_numbers: list[int] = []
   document = 0
   document_has_words = False
-  num_columns = first_line = None
-  tag_column = None
+  num_columns = first_line = column = None
 
   def end_sentence():
-    nonlocal words, tags, line_numbers
+    nonlocal words, labels, line_numbers
     if words:
-      sentences_raw.append((words, tags, line_numbers, document))
-    words, tags, line_numbers = [], [], []
+      sentences.append(ColumnSentence(tuple(words), tuple(labels) if column is not None
+                                      else None, tuple(line_numbers), document))
+    words, labels, line_numbers = [], [], []
 
-  for line_number, line in enumerate(lines, start=1):
+  for line_number, line in enumerate(text.split("\n"), start=1):
     stripped = line.strip(" \t\r")
     if not stripped:
       end_sentence()
@@ -193,60 +200,79 @@ def read_conll(path: str, *, scheme: str = "auto", label_column: int | None = -1
       num_columns, first_line = len(fields), line_number
       if label_column is not None:
         if num_columns < 2:
-          raise ValueError(f"{where}: one column ({fields[0]!r}); expected the word and its tag "
-                           "separated by spaces or tabs (CoNLL-2003: word, POS, chunk, tag). "
-                           "For an unlabelled file pass label_column=None.")
+          raise ValueError(f"{where}: one column ({fields[0]!r}); expected the word and its "
+                           "labels separated by spaces or tabs (CoNLL-2003: word, POS, chunk, "
+                           "tag). For an unlabelled file pass label_column=None.")
         if not -num_columns <= label_column < num_columns:
-          raise ValueError(f"{where}: label_column={label_column}, but lines have "
-                           f"{num_columns} columns.")
-        tag_column = label_column % num_columns
-        if tag_column == 0:
-          raise ValueError(f"{where}: label_column={label_column} is the word's column; the tag "
-                           "is in another.")
+          raise ValueError(f"{where}: label_column={label_column} is out of range: the line "
+                           f"has {num_columns} columns (the word, then its labels; columns "
+                           "count from 0, or from -1 for the last).")
+        column = label_column % num_columns
+        if column == 0:
+          raise ValueError(f"{where}: label_column={label_column} is the word's own column; "
+                           "the label is in another (e.g. 1 for the part of speech of "
+                           "CoNLL-2003, -1 for the last column).")
     if label_column is not None and len(fields) != num_columns:
       if len(fields) == 1:
         raise ValueError(f"{where}: one column ({fields[0]!r}); expected {num_columns} columns "
-                         f"(word ... tag) as on line {first_line}.")
+                         f"(the word, then its labels), as on the first word line "
+                         f"({first_line}).")
       raise ValueError(f"{where}: {len(fields)} columns; expected {num_columns}, as on the "
                        f"first word line ({first_line}).")
     words.append(fields[0])
     line_numbers.append(line_number)
     document_has_words = True
-    if label_column is not None:
-      tag = fields[tag_column]
+    if column is not None:
+      labels.append(fields[column])
+  end_sentence()
+  if not sentences:
+    raise ValueError(f"{path}: no sentences (expected one word per line, its labels in "
+                     "columns, a blank line after each sentence).")
+  return sentences
+
+
+def read_conll(path: str, *, scheme: str = "auto", label_column: int | None = -1,
+               label_list: Sequence[str] | None = None) -> list[Sentence]:
+  """The sentences of a CoNLL-layout file (see the module docstring), tags converted to IOB2.
+
+  `scheme`: "auto" (IOB1 when some chunk begins with I-, else IOB2), "iob1" or "iob2" (then a
+  chunk that begins with I- is an error: the file looks like IOB1). `label_column`: the column
+  of the tag (-1: the last); None reads an unlabelled file (the word is the first column, any
+  others are ignored, `labels` is None). `label_list`: when given, every tag (in IOB2) must be
+  one of them. Errors are ValueErrors naming "path:line" and what was expected.
+  """
+  if scheme not in ("auto",) + SCHEMES:
+    raise ValueError(f"scheme={scheme!r}: expected auto, iob1 or iob2.")
+  known = set(label_list) if label_list is not None else None
+  read = read_columns(path, label_column)
+  for sentence in read:
+    for tag, line in zip(sentence.labels or (), sentence.lines):
       try:
         iob.split_tag(tag)
       except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
-      tags.append(tag)
-  end_sentence()
-  if not sentences_raw:
-    raise ValueError(f"{path}: no sentences (expected lines of word and tag, a blank line after "
-                     "each sentence).")
-
+        raise ValueError(f"{path}:{line}: {e}") from None
   if label_column is None:
-    return [Sentence(tuple(w), None, d, f"{path}:{n[0]}", None) for w, _, n, d in sentences_raw]
+    return [Sentence(r.words, None, r.document, f"{path}:{r.lines[0]}", None) for r in read]
   if scheme == "iob2":
-    for _, sentence_tags, numbers, _ in sentences_raw:
-      position = iob.chunk_initial_i(sentence_tags)
+    for r in read:
+      position = iob.chunk_initial_i(list(r.labels))
       if position is not None:
         raise ValueError(
-            f"{path}:{numbers[position]}: the tag {sentence_tags[position]!r} begins a chunk "
+            f"{path}:{r.lines[position]}: the tag {r.labels[position]!r} begins a chunk "
             f"(it does not follow a tag of its type): with scheme=iob2 every chunk begins with "
             f"B-. The file looks like IOB1 (as the released CoNLL-2003 files are); read it with "
             f"scheme=iob1 or auto.")
   sentences = []
-  for sentence_words, sentence_tags, numbers, document_index in sentences_raw:
-    iob2 = to_iob2(sentence_tags)
+  for r in read:
+    iob2 = to_iob2(list(r.labels))
     if known is not None:
       for position, tag in enumerate(iob2):
         if tag not in known:
-          written = (f" (written {sentence_tags[position]!r})"
-                     if sentence_tags[position] != tag else "")
-          raise ValueError(f"{path}:{numbers[position]}: the tag {tag!r}{written} is not in the "
+          written = f" (written {r.labels[position]!r})" if r.labels[position] != tag else ""
+          raise ValueError(f"{path}:{r.lines[position]}: the tag {tag!r}{written} is not in the "
                            f"label list; known labels: {', '.join(label_list)}.")
-    sentences.append(Sentence(tuple(sentence_words), tuple(iob2), document_index,
-                              f"{path}:{numbers[0]}", tuple(sentence_tags)))
+    sentences.append(Sentence(r.words, tuple(iob2), r.document, f"{path}:{r.lines[0]}",
+                              r.labels))
   return sentences
 
 

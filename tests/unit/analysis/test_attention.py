@@ -12,20 +12,10 @@ import transformers
 from jax.experimental.pallas import tpu as pltpu
 
 from bert_jax.analysis import attention
-from bert_jax.interop import checkpoints
 from tests import helpers
 
 TEXTS = ["The cat sat on the mat, and then it slept.", "Where is the station? Go left."]
 PAIR = ("A man plays a guitar.", "Someone makes music.")
-
-
-@pytest.fixture(scope="module")
-def minilm():
-  config, encoder, _ = checkpoints.load_encoder(helpers.minilm_dir())
-  from bert_jax.text import tokenization
-  tokenizer = tokenization.load_tokenizer(
-      vocab_file=os.path.join(helpers.minilm_dir(), "vocab.txt"), do_lower_case=True)
-  return config, encoder, tokenizer
 
 
 def test_maps_equal_transformers_attentions_for_texts_and_pairs(minilm):

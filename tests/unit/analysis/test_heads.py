@@ -2,38 +2,13 @@
 of zero removes exactly its head, and the importance is the derivative a finite difference
 measures."""
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
 from bert_jax.analysis import heads as heads_lib
-from bert_jax.model import configuration, modeling
-from bert_jax.tasks.classification import data as glue
-from bert_jax.tasks.classification import objective as sequence_classification
+from bert_jax.model import modeling
 from bert_jax.training import step as step_lib
-
-SEQ = 16
-
-
-@pytest.fixture(scope="module")
-def classifier():
-  """A tiny classifier with random weights and a batch of 6 random rows with labels."""
-  config = configuration.get_preset("test", vocab_size=64, max_position_embeddings=SEQ,
-                                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                    num_hidden_layers=3)
-  objective = sequence_classification.SequenceClassification(glue.get_task("SST-2"), SEQ)
-  model = objective.model(config)
-  rng = np.random.default_rng(0)
-  mask = (np.arange(SEQ)[None, :] < rng.integers(6, SEQ + 1, size=(6, 1))).astype(np.int32)
-  batch = {"input_ids": (rng.integers(5, 64, size=(6, SEQ)) * mask).astype(np.int32),
-           "input_mask": mask, "segment_ids": np.zeros((6, SEQ), np.int32),
-           "label": rng.integers(0, 2, size=6).astype(np.int32),
-           "weight": np.ones(6, np.float32)}
-  params = model.init(jax.random.PRNGKey(1), batch["input_ids"], batch["input_mask"],
-                      batch["segment_ids"])["params"]
-  return config, objective, model, jax.tree.map(np.asarray, nn.unbox(params)), batch
-
 
 def _logits(objective, model, params, batch, gates=None):
   state = None if gates is None else {modeling.HEAD_GATES: heads_lib.gates_tree(params, gates)}

@@ -16,10 +16,8 @@ import torch
 import transformers
 
 from bert_jax.analysis import probe
-from bert_jax.interop import checkpoints
 from bert_jax.model import configuration, modeling
 from bert_jax.tasks.tagging import data as tagging_data
-from bert_jax.text import tokenization
 from data_prep import demo_corpus
 from tests import helpers
 
@@ -40,14 +38,6 @@ def _word_class(word: str) -> str:
   if all(c in string.punctuation for c in word):
     return "PUNCT"
   return _LEXICON.get(word.lower(), "OTHER")
-
-
-@pytest.fixture(scope="module")
-def minilm():
-  config, encoder, _ = checkpoints.load_encoder(helpers.minilm_dir())
-  tokenizer = tokenization.load_tokenizer(
-      vocab_file=os.path.join(helpers.minilm_dir(), "vocab.txt"), do_lower_case=True)
-  return config, encoder, tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -174,9 +164,12 @@ def test_files_are_read_by_column_and_mistakes_name_file_and_line(tmp_path):
   assert error("EU NNP\n", -3).startswith(f"{tmp_path}/bad.txt:1: label_column=-3 is out of")
   assert error("EU NNP\n", 0).startswith(f"{tmp_path}/bad.txt:1: label_column=0 is the word's")
   assert error("EU NNP\nrejects\n").startswith(
-      f"{tmp_path}/bad.txt:2: 1 column; expected 2, as on the first word line (1)")
-  assert error("\n\n-DOCSTART- O\n\n") == (f"{tmp_path}/bad.txt: no words (expected one word "
-                                           "per line with its labels in columns, a blank line "
+      f"{tmp_path}/bad.txt:2: one column ('rejects'); expected 2 columns (the word, then its "
+      "labels), as on the first word line (1)")
+  assert error("EU NNP B-NP\nrejects VBZ\n").startswith(
+      f"{tmp_path}/bad.txt:2: 2 columns; expected 3, as on the first word line (1)")
+  assert error("\n\n-DOCSTART- O\n\n") == (f"{tmp_path}/bad.txt: no sentences (expected one "
+                                           "word per line, its labels in columns, a blank line "
                                            "after each sentence).")
   assert error(b"EU NNP\ncaf\xe9 NN\n").startswith(f"{tmp_path}/bad.txt:2: bytes that are not")
   with pytest.raises(FileNotFoundError, match="nothing.txt: no such file"):

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 
-import flax.linen as nn
 import jax
 import matplotlib.image
 import numpy as np
@@ -17,33 +16,10 @@ from bert_jax.analysis import pruning_study
 from bert_jax.interop import checkpoints
 from bert_jax.model import configuration, modeling, pruning
 from bert_jax.tasks import finetuned
-from bert_jax.tasks.classification import data as glue
-from bert_jax.tasks.classification import objective as sequence_classification
 from bert_jax.tasks.classification import predict as classification
 from bert_jax.text import tokenization
 from bert_jax.training import step as step_lib
 from tests import helpers
-
-SEQ = 16
-
-
-@pytest.fixture(scope="module")
-def classifier():
-  """A tiny classifier with random weights (3 layers of 8 heads) and 6 random rows."""
-  config = configuration.get_preset("test", vocab_size=64, max_position_embeddings=SEQ,
-                                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                    num_hidden_layers=3)
-  objective = sequence_classification.SequenceClassification(glue.get_task("SST-2"), SEQ)
-  rng = np.random.default_rng(0)
-  mask = (np.arange(SEQ)[None, :] < rng.integers(6, SEQ + 1, size=(6, 1))).astype(np.int32)
-  batch = {"input_ids": (rng.integers(5, 64, size=(6, SEQ)) * mask).astype(np.int32),
-           "input_mask": mask, "segment_ids": np.zeros((6, SEQ), np.int32),
-           "label": rng.integers(0, 2, size=6).astype(np.int32),
-           "weight": np.ones(6, np.float32)}
-  params = objective.model(config).init(jax.random.PRNGKey(1), batch["input_ids"],
-                                        batch["input_mask"], batch["segment_ids"])["params"]
-  return config, objective, jax.tree.map(np.asarray, nn.unbox(params)), batch
-
 
 def _logits(objective, config, params, batch, gates=None):
   state = None if gates is None else {modeling.HEAD_GATES: heads_lib.gates_tree(params, gates)}
@@ -52,7 +28,7 @@ def _logits(objective, config, params, batch, gates=None):
 
 
 def test_a_pruned_model_computes_what_the_masked_model_computes(classifier):
-  config, objective, params, batch = classifier
+  config, objective, _, params, batch = classifier
   heads = config.num_attention_heads
   remove = {0: [1, 5], 1: list(range(heads)), 2: [0, 7]}  # layer 1 loses every head
   gates = np.ones((3, heads), np.float32)
@@ -181,8 +157,7 @@ def test_the_pruned_checkpoint_is_read_by_predict_convert_and_finetune(study):
   # finetune --do_eval on the pruned directory: the score the study measured.
   proc = helpers.run_command(
       "bert_jax.finetune", "--task_name=SST-2", f"--data_dir={sst2_model['data']}",
-      f"--output_dir={directory}", "--do_eval", "--eval_batch_size=8",
-      f"--vocab_file={os.path.join(helpers.minilm_dir(), 'vocab.txt')}")
+      f"--output_dir={directory}", "--do_eval", "--eval_batch_size=8")  # its vocabulary
   assert proc.returncode == 0, proc.stderr[-3000:]
   scores = json.load(open(os.path.join(directory, "eval_results.json")))
   assert scores["dev"]["accuracy"] == pytest.approx(info["score"])
@@ -191,8 +166,7 @@ def test_the_pruned_checkpoint_is_read_by_predict_convert_and_finetune(study):
   proc = helpers.run_command(
       "bert_jax.finetune", "--task_name=SST-2", f"--data_dir={sst2_model['data']}",
       f"--init_checkpoint={directory}", f"--output_dir={again}", "--do_train",
-      "--max_seq_length=16", "--train_batch_size=8", "--num_train_epochs=1",
-      f"--vocab_file={os.path.join(helpers.minilm_dir(), 'vocab.txt')}")
+      "--max_seq_length=16", "--train_batch_size=8", "--num_train_epochs=1")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert checkpoints.read_config(str(again)).num_heads_kept == 10
   tuned = checkpoints.load_any(str(again)).params["bert"]["encoder"]

@@ -163,7 +163,8 @@ def test_unknown_tags_and_wrong_scheme_name_the_line(tmp_path, released_file):
     conll.read_conll(released_file, scheme="iob2")
   with pytest.raises(ValueError, match="no sentences"):
     conll.read_conll(_write(tmp_path, "empty.txt", "-DOCSTART- -X- -X- O\n\n\n"))
-  with pytest.raises(ValueError, match="x.txt:1: label_column=3, but lines have 2 columns"):
+  with pytest.raises(ValueError, match="x.txt:1: label_column=3 is out of range: the line has "
+                                      "2 columns"):
     conll.read_conll(path, label_column=3)
   with pytest.raises(ValueError, match="scheme"):
     conll.read_conll(path, scheme="bio")
