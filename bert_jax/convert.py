@@ -17,8 +17,9 @@ task's model (`BertForSequenceClassification`, run_classifier.py's names, ...:
 
     python -m bert_jax.convert --from=out/sst2 --to=sst2_int8 --format=orbax --int8
 
-writes the dense kernels as int8 with a scale per output (`model/int8.py`): ~4x smaller
-kernels, which `predict` reads back as an int8 model. The other formats have no int8 BERT.
+writes the dense kernels as int8 with a scale per output and the embedding tables as int8 with
+a scale per row (`model/int8.py`): ~4x smaller weights, which `predict` reads back as an int8
+model. The other formats have no int8 BERT.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ def define_flags() -> None:
   flags.DEFINE_enum("format", None, list(convert.FORMATS), "What to write.")
   flags.DEFINE_string("bert_config_file", None, "Config of a TF1 checkpoint that has no "
                       "bert_config.json beside it.")
-  flags.DEFINE_bool("int8", False, "With --format=orbax: write the dense kernels as int8 with a "
-                    "scale per output (~4x smaller; bert_jax/model/int8.py), read back by "
-                    "predict as an int8 model.")
+  flags.DEFINE_bool("int8", False, "With --format=orbax: write the dense kernels (a scale per "
+                    "output) and embedding tables (a scale per row) as int8 (~4x smaller; "
+                    "bert_jax/model/int8.py), read back by predict as an int8 model.")
 
 
 def main(argv):

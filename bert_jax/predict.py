@@ -45,8 +45,8 @@ checkpoint (in the directory of a TF1 prefix, a Hugging Face directory or a run 
 (`text/vocab_files.py`). In fill_mask texts, `[MASK]` also stands for the family's own mask
 token (RoBERTa's `<mask>`).
 `--output_file` writes one JSON object per input; `--json` prints them. `--int8` quantizes the
-model on load and computes its dense layers in int8 (`model/int8.py`), in every mode; a
-checkpoint written by `convert --int8` is int8 already.
+model on load and computes its dense layers and embeddings in int8 (`model/int8.py`), in
+every mode; a checkpoint written by `convert --int8` is int8 already.
 """
 
 from __future__ import annotations
@@ -128,7 +128,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("max_answer_length", 30, "qa: longest answer, in tokens.")
   flags.DEFINE_integer("batch_size", 32, "Inputs per forward pass (classify, qa).")
   flags.DEFINE_bool("int8", False, "Quantize the float model on load and compute its dense "
-                    "layers in int8 (int8 weights and activations, bert_jax/model/int8.py); an "
+                    "layers and embedding lookups in int8 (int8 weights, tables and "
+                    "activations, bert_jax/model/int8.py); an "
                     "int8 export (convert --int8) is int8 without it.")
 
 

@@ -35,8 +35,8 @@ def without_pretraining_only_heads(params: dict) -> dict:
 
 
 def check_int8_format(output_format: str, int8: bool) -> None:
-  """An int8 export is int8 kernels with their scales (`model/int8.py`), which only our Orbax
-  layout holds: Hugging Face's and Google's formats have no int8 BERT."""
+  """An int8 export is int8 kernels and tables with their scales (`model/int8.py`), which only
+  our Orbax layout holds: Hugging Face's and Google's formats have no int8 BERT."""
   if int8 and output_format != "orbax":
     raise ValueError(f"--int8 needs --format=orbax: the {output_format} format has no int8 "
                      "BERT (int8 kernels with their scales); export the float model there.")
@@ -48,9 +48,10 @@ def convert(source: str, target: str, output_format: str,
   """Reads `source` (any kind), writes `target` in `output_format`; returns what was written.
   Prints what was read (the load report, or the step of an Orbax checkpoint). `head`: the task
   head of a fine-tuned `source`, written as its task class (`task_heads.py`). `int8` (Orbax
-  only): the dense kernels quantized (`model/int8.py`), the sizes printed. `metadata`: what an
-  Orbax output records beside its weights (a fine-tuned run's task and settings). An int8
-  source written to another format is written as the float values its kernels stand for."""
+  only): the dense kernels and embedding tables quantized (`model/int8.py`), the sizes
+  printed. `metadata`: what an Orbax output records beside its weights (a fine-tuned run's task
+  and settings). An int8 source written to another format is written as the float values its
+  kernels and tables stand for."""
   if output_format not in FORMATS:
     raise ValueError(f"format={output_format!r}; expected one of {', '.join(FORMATS)}.")
   check_int8_format(output_format, int8)
@@ -65,7 +66,8 @@ def convert(source: str, target: str, output_format: str,
   config = loaded.config.replace(scan_layers=False)
   if config.quantization == "int8" and output_format != "orbax":
     config, params = config.replace(quantization="none"), int8_lib.dequantize_params(params)
-    print("int8 kernels written as the float32 values they stand for (this format has no int8)")
+    print("int8 kernels and tables written as the float32 values they stand for (this format "
+          "has no int8)")
   if output_format in ("hf", "tf1"):
     params = without_pretraining_only_heads(params)
     if config.pruned_heads is not None:
@@ -78,12 +80,15 @@ def convert(source: str, target: str, output_format: str,
     written = tf1.save_tf1_checkpoint(params, config, target, head)
   else:
     if int8:
-      before = int8_lib.kernel_bytes(params), int8_lib.parameter_bytes(params)
+      counts = (int8_lib.kernel_bytes, int8_lib.table_bytes, int8_lib.parameter_bytes)
+      before = [count(params) for count in counts]
       config, params = int8_lib.quantize_model(config, params)
-      after = int8_lib.kernel_bytes(params), int8_lib.parameter_bytes(params)
+      after = [count(params) for count in counts]
       print(f"int8: dense kernels {before[0] / 1e6:.2f} MB -> {after[0] / 1e6:.2f} MB "
-            f"({before[0] / max(after[0], 1):.2f}x smaller, scales included); all parameters "
-            f"{before[1] / 1e6:.2f} MB -> {after[1] / 1e6:.2f} MB")
+            f"({before[0] / max(after[0], 1):.2f}x smaller, scales included); embedding tables "
+            f"{before[1] / 1e6:.2f} MB -> {after[1] / 1e6:.2f} MB "
+            f"({before[1] / max(after[1], 1):.2f}x smaller); all parameters "
+            f"{before[2] / 1e6:.2f} MB -> {after[2] / 1e6:.2f} MB")
     written = checkpoints.save_orbax_params(params, config, target, metadata)
   # The vocabulary travels with the weights: every consumer of a checkpoint needs both.
   source_dir = tf1.dirname(loaded.location) if loaded.kind == "tf1" else source

@@ -39,8 +39,9 @@ SHARE_PARAMETERS = ("none", "all", "attention", "ffn")
 
 # How the dense layers multiply (`modeling.dense`): in the compute dtype, or in FP8 with delayed
 # scaling (Hopper GPUs), whose scales travel in the train state beside the parameters, or in
-# int8 for inference (`model/int8.py`: int8 kernels with a scale per output in the parameters,
-# activations quantized per token at run time; refused in training).
+# int8 for inference (`model/int8.py`: int8 kernels with a scale per output and int8 embedding
+# tables with a scale per row in the parameters, activations quantized per token at run time;
+# refused in training).
 QUANTIZATIONS = ("none", "fp8", "int8")
 
 
@@ -115,7 +116,8 @@ class BertConfig:
   # "fp8": the dense layers' matmuls in FP8 (`modeling.dense`), for Hopper GPUs. The parameters
   # are those of "none"; the scales and amax histories are the train state's `model_state`.
   # "int8": inference with int8 kernels (`model/int8.py`). Unlike FP8 it changes the parameters
-  # (int8 `kernel` + `kernel_scale`), so a config of such parameters records it when written.
+  # (int8 `kernel` + `kernel_scale`, int8 tables + `<table>_scale`), so a config of such
+  # parameters records it when written.
   quantization: str = "none"
 
   SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

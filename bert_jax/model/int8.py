@@ -1,5 +1,5 @@
-"""Int8 inference: post-training quantization of the dense layers (Q8BERT-style int8 weights and
-activations, Zafrir et al. 2019), `BertConfig.quantization="int8"`.
+"""Int8 inference: post-training quantization of the dense layers and the embedding tables
+(Q8BERT-style int8 weights and activations, Zafrir et al. 2019), `BertConfig.quantization="int8"`.
 
 The scheme, symmetric (no zero points: the value 0 stays exactly 0 and the integer product needs
 no correction terms):
@@ -18,10 +18,24 @@ no correction terms):
 - The product: `lax.dot_general` of the two int8 operands with int32 accumulation
   (`preferred_element_type=jnp.int32`; exact: |sum| <= 127² · width < 2³¹ up to a width of
   133,000), then y = acc · s_x · s_w + bias in float32.
+- Embedding tables (word, position, token type; `quantize_table`): per row, s[r] = max |row r|
+  / 127, stored as the int8 table under the float table's name (`word_embeddings`) and
+  `word_embeddings_scale` (one float32 per row) beside it; a float model's paths are unchanged.
+  They are half a small model's bytes (MiniLM's tables, the word table 30522 × 384 first, are
+  47.7 of its 90.9 MB), and per row because a row is what a lookup reads: `take_rows` gathers
+  the int8 rows and their scales and dequantizes only those, so a lookup costs what it did. A
+  row's values are then within s[r]/2 of the float ones, a rounding the sum of three rows and
+  the LayerNorm after it absorb as the dense layers absorb theirs.
+- The tied masked-LM decoder (`int8_attend`, for fill-mask and the pre-training heads): scores
+  against every word row, an int8 matmul as the dense layers', the hidden states quantized per
+  token and the table's rows as the output channels (its per-row scale is the per-output scale
+  of a kernel (hidden, vocab)). Dequantizing the table instead would write a float32 copy of it
+  (V × E × 4 bytes, 47 MB for MiniLM) at every call to read it once, in the model's largest
+  matmul; the int8 product reads a quarter of those bytes and needs no copy, and its error is
+  the dense layers' bound (`error_bound`), small against the spread of the vocabulary's scores.
 
 What stays float, and why:
-- embeddings (lookups, no matmul; the masked-LM decoder is the word table itself), LayerNorm,
-  biases, softmax and GELU: cheap elementwise work or tables, where rounding buys nothing;
+- LayerNorm, biases, softmax and GELU: cheap elementwise work, where rounding buys nothing;
 - attention's QKᵀ and PV products (two activations, no weights: their cost is a small share at
   BERT's lengths, and each would need scales on both sides);
 - dense layers with fewer than `MIN_FEATURES` outputs: the logit layers (a classifier's labels,
@@ -58,6 +72,9 @@ MIN_FEATURES = 16
 # Top-level scopes whose layers are flax's own modules, not `modeling.dense`: left float.
 FLOAT_SCOPES = ("tagger",)
 SCALE = "kernel_scale"
+# `modeling.BertEmbeddings`' tables: int8 under int8, each with `<name>` + TABLE_SCALE beside it.
+TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
+TABLE_SCALE = "_scale"
 
 TRAINING_ERROR = (
     "BertConfig.quantization='int8' is for inference only (int8 weights have no gradient): "
@@ -82,6 +99,15 @@ def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   return q, scale
 
 
+def _int8_dot(x: jax.Array, q: jax.Array, scale: jax.Array, axis: int) -> jax.Array:
+  """x (..., k) quantized per token, times int8 `q` contracted on its `axis` (of size k), in
+  int32, rescaled to float32 by the token's scale and the other axis' `scale`."""
+  qx, sx = quantize_rows(x)
+  acc = jax.lax.dot_general(qx, q, (((qx.ndim - 1,), (axis,)), ((), ())),
+                            preferred_element_type=jnp.int32)
+  return acc.astype(jnp.float32) * sx * scale.astype(jnp.float32)
+
+
 def int8_matmul(x: jax.Array, kernel: jax.Array, kernel_scale: jax.Array,
                 bias: jax.Array | None = None) -> jax.Array:
   """x (..., k) float times an int8 `kernel` (k, n) with per-column `kernel_scale` (n,): the
@@ -90,13 +116,27 @@ def int8_matmul(x: jax.Array, kernel: jax.Array, kernel_scale: jax.Array,
   if kernel.dtype != jnp.int8:
     raise ValueError(f"int8_matmul: the kernel is {kernel.dtype}, expected int8 (quantize the "
                      "parameters with int8.quantize_params).")
-  qx, sx = quantize_rows(x)
-  acc = jax.lax.dot_general(qx, kernel, (((qx.ndim - 1,), (0,)), ((), ())),
-                            preferred_element_type=jnp.int32)
-  y = acc.astype(jnp.float32) * sx * kernel_scale.astype(jnp.float32)
+  y = _int8_dot(x, kernel, kernel_scale, 0)
   if bias is not None:
     y = y + bias.astype(jnp.float32)
   return y
+
+
+def int8_attend(x: jax.Array, table: jax.Array, row_scale: jax.Array) -> jax.Array:
+  """x (..., e) float scored against every row of an int8 `table` (v, e) with per-row
+  `row_scale` (v,): x · tableᵀ as `int8_matmul` computes x · kernel (the rows are the output
+  channels), float32 (..., v). The tied masked-LM decoder of an int8 model."""
+  if table.dtype != jnp.int8:
+    raise ValueError(f"int8_attend: the table is {table.dtype}, expected int8 (quantize the "
+                     "parameters with int8.quantize_params).")
+  return _int8_dot(x, table, row_scale, 1)
+
+
+def take_rows(table: jax.Array, row_scale: jax.Array, ids: jax.Array) -> jax.Array:
+  """The float32 rows `ids` of an int8 `table` with per-row `row_scale`: only the gathered rows
+  are dequantized, so a lookup costs what a float one does."""
+  rows = jnp.take(table, ids, axis=0).astype(jnp.float32)
+  return rows * jnp.take(row_scale, ids, axis=0).astype(jnp.float32)[..., None]
 
 
 def error_bound(x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
@@ -149,6 +189,23 @@ class Int8Dense(nn.Module):
     return int8_matmul(x, kernel, scale, bias).astype(self.dtype)
 
 
+def table_param(module: nn.Module, name: str, shape: tuple[int, int], axes: tuple[str, str],
+                init: Callable[..., jax.Array], init_range: float) -> tuple[jax.Array, jax.Array]:
+  """An int8 embedding table `name` and its per-row scales `name` + TABLE_SCALE, declared on
+  `module` (in its `setup`): the parameters `quantize_params` writes for a float table. Their
+  own initialisation quantizes a draw of `init` (within ±`init_range`) with that range as every
+  row's scale, as `Int8Dense` does."""
+  step = init_range / QMAX
+
+  def table_init(key, shape, dtype=jnp.int8):
+    return jnp.clip(jnp.round(init(key, shape, jnp.float32) / step), -QMAX, QMAX).astype(dtype)
+
+  table = module.param(name, nn.with_logical_partitioning(table_init, axes), shape, jnp.int8)
+  scale = module.param(name + TABLE_SCALE, nn.with_logical_partitioning(
+      nn.initializers.constant(step), axes[:1]), shape[:1], jnp.float32)
+  return table, scale
+
+
 # ------------------------------------------------------------------------- the parameters
 def quantize_kernel(kernel: Any) -> tuple[np.ndarray, np.ndarray]:
   """`(int8 kernel, float32 scales)` of a float kernel (in, out), or of a stack of them (a
@@ -165,63 +222,102 @@ def dequantize_kernel(kernel: Any, scale: Any) -> np.ndarray:
   return (np.asarray(kernel, np.float32) * np.asarray(scale, np.float32)[..., None, :])
 
 
+def quantize_table(table: Any) -> tuple[np.ndarray, np.ndarray]:
+  """`(int8 table, float32 scales)` of a float embedding table (rows, width): per row,
+  max|row| / 127 (an all-zero row gets scale 1)."""
+  t = np.asarray(table, np.float32)
+  amax = np.max(np.abs(t), axis=-1)
+  scale = np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
+  return np.clip(np.rint(t / scale[:, None]), -QMAX, QMAX).astype(np.int8), scale
+
+
+def dequantize_table(table: Any, scale: Any) -> np.ndarray:
+  """The float32 table that an int8 table and its per-row scales stand for."""
+  return np.asarray(table, np.float32) * np.asarray(scale, np.float32)[:, None]
+
+
+def _is_embeddings(node: Mapping) -> bool:
+  """`modeling.BertEmbeddings`' scope: the one that holds the word table."""
+  return np.ndim(node.get(TABLES[0])) == 2
+
+
 def _is_dense(node: Mapping) -> bool:
   kernel = node.get("kernel")
   return (kernel is not None and "bias" in node and np.ndim(kernel) >= 2
           and quantized_width(int(np.shape(kernel)[-1])))
 
 
-def _map_dense(params: Mapping, fn: Callable[[Mapping], dict]) -> dict:
+def _map_dense(params: Mapping, fn: Callable[[Mapping], dict],
+               tables: Callable[[Mapping], dict] = dict) -> dict:
   """`params` with every dense layer that `modeling.dense` computes in int8 replaced by
-  `fn(layer)`; every other leaf as it is."""
+  `fn(layer)`, and the embeddings' scope by `tables(scope)` (whose LayerNorm is visited after);
+  every other leaf as it is."""
   def visit(node, top: bool):
     if not isinstance(node, Mapping):
       return node
     if _is_dense(node):
       return fn(node)
+    if _is_embeddings(node):
+      node = tables(node)
     return {k: (v if top and k in FLOAT_SCOPES else visit(v, False)) for k, v in node.items()}
   return visit(params, True)
 
 
 def is_quantized(params: Mapping) -> bool:
-  """Whether `params` hold any int8 kernel (an int8 export, or `quantize_params`' output)."""
+  """Whether `params` hold any int8 kernel or table (an int8 export, or `quantize_params`'
+  output)."""
   found = []
 
-  def look(node):
-    found.append(SCALE in node)
+  def look(node, key):
+    found.append(key in node)
     return dict(node)
-  _map_dense(params, look)
+  _map_dense(params, lambda n: look(n, SCALE), lambda n: look(n, TABLES[0] + TABLE_SCALE))
   return any(found)
 
 
 def quantize_params(params: Mapping, config: Any) -> dict:
   """A float model's parameters → the int8 model's: each dense kernel that `modeling.dense`
   computes in int8 (`quantized_width`, outside `FLOAT_SCOPES`) as int8 with its
-  `kernel_scale`; embeddings, LayerNorm, biases, logit layers and the rest unchanged. Any tree
-  of this package's models, in either layer layout. Parameters that are quantized already are
-  returned as they are."""
+  `kernel_scale`, and each embedding table as int8 with its per-row `<name>_scale`; LayerNorm,
+  biases, logit layers and the rest unchanged. Any tree of this package's models, in either
+  layer layout. Parameters that are quantized already are kept as they are."""
   if getattr(config, "quantization", "none") == "fp8":
     raise ValueError("quantize_params: the config computes in FP8 (quantization='fp8'); int8 "
                      "quantization starts from the float model (quantization='none').")
-  if is_quantized(params):
-    return _map_dense(params, dict)
 
   def quantize(layer):
+    if SCALE in layer:
+      return dict(layer)
     q, scale = quantize_kernel(layer["kernel"])
     return {**layer, "kernel": q, SCALE: scale}
-  return _map_dense(params, quantize)
+
+  def quantize_tables(scope):
+    out = dict(scope)
+    for name in TABLES:
+      if name in scope and name + TABLE_SCALE not in scope:
+        out[name], out[name + TABLE_SCALE] = quantize_table(scope[name])
+    return out
+  return _map_dense(params, quantize, quantize_tables)
 
 
 def dequantize_params(params: Mapping) -> dict:
-  """The inverse, for checks: every int8 kernel as the float32 kernel it stands for (each value
-  within half a scale step of the original), `kernel_scale` dropped."""
+  """The inverse, for checks and the float formats: every int8 kernel and table as the float32
+  values it stands for (each within half a scale step of the original), the scales dropped."""
   def dequantize(layer):
     if SCALE not in layer:
       return dict(layer)
     out = {k: v for k, v in layer.items() if k != SCALE}
     out["kernel"] = dequantize_kernel(layer["kernel"], layer[SCALE])
     return out
-  return _map_dense(params, dequantize)
+
+  def dequantize_tables(scope):
+    scales = {name + TABLE_SCALE for name in TABLES}
+    out = {k: v for k, v in scope.items() if k not in scales}
+    for name in TABLES:
+      if name + TABLE_SCALE in scope:
+        out[name] = dequantize_table(scope[name], scope[name + TABLE_SCALE])
+    return out
+  return _map_dense(params, dequantize, dequantize_tables)
 
 
 def quantize_model(config: Any, params: Mapping) -> tuple[Any, dict]:
@@ -240,6 +336,18 @@ def kernel_bytes(params: Mapping) -> int:
                  + (np.asarray(layer[SCALE]).nbytes if SCALE in layer else 0))
     return dict(layer)
   _map_dense(params, count)
+  return sum(total)
+
+
+def table_bytes(params: Mapping) -> int:
+  """Bytes of the embedding tables (and their per-row scales), which int8 makes ~4x smaller."""
+  total = []
+
+  def count(scope):
+    names = [n for name in TABLES for n in (name, name + TABLE_SCALE)]
+    total.extend(np.asarray(scope[n]).nbytes for n in names if n in scope)
+    return dict(scope)
+  _map_dense(params, dict, count)
   return sum(total)
 
 

@@ -405,6 +405,10 @@ class BertEmbeddings(nn.Module):
   The tables are `config.embedding_width` wide: hidden_size for BERT and RoBERTa, E (128) for
   ALBERT, whose encoder projects them up to hidden_size (`embedding_hidden_mapping_in`), so a
   30k vocabulary costs V·E instead of V·H parameters.
+
+  Under `quantization="int8"` each table is int8 with a float32 scale per row beside it
+  (`word_embeddings_scale`, ...): a lookup dequantizes the rows it gathers, and `attend` is an
+  int8 matmul (`model/int8.py`, which says why).
   """
   config: BertConfig
 
@@ -412,18 +416,23 @@ class BertEmbeddings(nn.Module):
     cfg = self.config
     init = bert_initializer(cfg.initializer_range)
     pdt = _dtype(cfg.param_dtype)
+    self.int8 = cfg.quantization == "int8"
+
     # Plain parameters (not nn.Embed) so paths are `embeddings/word_embeddings` as in TF1, and
-    # so the MLM decoder can reuse the table (`attend`).
-    self.word_embeddings = self.param(
-        "word_embeddings", nn.with_logical_partitioning(init, ("vocab", "embed")),
-        (cfg.vocab_size, cfg.embedding_width), pdt)
-    self.position_embeddings = self.param(
-        "position_embeddings", nn.with_logical_partitioning(init, ("position", "embed")),
-        (cfg.max_position_embeddings, cfg.embedding_width), pdt)
+    # so the MLM decoder can reuse the table (`attend`). Returns (table, per-row scales or None).
+    def table(name, rows, axes):
+      shape = (rows, cfg.embedding_width)
+      if self.int8:
+        return int8.table_param(self, name, shape, axes, init, 2.0 * cfg.initializer_range)
+      return self.param(name, nn.with_logical_partitioning(init, axes), shape, pdt), None
+
+    self.word_embeddings, self.word_scale = table("word_embeddings", cfg.vocab_size,
+                                                  ("vocab", "embed"))
+    self.position_embeddings, self.position_scale = table(
+        "position_embeddings", cfg.max_position_embeddings, ("position", "embed"))
     if cfg.type_vocab_size:  # none in DistilBERT
-      self.token_type_embeddings = self.param(
-          "token_type_embeddings", nn.with_logical_partitioning(init, ("token_type", "embed")),
-          (cfg.type_vocab_size, cfg.embedding_width), pdt)
+      self.token_type_embeddings, self.token_type_scale = table(
+          "token_type_embeddings", cfg.type_vocab_size, ("token_type", "embed"))
     # Low-precision LayerNorm: its output, and dropout on it, already in the compute dtype.
     self.layer_norm = layer_norm(cfg, out_dtype=_dtype(cfg.dtype))
     self.dropout = Dropout(cfg.hidden_dropout_prob, cfg.dropout_bits)
@@ -436,16 +445,22 @@ class BertEmbeddings(nn.Module):
     # Under FSDP the table's hidden axis is split; gather it before the lookup (as FSDP does for
     # every weight) so the row gather partitions cleanly over a vocabulary split on `model`.
     word_table = nn.with_logical_constraint(self.word_embeddings, ("vocab", None))
-    x = (jnp.take(word_table, input_ids, axis=0)
-         + jnp.take(self.position_embeddings, position_ids, axis=0))
+
+    def take(table, scale, ids):
+      return jnp.take(table, ids, axis=0) if scale is None else int8.take_rows(table, scale, ids)
+    x = (take(word_table, self.word_scale, input_ids)
+         + take(self.position_embeddings, self.position_scale, position_ids))
     if self.config.type_vocab_size:
-      x = x + jnp.take(self.token_type_embeddings, segment_ids, axis=0)
+      x = x + take(self.token_type_embeddings, self.token_type_scale, segment_ids)
     x = self.layer_norm(x.astype(jnp.float32))
     x = self.dropout(x, deterministic=deterministic).astype(_dtype(self.config.dtype))
     return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
 
   def attend(self, x: jax.Array) -> jax.Array:
-    """Scores against every word embedding (the tied MLM decoder), accumulated in float32."""
+    """Scores against every word embedding (the tied MLM decoder), accumulated in float32; of
+    an int8 table, in int8 with int32 accumulation (`int8.int8_attend`)."""
+    if self.int8:
+      return int8.int8_attend(x, self.word_embeddings, self.word_scale)
     table = self.word_embeddings.astype(x.dtype)
     return jnp.einsum("...h,vh->...v", x, table, preferred_element_type=jnp.float32)
 

@@ -141,7 +141,7 @@ def load(checkpoint: str | finetuned.CheckpointInfo, *, mode: str = "auto",
   to use, checked against the model's own (default: the one kept beside it). `settings`:
   `do_lower_case`, `max_seq_length`, `doc_stride`, `max_query_length` over the recorded ones.
   `label_list` / `task_name`: a classifier's label names over the recorded ones. `int8`: the
-  float model quantized on load, its dense layers computed in int8 (`model/int8.py`); an int8
+  float model quantized on load, its dense layers and tables int8 (`model/int8.py`); an int8
   export (`convert --int8`) is read as int8 without it."""
   unknown = sorted(set(settings) - set(SETTINGS))
   if unknown:

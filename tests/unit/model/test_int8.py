@@ -1,10 +1,11 @@
 """Int8 inference (`BertConfig.quantization="int8"`, `model/int8.py`): the quantized kernels stand
 for the float ones within half a scale step; an int8 dense layer equals the float one within the
-bound its scales give; every model's int8 parameters are its float parameters quantized (what
-`modeling.dense` builds and what `quantize_params` writes agree); the packaged MiniLM's int8
-classifier tracks its float32 logits on real sentences; `predict --int8` and the int8 export of
-`convert` serve a fine-tuned classifier alike, the export ~4x smaller in kernel bytes; and the
-refusals are one line each.
+bound its scales give; the embedding tables' rows within half a row step, and the int8 tied
+decoder within its bound; every model's int8 parameters are its float parameters quantized
+(what the int8 model builds and what `quantize_params` writes agree); fill-mask and ELECTRA in
+int8 track float32; the packaged MiniLM's int8 classifier tracks its float32 logits on real
+sentences; `predict --int8` and the int8 export of `convert` serve a fine-tuned classifier
+alike, the export ~4x smaller in kernel bytes; and the refusals are one line each.
 """
 
 import json
@@ -80,14 +81,109 @@ def test_quantized_kernels_stand_for_the_float_ones_within_half_a_step(minilm):
     assert np.all(error <= scale / 2 * (1 + 1e-5) + 1e-9), path
     assert error.max() > scale.min() / 8  # really rounded
     np.testing.assert_array_equal(layer["bias"], float_layers[path]["bias"])  # biases float
-  # Embeddings and LayerNorms are untouched; the kernel bytes are ~4x fewer.
-  for name in ("word_embeddings", "position_embeddings", "LayerNorm"):
-    np.testing.assert_array_equal(
-        jax.tree.leaves(quantized["bert"]["embeddings"][name])[0],
-        jax.tree.leaves(params["bert"]["embeddings"][name])[0])
+  # LayerNorms are untouched; the kernel bytes are ~4x fewer.
+  for leaf, original in zip(jax.tree.leaves(quantized["bert"]["embeddings"]["LayerNorm"]),
+                            jax.tree.leaves(params["bert"]["embeddings"]["LayerNorm"])):
+    np.testing.assert_array_equal(leaf, original)
   ratio = int8.kernel_bytes(params) / int8.kernel_bytes(quantized)
   assert 3.9 < ratio < 4.0, ratio  # 4x less the float32 scales (one per output column)
   assert jax.tree.structure(back) == jax.tree.structure(params)
+
+
+def test_quantized_tables_stand_for_the_float_ones_within_half_a_row_step(minilm):
+  """Each embedding table int8 with one scale per row (max|row| / 127), every value within
+  half its row's step; the float names keep the int8 tables, the scales sit beside them; the
+  table bytes are ~4x fewer (MiniLM's word table: 46.9 MB → 11.8 MB)."""
+  config, params = minilm
+  quantized = int8.quantize_params(params, config)
+  back = int8.dequantize_params(quantized)
+  tables, scope = params["bert"]["embeddings"], quantized["bert"]["embeddings"]
+  for name in int8.TABLES:
+    t = np.asarray(tables[name])
+    q, scale = np.asarray(scope[name]), np.asarray(scope[name + int8.TABLE_SCALE])
+    assert q.dtype == np.int8 and q.shape == t.shape and scale.shape == (t.shape[0],), name
+    assert np.all(np.abs(q).max(axis=1) == 127), name  # each row's largest |value|: 127 steps
+    np.testing.assert_allclose(scale, np.abs(t).max(axis=1) / 127, rtol=1e-6)
+    error = np.abs(np.asarray(back["bert"]["embeddings"][name]) - t)
+    assert np.all(error <= scale[:, None] / 2 * (1 + 1e-5) + 1e-9), name
+    assert error.max() > scale.min() / 8, name  # really rounded
+  assert set(back["bert"]["embeddings"]) == set(tables)  # the scales dropped again
+  ratio = int8.table_bytes(params) / int8.table_bytes(quantized)
+  assert 3.9 < ratio < 4.0, ratio  # 4x less one float32 scale per row of 384 int8 values
+  # A lookup dequantizes only the rows it gathers: the dequantized table's rows, exactly.
+  ids = jnp.asarray([[101, 2023, 0], [102, 30521, 7]])
+  got = int8.take_rows(jnp.asarray(scope["word_embeddings"]),
+                       jnp.asarray(scope["word_embeddings_scale"]), ids)
+  np.testing.assert_array_equal(got, np.asarray(back["bert"]["embeddings"]["word_embeddings"])[
+      np.asarray(ids)])
+
+
+def test_int8_attend_equals_the_float_scores_within_the_bound_of_its_scales(minilm):
+  """The tied decoder of an int8 model: MiniLM's real hidden states scored against its int8
+  word table (30522 rows as the output channels) within `int8.error_bound` of the float scores,
+  in int8 with int32 accumulation, and the best-scoring word of each token the same."""
+  config, params = minilm
+  table = np.asarray(params["bert"]["embeddings"]["word_embeddings"])
+  ids = jnp.asarray([[101, 1996, 2332, 1997, 5842, 2003, 2757, 102]])
+  hidden = np.asarray(heads.BertModel(config, add_pooling_layer=False).apply(
+      {"params": params["bert"]}, ids, jnp.ones_like(ids), jnp.zeros_like(ids))[
+          "sequence_output"])[0]
+  q, scale = int8.quantize_table(table)
+  attend = jax.jit(int8.int8_attend)
+  got = np.asarray(attend(jnp.asarray(hidden), jnp.asarray(q), jnp.asarray(scale)))
+  want = hidden.astype(np.float64) @ table.T.astype(np.float64)
+  bound = int8.error_bound(hidden, table.T)
+  error = np.abs(got - want)
+  assert np.all(error <= bound * (1 + 1e-4) + 1e-5), (error - bound).max()
+  assert (error / bound).max() > 0.05  # the bound is not vacuous
+  np.testing.assert_array_equal(np.argmax(got, -1), np.argmax(want, -1))
+  text = attend.lower(jnp.asarray(hidden), jnp.asarray(q), jnp.asarray(scale)).as_text()
+  assert "xi8>" in text and "xi32>" in text
+  with pytest.raises(ValueError, match="the table is float32, expected int8"):
+    int8.int8_attend(jnp.asarray(hidden), jnp.asarray(table), jnp.asarray(scale))
+
+
+def test_int8_fill_mask_and_electra_track_float():
+  """Whole models through their int8 tables: a masked LM's scores at the masked slots (lookup
+  and tied decoder) track float32 and rank the same best words; ELECTRA's generator, which
+  reads the discriminator's tables through `BertModel.embed` and `attend`, and its
+  discriminator run in int8 and track float32. Tiny random models, trained-like tables (rows of
+  different norms)."""
+  config = _tiny()
+  ids, mask, seg = _ids(2, 16)
+  slots = jnp.asarray([[1, 5, 9], [2, 6, 12]], jnp.int32)
+
+  def compare(build, apply, config):
+    params = jax.device_get(nn.unbox(build(config).init(
+        {"params": jax.random.PRNGKey(0), "sample": jax.random.PRNGKey(1)}, *apply[1])[
+            "params"]))
+    emb = params["bert"]["embeddings"]
+    rng = np.random.RandomState(1)
+    emb["word_embeddings"] = emb["word_embeddings"] * rng.uniform(
+        0.3, 3.0, (emb["word_embeddings"].shape[0], 1)).astype(np.float32)
+    int8_config, quantized = int8.quantize_model(config, params)
+    assert quantized["bert"]["embeddings"]["word_embeddings"].dtype == np.int8
+    return (apply[0](build(config), params), apply[0](build(int8_config), quantized))
+
+  mlm = (lambda m, p: np.asarray(m.apply({"params": p}, ids, mask, seg, slots)),
+         (ids, mask, seg, slots))
+  float_scores, int8_scores = compare(heads.BertForMaskedLM, mlm, config)
+  relative = np.linalg.norm(int8_scores - float_scores) / np.linalg.norm(float_scores)
+  assert 0 < relative < 0.05, relative
+  assert np.mean(np.argmax(int8_scores, -1) == np.argmax(float_scores, -1)) >= 5 / 6
+
+  electra_config = config.replace(model_type="electra", embedding_size=32,
+                                  generator_hidden_size=32)
+  build = electra.ElectraForPreTraining
+  run = (lambda m, p: (np.asarray(m.apply({"params": p}, ids, mask, seg, slots,
+                                          method=m.generate)),
+                       np.asarray(m.apply({"params": p}, ids, mask, seg, method=m.discriminate))),
+         (ids, mask, seg, slots, slots, jnp.ones((2, 3), jnp.float32)))
+  (float_gen, float_disc), (int8_gen, int8_disc) = compare(build, run, electra_config)
+  for f, q in ((float_gen, int8_gen), (float_disc, int8_disc)):
+    assert np.all(np.isfinite(q)) and not np.array_equal(f, q)
+    relative = np.linalg.norm(q - f) / np.linalg.norm(f)
+    assert relative < 0.1, relative
 
 
 def _outlier_rows(rng, rows, width):
@@ -175,10 +271,11 @@ def _models():
 
 @pytest.mark.parametrize("name", sorted(_models()))
 def test_every_models_int8_parameters_are_its_float_parameters_quantized(name):
-  """What `modeling.dense` builds under int8 and what `quantize_params` writes are the same
-  tree (paths, shapes, dtypes) for every model of the package, which the int8 model takes:
-  logit layers narrower than 16, the feature-based tagger's BiLSTM and classifier, embeddings
-  and LayerNorms stay float. (Shapes only: traced, not computed; the numerics are above.)"""
+  """What the int8 model builds (`modeling.dense`, `BertEmbeddings`) and what `quantize_params`
+  writes are the same tree (paths, shapes, dtypes) for every model of the package, which the
+  int8 model takes: the embedding tables int8 with their row scales; logit layers narrower than
+  16, the feature-based tagger's BiLSTM and classifier, and LayerNorms stay float. (Shapes
+  only: traced, not computed; the numerics are above.)"""
   build, inputs = _models()[name]
   rngs = {"params": jax.random.PRNGKey(0), "sample": jax.random.PRNGKey(1)}
   float_model, int8_model = build(_tiny()), build(_tiny(quantization="int8"))
@@ -194,6 +291,8 @@ def test_every_models_int8_parameters_are_its_float_parameters_quantized(name):
   assert all(np.shape(_at(quantized, p)["kernel"])[-1] < 16 or p.startswith("tagger")
              for p in float_paths), float_paths
   assert any(p.endswith("classifier") for p in int8_paths) == (name == "classifier_20")
+  tables = quantized["bert"]["embeddings"]
+  assert tables["word_embeddings"].dtype == np.int8 and "word_embeddings_scale" in tables
   # Quantizing twice changes nothing; the int8 model takes the quantized tree.
   assert spec(int8.quantize_params(quantized, int8_model.config)) == spec(quantized)
   jax.eval_shape(lambda p: int8_model.apply({"params": p}, *inputs,
