@@ -103,8 +103,8 @@ print(f"dev accuracy: float32 {acc['float']:.4f}, int8 {acc['int8']:.4f} "
       f"difference {diff:.1e}")
 PY
 du -sb export_float/checkpoints export_int8/checkpoints | tee -a int8.txt
-"$PY" "$REPO/benchmarks/int8_cpu.py" --checkpoint=ft/best --batch=32 --length=64 | tee -a int8.txt
-"$PY" "$REPO/benchmarks/int8_cpu.py" --checkpoint=ft/best --batch=32 --length=128 | tee -a int8.txt
+"$PY" "$REPO/benchmarks/int8_speed.py" --checkpoint=ft/best --batch=32 --length=64 | tee -a int8.txt
+"$PY" "$REPO/benchmarks/int8_speed.py" --checkpoint=ft/best --batch=32 --length=128 | tee -a int8.txt
 fi
 
 log "4. analyze probe: part of speech per layer, pre-trained MiniLM and the fine-tuned one"

@@ -12,7 +12,7 @@
 # optimized HLO of our steps, as much as fits in 14 MiB) are rewritten, so a call cut short still
 # returns what finished. Six files (with attention_checks.md), small enough to copy back.
 #
-# Parts (SUITE_PARTS, default "checks a b c d e f g"; a later run can take the rest, e.g. "c d e f"):
+# Parts (SUITE_PARTS, default "checks a b c d e f g h"; a later run can take the rest, e.g. "c d e f"):
 #   (checks) attention dropout inside cuDNN's kernel: kept fraction, scaling, masks per call and
 #       per layer, backward mask = forward mask (`attention_dropout_checks.py`, ~30 s)
 #   (a) base 256×128: ours paper-cudnn, fast-cudnn, paper (explicit); the PyTorch peer
@@ -28,6 +28,8 @@
 #       paper-cudnn and the peer compiled, paper recipe
 #   (g) the peer with the MLM head gathered at the masked positions (as ours), eager and
 #       compiled, on base
+#   (h) int8 inference against bfloat16 on base 256×128 (`int8_speed.py`: Q8BERT-style int8
+#       kernels, tables and per-token activations, int8 matmuls with int32 accumulation)
 # Every run of ours dumps its HLO and prints its kernel counts (`--dump_hlo_dir`).
 #
 # Time estimate on one H100 (a JAX process starts in ~10 s, torch+transformers in ~15 s; our
@@ -36,7 +38,7 @@
 #   (b) ours paper-cudnn ≈ 85 s; peer compiled ≈ 100 s; ours fast-cudnn ≈ 70 s: ≈ 255 s
 #   (c) ≈ 90 s   (d) 2 × ~45 s + 10 ≈ 100 s
 #   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 4 × ~55 s ≈ 245 s
-#   (f) ≈ 60 s (ours) + 80 s (peer) per file present   (g) ≈ 100 s
+#   (f) ≈ 60 s (ours) + 80 s (peer) per file present   (g) ≈ 100 s   (h) ≈ 40 s
 # All of it: ≈ 1,000 s without (f). The default budget of 480 s covers (a) and most of (b);
 # SUITE_BUDGET_S=560 within a 600 s limit gets (b) whole; (c)-(g) need another run.
 #
@@ -50,7 +52,7 @@ OUT=${OUT:-/tmp/gpu_suite_out}
 WORK=${SUITE_WORK:-$(mktemp -d /tmp/gpu_suite.XXXXXX)}
 BUDGET_S=${SUITE_BUDGET_S:-480}
 MIN_PART_S=${SUITE_MIN_PART_S:-45}
-PARTS=" ${SUITE_PARTS:-checks a b c d e f g} "
+PARTS=" ${SUITE_PARTS:-checks a b c d e f g h} "
 PY=${PYTHON:-$(command -v python3 || command -v python)}
 mkdir -p "$OUT" "$WORK/hlo"
 LOG=$OUT/suite.log
@@ -68,11 +70,13 @@ export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
 BASE=base LARGE=large LARGE_BATCH=64 CHECK_IMPL=cudnn
 OURS_ARGS=(--steps=10 --repeats=2 --warmup=2)
 PEER_ARGS=(--steps=10 --repeats=2 --warmup=3)
+INT8_ARGS=(--batch=256 --length=128 --steps=20 --warmup=3)
 if [[ ${SUITE_SMOKE:-0} == 1 ]]; then
   BASE=tiny LARGE=tiny LARGE_BATCH=4 CHECK_IMPL=pallas
   OURS_ARGS=(--steps=1 --repeats=1 --warmup=1 --batch=tiny=4)
   PEER_ARGS=(--steps=1 --repeats=1 --warmup=1 --batch=tiny=4 --dtype=float32 --device=cpu
              --modes=eager)
+  INT8_ARGS=(--batch=4 --length=32 --steps=2 --warmup=1)
 fi
 
 note() { echo "$*" | tee -a "$LOG"; }
@@ -329,6 +333,10 @@ if want f; then
 fi
 if want g; then
   peer g-peer-gathered 160 --configs="$BASE" --recipes=paper --modes=eager,compile --mlm=gathered
+fi
+if want h; then
+  run h-int8 90 "$PY" benchmarks/int8_speed.py --preset="$BASE" --dtype=bfloat16 \
+    --out="$WORK/h-int8.md" "${INT8_ARGS[@]}"
 fi
 
 collect
