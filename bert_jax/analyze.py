@@ -107,7 +107,7 @@ def _attention():
   tokens = sum(len(t) for t in maps.tokens)
   written += attention.write_statistics(stats, FLAGS.output_dir, len(texts_a), tokens)
   if FLAGS.json:
-    print(json.dumps({m: stats[m].tolist() for m in attention.MEASURES}))
+    print(json.dumps(attention.as_json(stats)))
   else:
     print(f"{len(texts_a)} inputs, {tokens} tokens, {config.num_hidden_layers} layers x "
           f"{config.num_attention_heads} heads, from {origin}")
@@ -133,7 +133,8 @@ def _heads():
       p = study.pruned_model
       print(f"pruned model ({p['heads_kept']} heads, per layer {p['heads_per_layer']}): "
             f"{study.metric} {p['score']:.4f}; {p['speedup']:.2f}x the full model's speed on "
-            f"{p['rows_timed']} rows ({p['seconds_full']:.2f}s -> {p['seconds_pruned']:.2f}s); "
+            f"{p['rows_timed']} rows ({p['seconds_full'] * 1e3:.1f} ms -> "
+            f"{p['seconds_pruned'] * 1e3:.1f} ms); "
             f"{p['parameters_pruned']:,} of {p['parameters_full']:,} parameters; written to "
             f"{p['directory']}")
   print(f"wrote {len(written)} files to {FLAGS.output_dir}")

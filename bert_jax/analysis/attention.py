@@ -66,15 +66,29 @@ def _in_layer_order(tree: Any) -> list[jax.Array]:
   return [p for _, probs in found for p in probs]
 
 
+def _with_pruned_heads(config: configuration.BertConfig, sown: list[jax.Array],
+                       shape: tuple[int, int]) -> list[jax.Array]:
+  """Every layer's maps at the full head count, the kept heads in their original places and
+  the pruned ones NaN (drawn blank, their statistics NaN: JSON null). A layer without heads
+  sowed nothing."""
+  batch, length = shape
+  sown = list(sown)
+  out = []
+  for layer in range(config.num_hidden_layers):
+    full = jax.numpy.full((batch, config.num_attention_heads, length, length), jax.numpy.nan)
+    kept = config.kept_heads(layer)
+    if kept:
+      full = full.at[:, jax.numpy.asarray(kept)].set(sown.pop(0))
+    out.append(full)
+  return out
+
+
 def attention_maps(config: configuration.BertConfig, encoder_params: Any, tokenizer,
                    texts_a: Sequence[str], texts_b: Sequence[str | None] | None = None,
                    max_seq_length: int = 128, batch_size: int = 16) -> AttentionMaps:
-  """Every layer's and head's attention probabilities for each text (or pair)."""
+  """Every layer's and head's attention probabilities for each text (or pair); a pruned
+  model's removed heads are NaN."""
   config.check_sequence_length(max_seq_length, "--max_seq_length")
-  if config.pruned_heads is not None:
-    raise ValueError(f"this model has pruned heads ({config.num_heads_kept} of "
-                     f"{config.num_hidden_layers * config.num_attention_heads} kept): its layers "
-                     "differ in head count; look at the model it was pruned from.")
   config = config.replace(scan_layers=False)
   feats = pairs.encode_examples(tokenizer, texts_a, texts_b, max_seq_length)
   model = modeling.BertModel(config, add_pooling_layer=False)
@@ -85,6 +99,8 @@ def attention_maps(config: configuration.BertConfig, encoder_params: Any, tokeni
     _, state = model.apply({"params": params}, input_ids, input_mask, segment_ids,
                            deterministic=True, mutable=[modeling.ATTENTION_MAPS])
     layers = _in_layer_order(state[modeling.ATTENTION_MAPS])
+    if config.pruned_heads is not None:
+      layers = _with_pruned_heads(config, layers, input_ids.shape)
     return jax.numpy.stack(layers, axis=1)  # (batch, layers, heads, q, k)
 
   out = AttentionMaps([], [], [])
@@ -128,6 +144,9 @@ def head_statistics(maps: AttentionMaps, tokenizer) -> dict[str, np.ndarray]:
     with np.errstate(divide="ignore", invalid="ignore"):
       entropy = -np.where(probs > 0, probs * np.log(probs), 0.0).sum(-1)
     measured["entropy"] = entropy.sum(-1)
+    pruned = np.isnan(probs[..., 0, 0])  # (layers, heads): NaN maps, NaN statistics
+    for values in measured.values():
+      values[pruned] = np.nan
     if sums is None:
       sums = {k: np.zeros_like(v, np.float64) for k, v in measured.items()}
     for k, v in measured.items():
@@ -144,9 +163,17 @@ def statistics_table(stats: dict[str, np.ndarray]) -> str:
   lines = ["layer head " + " ".join(f"{m:>11}" for m in MEASURES)]
   for layer in range(layers):
     for head in range(heads):
-      lines.append(f"{layer:5d} {head:4d} " + " ".join(f"{stats[m][layer, head]:11.3f}"
-                                                     for m in MEASURES))
+      values = [stats[m][layer, head] for m in MEASURES]
+      lines.append(f"{layer:5d} {head:4d} " + (" ".join(f"{v:11.3f}" for v in values)
+                                               if not np.isnan(values[0])
+                                               else f"{'(pruned)':>11}"))
   return "\n".join(lines)
+
+
+def as_json(stats: dict[str, np.ndarray]) -> dict[str, list]:
+  """The statistics as JSON values: a pruned head's NaN as null."""
+  return {m: [[None if np.isnan(v) else float(v) for v in row] for row in stats[m]]
+          for m in MEASURES}
 
 
 def write_statistics(stats: dict[str, np.ndarray], output_dir: str, num_examples: int,
@@ -156,7 +183,7 @@ def write_statistics(stats: dict[str, np.ndarray], output_dir: str, num_examples
   json_path = file_io.join(output_dir, "head_statistics.json")
   file_io.write_text_atomic(json_path, json.dumps(
       {"examples": num_examples, "tokens": num_tokens, "measures": list(MEASURES),
-       **{m: stats[m].tolist() for m in MEASURES}}, indent=1) + "\n")
+       **as_json(stats)}, indent=1) + "\n")
   plt = pyplot()
   layers, heads = stats[MEASURES[0]].shape
   fig, axes = plt.subplots(1, len(MEASURES), figsize=(3.2 * len(MEASURES), 0.45 * layers + 2))
@@ -195,7 +222,8 @@ def plot_example(maps: AttentionMaps, example: int, output_dir: str) -> list[str
         ax.axis("off")
         continue
       ax.imshow(probs[layer, head], cmap="Blues", vmin=0.0, vmax=1.0)
-      ax.set_title(f"layer {layer} head {head}", fontsize=9)
+      pruned = " (pruned)" if np.isnan(probs[layer, head]).all() else ""
+      ax.set_title(f"layer {layer} head {head}{pruned}", fontsize=9)
       ax.set_xticks(range(n))
       ax.set_yticks(range(n))
       ax.set_xticklabels(tokens, rotation=90, fontsize=6)

@@ -193,11 +193,24 @@ def test_the_heads_command_refuses_mistakes_in_one_line(study, tmp_path):
     proc = helpers.run_command("bert_jax.analyze", "heads", *flags)
     line = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1 and (line.startswith(message) or message in line), proc.stderr
+
+
+def test_attention_of_a_pruned_model_leaves_its_removed_heads_blank(study, tmp_path):
+  result, root, _ = study
+  out = tmp_path / "maps"
   proc = helpers.run_command("bert_jax.analyze", "attention",
-                             f"--checkpoint={root / 'analysis' / 'pruned'}", "--text=a film",
-                             f"--output_dir={tmp_path / 'maps'}")
-  assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(
-      "error: this model has pruned heads (10 of 16 kept)"), proc.stderr
+                             f"--checkpoint={result.pruned_model['directory']}",
+                             "--text=a gorgeous , witty , seductive movie .",
+                             f"--output_dir={out}", "--max_seq_length=16")
+  assert proc.returncode == 0, proc.stderr
+  assert "(pruned)" in proc.stdout
+  saved = json.load(open(out / "head_statistics.json"))
+  gone = np.asarray(result.pruned_model["pruned_heads"], dtype=object)
+  for layer in range(2):
+    for head in range(8):
+      value = saved["cls"][layer][head]
+      assert (value is None) == (head in gone[layer]), (layer, head, value)
+  assert matplotlib.image.imread(out / "example0_layer0.png").std() > 0
 
 
 def test_squad_heads_are_measured_on_its_dev_questions_cut_with_answers(squad_v2_model,
