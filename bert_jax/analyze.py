@@ -35,7 +35,8 @@ the N most important heads with the others cut out of its matrices (a fine-tunin
 family: one logistic regression per layer (0: the embeddings' output) trained on the frozen
 vectors of `--train_file`'s words (each read at its first word piece) to predict the label in
 `--label_column` (CoNLL layout: one word per line, its columns separated by spaces or tabs, a
-blank line after each sentence; default: the last column), scored on `--dev_file`'s words or on
+blank line after each sentence; default: the last column; a `.conllu` file is Universal
+Dependencies' CoNLL-U, default column 3, UPOS), scored on `--dev_file`'s words or on
 20% of the training sentences held out. Written: `probe.json` (accuracy per layer on held-out
 and on training words, the majority and word-form baselines, counts) and `probe.png`; the table
 is printed (`--json`: the JSON instead).
@@ -53,6 +54,7 @@ from bert_jax import cli, file_io, inference
 from bert_jax.analysis import attention, probe, pruning_study
 from bert_jax.interop import checkpoints
 from bert_jax.runs import finetune_config
+from bert_jax.tasks.tagging import data as tagging_data
 
 FLAGS = flags.FLAGS
 COMMANDS = ("attention", "heads", "probe")
@@ -144,7 +146,9 @@ def _probe():
   if not FLAGS.train_file:
     raise app.UsageError("`analyze probe` needs --train_file (labelled words, one per line, in "
                          "CoNLL layout).")
-  label_column = -1 if FLAGS.label_column is None else FLAGS.label_column
+  label_column = FLAGS.label_column
+  if label_column is None:  # the last column; CoNLL-U's universal part of speech
+    label_column = 3 if tagging_data.is_conllu(FLAGS.train_file) else -1
   # The files first: their mistakes are found before any weights are read.
   train = probe.read_labelled_words(FLAGS.train_file, label_column)
   if FLAGS.dev_file:
@@ -206,8 +210,8 @@ def define_flags() -> None:
   kinds = {name: (kind, text) for name, kind, text in finetune_config.ORIGINAL_FLAGS}
   for name in _TASK_FLAGS:
     kind, text = kinds[name]
-    probe_text = (" probe: the label's column, 0 being the word's (default: the last, -1)."
-                  if name == "label_column" else "")
+    probe_text = (" probe: the label's column, 0 being the word's (default: the last, -1; "
+                  "in a .conllu file 3, UPOS)." if name == "label_column" else "")
     getattr(flags, f"DEFINE_{kind}")(name, None, f"heads: {text}{probe_text}")
 
 

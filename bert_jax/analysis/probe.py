@@ -74,12 +74,15 @@ def read_labelled_words(path: str, label_column: int = -1) -> list[LabelledSente
   """The sentences of a CoNLL-layout file, each word with the label in `label_column`, read by
   the layout's one reader (`tasks/tagging/data.read_columns`: one word per line, the word
   first, a blank line after each sentence, `-DOCSTART-` lines skipped; `label_column` counted
-  from 0 or from the end; errors name "path:line"). Any label is accepted (part-of-speech
-  tags, chunk tags, entity tags, anything), where the tagging task insists on entity tags."""
+  from 0 or from the end; errors name "path:line"). A `.conllu` file is read as Universal
+  Dependencies' CoNLL-U (the word its FORM; `label_column=3`: UPOS). Any label is accepted
+  (part-of-speech tags, chunk tags, entity tags, dependency relations, anything), where the
+  tagging task insists on entity tags."""
   if not file_io.exists(path):
     raise FileNotFoundError(f"{path}: no such file.")
   return [LabelledSentence(r.words, r.labels, f"{path}:{r.lines[0]}")
-          for r in tagging_data.read_columns(path, label_column)]
+          for r in tagging_data.read_columns(path, label_column,
+                                             conllu=tagging_data.is_conllu(path))]
 
 
 def hold_out(sentences: Sequence[LabelledSentence], fraction: float = DEV_FRACTION,

@@ -150,7 +150,19 @@ class ColumnSentence:
   document: int
 
 
-def read_columns(path: str, label_column: int | None) -> list[ColumnSentence]:
+# CoNLL-U (Universal Dependencies): ten tab-separated columns per word.
+CONLLU_COLUMNS = ("ID", "FORM", "LEMMA", "UPOS", "XPOS", "FEATS", "HEAD", "DEPREL", "DEPS",
+                  "MISC")
+
+
+def is_conllu(path: str) -> bool:
+  """Whether `path` is read as CoNLL-U: by its name (`.conllu`), as Universal Dependencies
+  releases its files."""
+  return path.lower().endswith(".conllu")
+
+
+def read_columns(path: str, label_column: int | None,
+                 conllu: bool = False) -> list[ColumnSentence]:
   """The sentences of a CoNLL-layout file, each word with the value of its `label_column`
   (counted from 0, the word's own column, or from the end: -1 is the last; None: no labels,
   any columns after the word ignored). The one reader of the layout: the tagging task checks
@@ -159,7 +171,14 @@ def read_columns(path: str, label_column: int | None) -> list[ColumnSentence]:
   The layout: one word per line, its columns separated by spaces or tabs, the word first; a
   blank line after each sentence; `-DOCSTART-` lines begin a new document. Every word line must
   have the columns of the first one (a line with another number would put another field in the
-  label's place). Errors are ValueErrors naming "path:line" and what was expected.
+  label's place).
+
+  With `conllu`, Universal Dependencies' CoNLL-U: ten tab-separated columns (`CONLLU_COLUMNS`;
+  the word is FORM, column 1, which may hold spaces; `label_column` counts the ten, e.g. 3 for
+  UPOS), `#` comment lines (`# newdoc` begins a document), and the lines of multiword tokens
+  (ID `1-2`) and empty nodes (ID `1.1`) skipped, so that the words are the syntactic ones.
+
+  Errors are ValueErrors naming "path:line" and what was expected.
   """
   data = file_io.read_bytes(path)
   try:
@@ -175,6 +194,7 @@ def read_columns(path: str, label_column: int | None) -> list[ColumnSentence]:
   document = 0
   document_has_words = False
   num_columns = first_line = column = None
+  word_column = 1 if conllu else 0
 
   def end_sentence():
     nonlocal words, labels, line_numbers
@@ -183,43 +203,68 @@ def read_columns(path: str, label_column: int | None) -> list[ColumnSentence]:
                                       else None, tuple(line_numbers), document))
     words, labels, line_numbers = [], [], []
 
+  def new_document():
+    nonlocal document, document_has_words
+    end_sentence()
+    if document_has_words:
+      document += 1
+      document_has_words = False
+
+  if conllu and label_column is not None:
+    if not -len(CONLLU_COLUMNS) <= label_column < len(CONLLU_COLUMNS):
+      raise ValueError(f"{path}: label_column={label_column} is out of range: CoNLL-U has "
+                       f"{len(CONLLU_COLUMNS)} columns ({' '.join(CONLLU_COLUMNS)}, counted "
+                       "from 0; UPOS is 3).")
+    column = label_column % len(CONLLU_COLUMNS)
+    if column in (0, 1):
+      raise ValueError(f"{path}: label_column={label_column} is CoNLL-U's "
+                       f"{CONLLU_COLUMNS[column]}, not a label (UPOS is 3, XPOS 4, DEPREL 7).")
   for line_number, line in enumerate(text.split("\n"), start=1):
     stripped = line.strip(" \t\r")
     if not stripped:
       end_sentence()
       continue
-    fields = _COLUMNS_RE.split(stripped)
-    if fields[0] == DOCSTART:
-      end_sentence()
-      if document_has_words:
-        document += 1
-        document_has_words = False
-      continue
     where = f"{path}:{line_number}"
-    if num_columns is None:
-      num_columns, first_line = len(fields), line_number
-      if label_column is not None:
-        if num_columns < 2:
-          raise ValueError(f"{where}: one column ({fields[0]!r}); expected the word and its "
-                           "labels separated by spaces or tabs (CoNLL-2003: word, POS, chunk, "
-                           "tag). For an unlabelled file pass label_column=None.")
-        if not -num_columns <= label_column < num_columns:
-          raise ValueError(f"{where}: label_column={label_column} is out of range: the line "
-                           f"has {num_columns} columns (the word, then its labels; columns "
-                           "count from 0, or from -1 for the last).")
-        column = label_column % num_columns
-        if column == 0:
-          raise ValueError(f"{where}: label_column={label_column} is the word's own column; "
-                           "the label is in another (e.g. 1 for the part of speech of "
-                           "CoNLL-2003, -1 for the last column).")
-    if label_column is not None and len(fields) != num_columns:
-      if len(fields) == 1:
-        raise ValueError(f"{where}: one column ({fields[0]!r}); expected {num_columns} columns "
-                         f"(the word, then its labels), as on the first word line "
-                         f"({first_line}).")
-      raise ValueError(f"{where}: {len(fields)} columns; expected {num_columns}, as on the "
-                       f"first word line ({first_line}).")
-    words.append(fields[0])
+    if conllu:
+      if stripped.startswith("#"):
+        if stripped.startswith("# newdoc"):
+          new_document()
+        continue
+      fields = line.rstrip("\r").split("\t")
+      if len(fields) != len(CONLLU_COLUMNS):
+        raise ValueError(f"{where}: {len(fields)} tab-separated columns; CoNLL-U has "
+                         f"{len(CONLLU_COLUMNS)} ({' '.join(CONLLU_COLUMNS)}).")
+      if "-" in fields[0] or "." in fields[0]:  # a multiword token's range, an empty node
+        continue
+    else:
+      fields = _COLUMNS_RE.split(stripped)
+      if fields[0] == DOCSTART:
+        new_document()
+        continue
+      if num_columns is None:
+        num_columns, first_line = len(fields), line_number
+        if label_column is not None:
+          if num_columns < 2:
+            raise ValueError(f"{where}: one column ({fields[0]!r}); expected the word and its "
+                             "labels separated by spaces or tabs (CoNLL-2003: word, POS, chunk, "
+                             "tag). For an unlabelled file pass label_column=None.")
+          if not -num_columns <= label_column < num_columns:
+            raise ValueError(f"{where}: label_column={label_column} is out of range: the line "
+                             f"has {num_columns} columns (the word, then its labels; columns "
+                             "count from 0, or from -1 for the last).")
+          column = label_column % num_columns
+          if column == 0:
+            raise ValueError(f"{where}: label_column={label_column} is the word's own column; "
+                             "the label is in another (e.g. 1 for the part of speech of "
+                             "CoNLL-2003, -1 for the last column).")
+      if label_column is not None and len(fields) != num_columns:
+        if len(fields) == 1:
+          raise ValueError(f"{where}: one column ({fields[0]!r}); expected {num_columns} "
+                           f"columns (the word, then its labels), as on the first word line "
+                           f"({first_line}).")
+        raise ValueError(f"{where}: {len(fields)} columns; expected {num_columns}, as on the "
+                         f"first word line ({first_line}).")
+    words.append(fields[word_column])
     line_numbers.append(line_number)
     document_has_words = True
     if column is not None:

@@ -257,3 +257,49 @@ def test_narrower_embeddings_are_padded_with_zeros(minilm):
   np.testing.assert_allclose(got.vectors[2], np.asarray(states[2][0])[first], atol=1e-5)
   with pytest.raises(ValueError, match=r"batch_size=0 \(--batch_size\): must be 1 or more"):
     probe.word_vectors(config, params, tokenizer, [], batch_size=0)
+
+
+CONLLU = """# newdoc id = letters
+# sent_id = 1
+# text = I cannot go.
+1-2\tcannot\t_\t_\t_\t_\t_\t_\t_\t_
+1\tI\tI\tPRON\tPRP\tCase=Nom\t3\tnsubj\t_\t_
+2\tcan\tcan\tAUX\tMD\t_\t3\taux\t_\t_
+3\tnot\tnot\tPART\tRB\t_\t4\tadvmod\t_\t_
+4\tgo\tgo\tVERB\tVB\t_\t0\troot\t_\tSpaceAfter=No
+4.1\tgo\t_\t_\t_\t_\t_\t_\t4:conj\t_
+5\t.\t.\tPUNCT\t.\t_\t4\tpunct\t_\t_
+
+# sent_id = 2
+1\tNew York\tNew York\tPROPN\tNNP\t_\t0\troot\t_\t_
+"""
+
+
+def test_conllu_files_give_syntactic_words_and_any_of_their_columns(tmp_path):
+  path = tmp_path / "ud.conllu"
+  path.write_text(CONLLU)
+  sentences = probe.read_labelled_words(str(path), 3)
+  assert [s.words for s in sentences] == [("I", "can", "not", "go", "."), ("New York",)]
+  assert sentences[0].labels == ("PRON", "AUX", "PART", "VERB", "PUNCT")
+  assert sentences[0].source == f"{path}:5" and sentences[1].source == f"{path}:13"
+  assert probe.read_labelled_words(str(path), 7)[0].labels == ("nsubj", "aux", "advmod",
+                                                               "root", "punct")
+  read = tagging_data.read_columns(str(path), 4, conllu=True)
+  assert read[0].labels[0] == "PRP" and read[0].document == read[1].document == 0
+  for column, message in ((1, "label_column=1 is CoNLL-U's FORM, not a label"),
+                          (10, "label_column=10 is out of range: CoNLL-U has 10 columns")):
+    with pytest.raises(ValueError, match=message):
+      probe.read_labelled_words(str(path), column)
+  bad = tmp_path / "bad.conllu"
+  bad.write_text("1\tI\tI\tPRON\n")
+  with pytest.raises(ValueError, match=f"{bad}:1: 4 tab-separated columns; CoNLL-U has 10"):
+    probe.read_labelled_words(str(bad), 3)
+  # The command reads UPOS by default.
+  proc = helpers.run_command("bert_jax.analyze", "probe", f"--checkpoint={helpers.minilm_dir()}",
+                             f"--train_file={path}", f"--dev_file={path}",
+                             f"--output_dir={tmp_path / 'out'}", "--max_seq_length=16", "--json")
+  assert proc.returncode == 0, proc.stderr
+  record = json.loads(proc.stdout.strip().splitlines()[-2])
+  assert record["label_column"] == 3
+  assert record["labels"] == ["AUX", "PART", "PRON", "PROPN", "PUNCT", "VERB"]
+  assert record["train_words"] == 6 and len(record["accuracy"]) == 7
