@@ -63,6 +63,7 @@ COMMANDS = ("attention", "heads", "probe")
 _COMMAND_FLAGS = {"text": ("attention",), "input_file": ("attention",),
                   "plot_examples": ("attention",), "prune_fraction": ("heads",),
                   "prune_to": ("heads",), "train_file": ("probe",), "dev_file": ("probe",),
+                  "max_train_words": ("probe",),
                   "label_column": ("heads", "probe")}
 # The fine-tuning flags `heads` reads the task with (their help is finetune's).
 _TASK_FLAGS = ("task_name", "data_dir", "data_format", "label_list", "regression",
@@ -157,6 +158,14 @@ def _probe():
   else:
     train, dev = probe.hold_out(train)
     dev_source = f"{probe.DEV_FRACTION:.0%} of the sentences of {FLAGS.train_file}"
+  available = sum(len(s.words) for s in train)
+  if FLAGS.max_train_words is not None and FLAGS.max_train_words < 1:
+    raise app.UsageError(f"--max_train_words={FLAGS.max_train_words}: must be 1 or more.")
+  if FLAGS.max_train_words and available > FLAGS.max_train_words:
+    train = probe.first_words(train, FLAGS.max_train_words)
+    print(f"training on the first {sum(len(s.words) for s in train)} of {available} training "
+          f"words (--max_train_words={FLAGS.max_train_words}: every word's vectors are kept in "
+          "memory)")
   probe.label_list_of(train, FLAGS.train_file)
   config, encoder, origin = checkpoints.load_encoder(FLAGS.checkpoint)
   tokenizer = cli.tokenizer_from_flags(FLAGS.checkpoint, None)
@@ -207,6 +216,9 @@ def define_flags() -> None:
                       "sentence).")
   flags.DEFINE_string("dev_file", None, "probe: held-out words in the same layout (default: "
                       "20% of the training sentences).")
+  flags.DEFINE_integer("max_train_words", 100_000, "probe: train on at most this many words "
+                       "(the first whole sentences): every word's vector of every layer is held "
+                       "in memory (BERT-base: 40 KB a word).")
   kinds = {name: (kind, text) for name, kind, text in finetune_config.ORIGINAL_FLAGS}
   for name in _TASK_FLAGS:
     kind, text = kinds[name]

@@ -85,6 +85,20 @@ def read_labelled_words(path: str, label_column: int = -1) -> list[LabelledSente
                                              conllu=tagging_data.is_conllu(path))]
 
 
+def first_words(sentences: Sequence[LabelledSentence], max_words: int
+                ) -> list[LabelledSentence]:
+  """The first whole sentences holding at most `max_words` words (at least one sentence): the
+  probes keep every word's vector of every layer in memory (layers x hidden x 4 bytes a word,
+  40 KB for BERT-base), so a large file is cut, deterministically, rather than exhausting it."""
+  kept, total = [], 0
+  for sentence in sentences:
+    if kept and total + len(sentence.words) > max_words:
+      break
+    kept.append(sentence)
+    total += len(sentence.words)
+  return kept
+
+
 def hold_out(sentences: Sequence[LabelledSentence], fraction: float = DEV_FRACTION,
              seed: int = 0) -> tuple[list[LabelledSentence], list[LabelledSentence]]:
   """(train, held out): `fraction` of the sentences, drawn with `seed`, held out whole (words

@@ -303,3 +303,11 @@ def test_conllu_files_give_syntactic_words_and_any_of_their_columns(tmp_path):
   assert record["label_column"] == 3
   assert record["labels"] == ["AUX", "PART", "PRON", "PROPN", "PUNCT", "VERB"]
   assert record["train_words"] == 6 and len(record["accuracy"]) == 7
+  # A cap on the training words keeps whole sentences from the start.
+  proc = helpers.run_command("bert_jax.analyze", "probe", f"--checkpoint={helpers.minilm_dir()}",
+                             f"--train_file={path}", f"--dev_file={path}",
+                             f"--output_dir={tmp_path / 'out2'}", "--max_seq_length=16",
+                             "--max_train_words=3")
+  assert proc.returncode == 0, proc.stderr
+  assert "training on the first 5 of 6 training words (--max_train_words=3" in proc.stdout
+  assert json.load(open(tmp_path / "out2" / "probe.json"))["train_words"] == 5
