@@ -35,6 +35,7 @@ from bert_jax.data import arrays
 from bert_jax.interop import checkpoints, hf_config
 from bert_jax.model import pruning
 from bert_jax.runs import finetune_config, finetune_job
+from bert_jax.tasks import distillation as task_distillation
 from bert_jax.tasks import finetuned, registry
 from bert_jax.training import checkpointing, metrics
 from bert_jax.training import state as state_lib
@@ -121,9 +122,11 @@ class _Scorer:
   own evaluator applied to the outputs of those parameters. Keeps the features it was given
   (for the importance batches)."""
 
-  def __init__(self, inspection: finetune_job.Inspection, split: str):
+  def __init__(self, inspection: finetune_job.Inspection, split: str, model=None):
     self.inspection, self.split = inspection, split
-    self.predictor = inference.Predictor(inspection.model, inspection.objective.input_names)
+    self.objective = inspection.evaluator.objective
+    self.predictor = inference.Predictor(model or inspection.evaluator.model,
+                                         self.objective.input_names)
     self.feats: dict[str, np.ndarray] | None = None
     self.metric = inspection.evaluator.metric
 
@@ -132,8 +135,8 @@ class _Scorer:
 
     def predict(feats, batch_size, *, desc, trim=True):
       self.feats = feats
-      return finetune_job.predict(self.predictor, self.inspection.objective, placed, feats,
-                                  batch_size, desc=desc, trim=trim)
+      return finetune_job.predict(self.predictor, self.objective, placed, feats, batch_size,
+                                  desc=desc, trim=trim)
 
     scores, _ = self.inspection.evaluator.score_with(predict, self.split)
     if scores is None or self.metric not in scores:
@@ -161,8 +164,10 @@ def run(inspection: finetune_job.Inspection, *, task: str, fraction: float = 0.1
   if prune_to is not None and pruned_dir and file_io.exists(pruned_dir):
     raise ValueError(f"{pruned_dir} exists: give another --output_dir (a pruned model is never "
                      "written over another).")
-  objective, model = inspection.objective, inspection.model
-  params = jax.tree.map(np.asarray, jax.device_get(inspection.state.params))
+  # The evaluated model (a distilled student without its teacher): what is studied and pruned.
+  objective, model = inspection.evaluator.objective, inspection.evaluator.model
+  params = jax.tree.map(np.asarray, jax.device_get(
+      inspection.evaluator.model_params(inspection.state.params)))
   scorer = _Scorer(inspection, inspection.evaluator.split)
   started = time.time()
   mask = np.ones((config.num_hidden_layers, config.num_attention_heads), np.float32)
@@ -255,7 +260,7 @@ def write_pruned(inspection: finetune_job.Inspection, params, mask: np.ndarray, 
   (train state with fresh optimizer moments, config with `pruned_heads`, vocabulary, the run's
   metadata) that `finetune --do_eval`, `predict` and `convert` read; scored and timed against
   the full model on the same dev features."""
-  job, objective = inspection.job, inspection.objective
+  job, objective = inspection.job, inspection.evaluator.objective
   config = job.bert_config
   remove = {layer: [int(h) for h in np.flatnonzero(mask[layer] == 0)]
             for layer in range(config.num_hidden_layers)}
@@ -269,15 +274,16 @@ def write_pruned(inspection: finetune_job.Inspection, params, mask: np.ndarray, 
                                opt_state=tx.init(pruned_params), rng=inspection.state.rng,
                                model_state=inspection.state.model_state)
   source = job.output_dir
-  meta = dict(checkpoints.run_metadata(source), bert_config=hf_config.to_hf_dict(pruned_config),
-              pruned_from=source)
+  meta = {k: v for k, v in checkpoints.run_metadata(source).items()
+          if k != task_distillation.RECORDED_TEACHER}  # the student alone is written
+  meta.update(bert_config=hf_config.to_hf_dict(pruned_config), pruned_from=source)
   manager = checkpointing.run_checkpoints(directory, max_to_keep=None, async_save=False)
   manager.save(int(inspection.state.step), state, {}, meta)
   manager.close()
   pruned_config.to_json_file(file_io.join(directory, "bert_config.json"))
   vocab_files.copy_kept(source, directory)
   # The pruned model scored by the same evaluator, then both timed on the same features.
-  pruned_scorer = _Scorer(dataclasses.replace(inspection, model=pruned_model), scorer.split)
+  pruned_scorer = _Scorer(inspection, scorer.split, model=pruned_model)
   score = pruned_scorer(pruned_params)
   seconds = _timed_side_by_side({"full": (scorer.predictor, params),
                                  "pruned": (pruned_scorer.predictor, pruned_params)},

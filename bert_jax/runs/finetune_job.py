@@ -421,6 +421,10 @@ class Evaluator:
       self._memo[key] = self._apply(run, split)
     return self._memo[key]
 
+  def model_params(self, params: Any) -> Any:
+    """The evaluated model's parameters within a train state's (a distilled student's)."""
+    return self._params_of(params)
+
   def score_with(self, predict: Callable, split: str) -> tuple[dict[str, Any] | None, Any]:
     """The split scored from the outputs of any `predict(feats, batch_size, *, desc, trim)`
     (another model's, other parameters'), with this run's reader, features and metric."""

@@ -28,6 +28,10 @@ from bert_jax.objectives import distillation
 from bert_jax.training.objective import Objective
 
 TEACHER = distillation.TEACHER
+# Where a distilled student's run records its teacher's directory (its checkpoint metadata): the
+# student's checkpoint holds the teacher's parameters too, so reading the run again needs it.
+# A copy of the student alone (`convert`, a pruned model) records none.
+RECORDED_TEACHER = "teacher_checkpoint"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ from bert_jax.interop import checkpoints, task_heads
 from bert_jax.interop import convert as interop_convert
 from bert_jax.model import configuration
 from bert_jax.model import int8 as int8_lib
+from bert_jax.tasks import distillation as task_distillation
 from bert_jax.tasks import registry
 from bert_jax.text import tokenization, vocab_files
 
@@ -195,13 +196,15 @@ def convert(source: str, target: str, output_format: str,
 
 def finetuned_metadata(path: str) -> dict[str, Any] | None:
   """What a fine-tuned output directory recorded beside its weights (task, labels, settings),
-  less what a writer records anew (the config, the step); None for any other checkpoint."""
+  less what a writer records anew (the config, the step) and a distilled student's teacher
+  (a copy holds the student alone); None for any other checkpoint."""
   if checkpoints.checkpoint_kind(path)[0] != "orbax":
     return None
   info = inspect_checkpoint(path)
   if info.task is None:
     return None
-  return {k: v for k, v in info.metadata.items() if k not in ("bert_config", "step")}
+  return {k: v for k, v in info.metadata.items()
+          if k not in ("bert_config", "step", task_distillation.RECORDED_TEACHER)}
 
 
 # -------------------------------------------------------------------------------- fill-mask

@@ -54,9 +54,16 @@ def run(config: ml_collections.ConfigDict, tokenizer, task=None) -> dict[str, An
   job = finetune_job.setup(config, tokenizer, max_seq_length)
   objective = sequence_classification.SequenceClassification(
       task, max_seq_length, finetune_job.max_sequences_per_row(job.config, max_seq_length))
-  if job.config.get("teacher_checkpoint"):  # taught by a fine-tuned teacher
+  teacher = job.config.get("teacher_checkpoint")
+  if not teacher and not do_train:
+    # A distilled student's checkpoint holds its teacher too: evaluated again, it is read
+    # with the teacher it recorded.
+    teacher = finetune_job.recorded(output_dir).get(task_distillation.RECORDED_TEACHER)
+    if teacher:
+      metrics.log(f"{output_dir} holds a student distilled from {teacher}: read with it")
+  if teacher:  # taught by a fine-tuned teacher
     objective = task_distillation.TaskDistillation(
-        objective, job.config.teacher_checkpoint, job.config.distill_temperature,
+        objective, teacher, job.config.distill_temperature,
         job.config.distill_alpha).with_checkpoints(checkpoints)
   model = objective.model(job.bert_config)
   results: dict[str, Any] = {"task": task.name}
@@ -79,7 +86,9 @@ def run(config: ml_collections.ConfigDict, tokenizer, task=None) -> dict[str, An
           "label_list": None if task.is_regression else list(task.label_list),
           # What the model reads, for `predict --input_file` (a label column is not a text_b).
           "sentence_pairs": any(e.text_b is not None for e in train_examples) if do_train
-                            else None}, evaluator=evaluator)
+                            else None,
+          **({task_distillation.RECORDED_TEACHER: teacher} if teacher else {})},
+      evaluator=evaluator)
   if result is not None and result.stopped_early:
     return finetune_job.stopped(job, result, num_steps, results)
 

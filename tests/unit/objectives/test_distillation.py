@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax.analysis import pruning_study
 from bert_jax.interop import convert
 from bert_jax.interop import checkpoint_store, checkpoints
 from bert_jax.model import configuration
@@ -322,6 +323,22 @@ def test_task_distillation_teaches_a_smaller_student(tokenizer, tmp_path):
   _tree_equal(student["teacher"], source)
   assert sorted(k for k in student["bert"]["encoder"]) == ["layer_0"]
   assert student["classifier"]["kernel"].shape == (32, 2)
+  # Evaluated again without --teacher_checkpoint: the run reads the teacher it recorded.
+  again = classification_run.run(finetune_config.make(
+      output_dir=student_dir, data_dir=data, init_checkpoint=None, max_seq_length=16,
+      eval_batch_size=8, do_train=False, do_eval=True), tokenizer, task)
+  assert again["dev"]["accuracy"] == out["dev"]["accuracy"]
+  # Its heads studied as the student alone; the pruned student is written without a teacher.
+  study = pruning_study.study_checkpoint(
+      student_dir, {"data_dir": data, "eval_batch_size": 8, "predict_batch_size": 8},
+      tokenizer, fraction=0.5, prune_to=1, output_dir=str(tmp_path / "heads"), batch_size=8)
+  assert study.steps[0].score == out["dev"]["accuracy"] and study.total_heads == 2
+  pruned_dir = study.pruned_model["directory"]
+  assert "teacher_checkpoint" not in checkpoints.run_metadata(pruned_dir)
+  pruned, _ = checkpoint_store.load_params(os.path.join(pruned_dir, "checkpoints"))
+  assert "teacher" not in pruned
+  assert pruned["bert"]["encoder"]["layer_0"]["attention"]["self"]["query"]["kernel"].shape == \
+      (32, 16)
 
 
 def test_task_distillation_loss_equals_a_direct_computation(tmp_path):
