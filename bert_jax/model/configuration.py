@@ -302,7 +302,7 @@ class BertConfig:
         num_hidden_layers=int(self.generator_num_hidden_layers or self.num_hidden_layers),
         num_attention_heads=int(self.generator_num_attention_heads or max(1, hidden // 64)),
         intermediate_size=int(self.generator_intermediate_size or 4 * hidden),
-        embedding_size=self.embedding_width,
+        embedding_size=self.embedding_width, pruned_heads=None,
         **{name: None for name in self.GENERATOR_FIELDS})
 
   @property
