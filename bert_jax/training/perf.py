@@ -14,10 +14,12 @@ from bert_jax.model.configuration import BertConfig
 def encoder_forward_flops(config: BertConfig, batch_size: int, seq_length: int) -> float:
   """Forward matmul FLOPs of the encoder: per layer and token, QKV + output projections 8H²,
   FFN 4HI, attention scores and context 4SH. Embedding lookups and elementwise work are not
-  counted."""
+  counted. A layer with pruned heads counts the width A·d of its A heads in place of H in the
+  attention terms."""
   h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-  per_token_layer = 8 * h * h + 4 * h * i + 4 * seq_length * h
-  return float(batch_size * seq_length * layers * per_token_layer)
+  attention_width = sum(config.heads_in_layer(layer) for layer in range(layers)) * config.head_dim
+  per_token = layers * 4 * h * i + attention_width * (8 * h + 4 * seq_length)
+  return float(batch_size * seq_length * per_token)
 
 
 def training_flops(forward_flops: float) -> float:

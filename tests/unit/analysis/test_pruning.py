@@ -18,6 +18,7 @@ from bert_jax.model import configuration, modeling, pruning
 from bert_jax.tasks import finetuned
 from bert_jax.tasks.classification import predict as classification
 from bert_jax.text import tokenization
+from bert_jax.training import perf
 from bert_jax.training import step as step_lib
 from tests import helpers
 
@@ -83,6 +84,11 @@ def test_pruned_heads_in_the_config_are_checked_and_written_both_ways():
       config.replace(pruned_heads=bad)
   with pytest.raises(ValueError, match="pruned heads need unrolled, unshared layers"):
     config.replace(pruned_heads=[[0], [], []], scan_layers=True)
+  # MFU counts the attention a pruned layer still computes: 22 heads of 8 wide, not 24.
+  h, i, s = config.hidden_size, config.intermediate_size, 16
+  assert perf.encoder_forward_flops(config, 1, s) == s * 3 * (8 * h * h + 4 * h * i + 4 * s * h)
+  assert perf.encoder_forward_flops(from_dict, 1, s) == s * (3 * 4 * h * i
+                                                             + 22 * 8 * (8 * h + 4 * s))
 
 
 @pytest.fixture(scope="module")
