@@ -68,7 +68,7 @@ _COMMAND_FLAGS = {"text": ("attention",), "input_file": ("attention",),
 # The fine-tuning flags `heads` reads the task with (their help is finetune's).
 _TASK_FLAGS = ("task_name", "data_dir", "data_format", "label_list", "regression",
                "text_a_column", "text_b_column", "label_column", "has_header", "tagging_scheme",
-               "document_context", "predict_file", "version_2_with_negative")
+               "document_context", "predict_file", "version_2_with_negative", "eval_metric")
 
 
 def main(argv):

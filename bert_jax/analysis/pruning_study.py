@@ -38,6 +38,7 @@ from bert_jax.runs import finetune_config, finetune_job
 from bert_jax.tasks import distillation as task_distillation
 from bert_jax.tasks import finetuned, registry
 from bert_jax.training import checkpointing, metrics
+from bert_jax.training import selection as selection_lib
 from bert_jax.training import state as state_lib
 from bert_jax.training import step as step_lib
 from bert_jax.text import vocab_files
@@ -72,12 +73,21 @@ class Study:
   def total_heads(self) -> int:
     return int(self.importance.size)
 
-  def prunable_within(self, tolerance: float = TOLERANCE) -> int:
-    """The most heads pruned at a step whose score is within `tolerance` (relative) of the
-    unpruned score (a lower-is-better metric is not scored here: task metrics are higher)."""
+  @property
+  def higher_is_better(self) -> bool:
+    """As model selection reads a metric: a `...loss` is better lower, the rest higher."""
+    return selection_lib.Selection(self.metric).higher_is_better
+
+  def within(self, score: float, tolerance: float = TOLERANCE) -> bool:
+    """Whether `score` is within `tolerance` (relative) of the unpruned score, or better."""
     base = self.steps[0].score
-    ok = [s.pruned for s in self.steps if s.score >= base - tolerance * abs(base)]
-    return max(ok)
+    if self.higher_is_better:
+      return score >= base - tolerance * abs(base)
+    return score <= base + tolerance * abs(base)
+
+  def prunable_within(self, tolerance: float = TOLERANCE) -> int:
+    """The most heads pruned at a step whose score is within `tolerance` of the unpruned."""
+    return max(s.pruned for s in self.steps if self.within(s.score, tolerance))
 
   def as_dict(self) -> dict[str, Any]:
     return {"metric": self.metric, "total_heads": self.total_heads,
@@ -128,7 +138,8 @@ class _Scorer:
     self.predictor = inference.Predictor(model or inspection.evaluator.model,
                                          self.objective.input_names)
     self.feats: dict[str, np.ndarray] | None = None
-    self.metric = inspection.evaluator.metric
+    # The task's own measure, or the run's --eval_metric.
+    self.metric = inspection.job.config.get("eval_metric") or inspection.evaluator.metric
 
   def __call__(self, params) -> float:
     placed = self.predictor.place(params)
@@ -139,9 +150,14 @@ class _Scorer:
                                   desc=desc, trim=trim)
 
     scores, _ = self.inspection.evaluator.score_with(predict, self.split)
-    if scores is None or self.metric not in scores:
+    if scores is None:
       raise ValueError(f"the {self.split} data has no gold answers to score "
                        f"{self.metric} on.")
+    if self.metric not in scores:
+      names = sorted(k for k, v in scores.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool))
+      raise ValueError(f"--eval_metric={self.metric}: the {self.split} scores are "
+                       f"{', '.join(names)}.")
     return float(scores[self.metric])
 
 
@@ -322,7 +338,8 @@ def write(study: Study, output_dir: str) -> list[str]:
   x = [100.0 * s.pruned / total for s in study.steps]
   ax.plot(x, [s.score for s in study.steps], marker="o")
   base = study.steps[0].score
-  ax.axhspan(base - TOLERANCE * abs(base), base, color="tab:green", alpha=0.15,
+  band = TOLERANCE * abs(base) * (-1 if study.higher_is_better else 1)
+  ax.axhspan(min(base, base + band), max(base, base + band), color="tab:green", alpha=0.15,
              label=f"within {TOLERANCE:.0%} of all heads")
   if study.pruned_model:
     kept = study.pruned_model["heads_kept"]

@@ -121,6 +121,12 @@ def test_the_pruning_curve_is_the_tasks_metric_with_heads_removed_by_importance(
   np.testing.assert_allclose(np.linalg.norm(result.importance, axis=1), 1.0, rtol=1e-6)
   # With every head gone the classifier still answers: the score of whatever it answers.
   assert 0.0 <= result.steps[-1].score <= 1.0
+  mask = result.steps[-1].mask
+  # A loss is better lower: its band lies above the unpruned score.
+  losses = pruning_study.Study("eval_dev/loss", result.importance, [
+      pruning_study.Step(0, 0.50, result.steps[0].mask), pruning_study.Step(4, 0.504, mask),
+      pruning_study.Step(8, 0.40, mask), pruning_study.Step(12, 0.60, mask)])
+  assert not losses.higher_is_better and losses.prunable_within() == 8
   written = pruning_study.write(result, str(root / "analysis"))
   record = json.load(open(written[0]))
   assert record["total_heads"] == 16 and len(record["curve"]) == 6
@@ -194,6 +200,9 @@ def test_the_heads_command_refuses_mistakes_in_one_line(study, tmp_path):
        f"error: {root / 'analysis' / 'pruned'} exists: give another --output_dir"),
       ((f"--checkpoint={model}", "--text=a"),
        "error: --text is for `analyze attention`, not `analyze heads`."),
+      ((f"--checkpoint={model}", "--eval_metric=bleu"),
+       "error: --eval_metric=bleu: the dev scores are accuracy, majority_class_accuracy, "
+       "num_examples."),
   ]:
     flags = (f"--data_dir={sst2_model['data']}", f"--output_dir={tmp_path / 'out'}", *args)
     proc = helpers.run_command("bert_jax.analyze", "heads", *flags)
