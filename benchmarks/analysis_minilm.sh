@@ -103,6 +103,18 @@ print(f"dev accuracy: float32 {acc['float']:.4f}, int8 {acc['int8']:.4f} "
       f"difference {diff:.1e}")
 PY
 du -sb export_float/checkpoints export_int8/checkpoints | tee -a int8.txt
+log "   the pruned model (step 2) in int8 too"
+rm -rf pruned_int8
+"$PY" -m bert_jax.convert --from=heads/pruned --to=pruned_int8 --format=orbax --int8 | grep "int8"
+"$PY" -m bert_jax.predict --checkpoint=pruned_int8 --input_file=dev_texts.txt \
+    --max_seq_length=64 --output_file=pred_pruned_int8.jsonl > /dev/null 2>&1
+"$PY" -c "
+import json
+gold = open('dev_labels.txt').read().split()
+rows = [json.loads(l) for l in open('pred_pruned_int8.jsonl')]
+print(f'pruned (36 heads) + int8: dev accuracy {sum(r[\"label\"] == g for r, g in zip(rows, gold)) / len(gold):.4f}')
+" | tee -a int8.txt
+du -sb pruned_int8/checkpoints | tee -a int8.txt
 "$PY" "$REPO/benchmarks/int8_speed.py" --checkpoint=ft/best --batch=32 --length=64 | tee -a int8.txt
 "$PY" "$REPO/benchmarks/int8_speed.py" --checkpoint=ft/best --batch=32 --length=128 | tee -a int8.txt
 fi
