@@ -133,12 +133,13 @@ def test_one_step_one_loop_one_forward_pass():
       jit_sites[module] = count
     if re.search(r"""["']checkpoints["']""", text):
       checkpoint_dirs.append(module)
-  # (interop.checkpoint_fingerprints jits the checksum of saved arrays, not a model;
-  # analysis.probe the optimiser of linear probes over fixed word vectors, which the model's
-  # forward pass through `inference` produced.)
+  # (interop.checkpoint_fingerprints jits the checksum of saved arrays, not a model.)
   assert set(jit_sites) == {"training.step", "training.state", "inference",
-                            "parallel.sharding", "interop.checkpoint_fingerprints",
-                            "analysis.probe"}, jit_sites
+                            "parallel.sharding", "interop.checkpoint_fingerprints"}, jit_sites
+  # Gradients, of a model's loss or of a probe's over fixed features, in the step module only.
+  grad_sites = [m for m, p in _modules()
+                if re.search(r"\bjax\.(grad|value_and_grad)\(", open(p, encoding="utf-8").read())]
+  assert grad_sites == ["training.step"], grad_sites
   assert checkpoint_dirs == ["interop.kinds"], checkpoint_dirs
   loops = [m for m, p in _modules() if re.search(r"^def train\(", open(p).read(), re.M)]
   assert loops == ["training.loop"], loops

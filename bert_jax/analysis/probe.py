@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -46,6 +47,7 @@ from bert_jax import file_io, inference
 from bert_jax.model import configuration, modeling
 from bert_jax.tasks.tagging import data as tagging_data
 from bert_jax.text import features as feature_names
+from bert_jax.training import step as step_lib
 
 WORD_POSITIONS = "word_positions"
 
@@ -226,20 +228,11 @@ def _probe_loss(params, features, labels, l2):
   return jnp.sum(per_word.mean(-1) + l2 * jnp.sum(params["kernel"] ** 2, axis=(1, 2)))
 
 
-def _adam_steps(params, opt_state, features, labels, l2, learning_rate, num_steps):
-  tx = optax.adam(learning_rate)
-
-  def step(_, carry):
-    params, opt_state = carry
-    grads = jax.grad(_probe_loss)(params, features, labels, l2)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
-
-  return jax.lax.fori_loop(0, num_steps, step, (params, opt_state))
-
-
-# A linear probe's optimiser over fixed features, not a model: its own jit.
-_adam_steps_jit = jax.jit(_adam_steps, static_argnames=("learning_rate", "num_steps"))
+@functools.lru_cache(maxsize=None)
+def _adam_steps(learning_rate: float):
+  """The probes' full-batch Adam steps (`training/step.make_full_batch_steps`), compiled once
+  per learning rate and step count however many probes are trained."""
+  return step_lib.make_full_batch_steps(_probe_loss, optax.adam(learning_rate))
 
 
 @dataclasses.dataclass
@@ -278,6 +271,7 @@ def train_probes(vectors: np.ndarray, labels: np.ndarray, num_labels: int, *,
   params = {"kernel": jnp.zeros((layers, width, num_labels), jnp.float32),
             "bias": jnp.zeros((layers, num_labels), jnp.float32)}
   opt_state = optax.adam(learning_rate).init(params)
+  adam_steps = _adam_steps(learning_rate)
   labels = jnp.asarray(labels, jnp.int32)
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   with tqdm(total=steps, desc="probes", unit="step", leave=False,
@@ -285,8 +279,7 @@ def train_probes(vectors: np.ndarray, labels: np.ndarray, num_labels: int, *,
     done = 0
     while done < steps:
       count = min(_STEPS_PER_CALL, steps - done)
-      params, opt_state = _adam_steps_jit(params, opt_state, features, labels, l2,
-                                          learning_rate=learning_rate, num_steps=count)
+      params, opt_state = adam_steps(params, opt_state, count, features, labels, l2)
       jax.block_until_ready(params)
       done += count
       bar.update(count)

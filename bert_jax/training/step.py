@@ -199,6 +199,21 @@ def make_model_state_gradient(objective: Objective, model: nn.Module,
                                                            params))
 
 
+def make_full_batch_steps(loss: Callable[..., jax.Array], tx: optax.GradientTransformation
+                          ) -> Callable[..., tuple[Any, Any]]:
+  """`steps(params, opt_state, num_steps, *data) -> (params, opt_state)`: `num_steps` updates of
+  `tx` by the gradient of `loss(params, *data)` over the whole of fixed `data`, in one loop on
+  the device, jitted once per `num_steps`. How a classifier over fixed features trains (the
+  linear probes of `analysis/probe.py`); models train by `make_train_step`."""
+  def steps(params, opt_state, num_steps, *data):
+    def one(_, carry):
+      params, opt_state = carry
+      updates, opt_state = tx.update(jax.grad(loss)(params, *data), opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
+    return jax.lax.fori_loop(0, num_steps, one, (params, opt_state))
+  return jax.jit(steps, static_argnums=(2,))
+
+
 def jit_train_step(train_step: Callable, state_shardings, batch_sharding, mesh, rules):
   """The train step, jitted with explicit shardings and the state donated."""
   jitted = jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
