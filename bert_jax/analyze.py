@@ -69,6 +69,8 @@ _COMMAND_FLAGS = {"text": ("attention",), "input_file": ("attention",),
 _TASK_FLAGS = ("task_name", "data_dir", "data_format", "label_list", "regression",
                "text_a_column", "text_b_column", "label_column", "has_header", "tagging_scheme",
                "document_context", "predict_file", "version_2_with_negative", "eval_metric")
+for _name in _TASK_FLAGS:
+  _COMMAND_FLAGS.setdefault(_name, ("heads",))
 
 
 def main(argv):
@@ -80,9 +82,6 @@ def main(argv):
     if FLAGS[name].present and command not in commands:
       raise app.UsageError(f"--{name} is for `analyze {' / '.join(commands)}`, not "
                            f"`analyze {command}`.")
-  for name in _TASK_FLAGS:
-    if FLAGS[name].present and command != "heads" and name not in _COMMAND_FLAGS:
-      raise app.UsageError(f"--{name} is for `analyze heads`, not `analyze {command}`.")
   cli.quiet_unless_verbose()
   {"attention": _attention, "heads": _heads, "probe": _probe}[command]()
 

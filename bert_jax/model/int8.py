@@ -155,6 +155,15 @@ def error_bound(x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------- the layer
+def _quantized_init(init: Callable[..., jax.Array], step: float) -> Callable[..., jax.Array]:
+  """An int8 initializer: a draw of the float `init`, quantized with `step` as every scale
+  (the parameters' shapes, and tests; real ones come from `quantize_params`)."""
+  def quantized(key, shape, dtype=jnp.int8):
+    w = init(key, shape, jnp.float32)
+    return jnp.clip(jnp.round(w / step), -QMAX, QMAX).astype(dtype)
+  return quantized
+
+
 class Int8Dense(nn.Module):
   """A dense layer whose kernel is int8 with a float scale per output (`kernel`,
   `kernel_scale`, `bias`: the paths of `nn.Dense` plus one), computed by `int8_matmul`.
@@ -173,13 +182,9 @@ class Int8Dense(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     step = self.init_range / QMAX
-
-    def kernel_init(key, shape, dtype=jnp.int8):
-      w = self.kernel_init(key, shape, jnp.float32)
-      return jnp.clip(jnp.round(w / step), -QMAX, QMAX).astype(dtype)
-
-    kernel = self.param("kernel", nn.with_logical_partitioning(kernel_init, self.axes),
-                        (x.shape[-1], self.features), jnp.int8)
+    kernel = self.param("kernel", nn.with_logical_partitioning(
+        _quantized_init(self.kernel_init, step), self.axes), (x.shape[-1], self.features),
+                        jnp.int8)
     scale = self.param(SCALE, nn.with_logical_partitioning(nn.initializers.constant(step),
                                                            self.axes[1:]),
                        (self.features,), jnp.float32)
@@ -196,44 +201,47 @@ def table_param(module: nn.Module, name: str, shape: tuple[int, int], axes: tupl
   own initialisation quantizes a draw of `init` (within ±`init_range`) with that range as every
   row's scale, as `Int8Dense` does."""
   step = init_range / QMAX
-
-  def table_init(key, shape, dtype=jnp.int8):
-    return jnp.clip(jnp.round(init(key, shape, jnp.float32) / step), -QMAX, QMAX).astype(dtype)
-
-  table = module.param(name, nn.with_logical_partitioning(table_init, axes), shape, jnp.int8)
+  table = module.param(name, nn.with_logical_partitioning(_quantized_init(init, step), axes),
+                       shape, jnp.int8)
   scale = module.param(name + TABLE_SCALE, nn.with_logical_partitioning(
       nn.initializers.constant(step), axes[:1]), shape[:1], jnp.float32)
   return table, scale
 
 
 # ------------------------------------------------------------------------- the parameters
+def _quantize(values: Any, axis: int) -> tuple[np.ndarray, np.ndarray]:
+  """`(int8 values, float32 scales)`, symmetric with one scale per slice along `axis` removed:
+  max|v| / 127 (an all-zero slice gets scale 1)."""
+  v = np.asarray(values, np.float32)
+  amax = np.max(np.abs(v), axis=axis)
+  scale = np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
+  return np.clip(np.rint(v / np.expand_dims(scale, axis)), -QMAX, QMAX).astype(np.int8), scale
+
+
+def _dequantize(values: Any, scale: Any, axis: int) -> np.ndarray:
+  return np.asarray(values, np.float32) * np.expand_dims(np.asarray(scale, np.float32), axis)
+
+
 def quantize_kernel(kernel: Any) -> tuple[np.ndarray, np.ndarray]:
   """`(int8 kernel, float32 scales)` of a float kernel (in, out), or of a stack of them (a
   scanned layout: (layers, in, out) → scales (layers, out)): per output channel, max|w| / 127."""
-  w = np.asarray(kernel, np.float32)
-  amax = np.max(np.abs(w), axis=-2)
-  scale = np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
-  q = np.clip(np.rint(w / scale[..., None, :]), -QMAX, QMAX).astype(np.int8)
-  return q, scale
+  return _quantize(kernel, -2)
 
 
 def dequantize_kernel(kernel: Any, scale: Any) -> np.ndarray:
   """The float32 kernel that an int8 kernel and its scales stand for."""
-  return (np.asarray(kernel, np.float32) * np.asarray(scale, np.float32)[..., None, :])
+  return _dequantize(kernel, scale, -2)
 
 
 def quantize_table(table: Any) -> tuple[np.ndarray, np.ndarray]:
   """`(int8 table, float32 scales)` of a float embedding table (rows, width): per row,
-  max|row| / 127 (an all-zero row gets scale 1)."""
-  t = np.asarray(table, np.float32)
-  amax = np.max(np.abs(t), axis=-1)
-  scale = np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
-  return np.clip(np.rint(t / scale[:, None]), -QMAX, QMAX).astype(np.int8), scale
+  max|row| / 127."""
+  return _quantize(table, -1)
 
 
 def dequantize_table(table: Any, scale: Any) -> np.ndarray:
   """The float32 table that an int8 table and its per-row scales stand for."""
-  return np.asarray(table, np.float32) * np.asarray(scale, np.float32)[:, None]
+  return _dequantize(table, scale, -1)
 
 
 def _is_embeddings(node: Mapping) -> bool:
