@@ -38,7 +38,8 @@ help:
 
 env: $(STAMP)
 
-$(STAMP): setup.py requirements/lock.txt requirements/assets.txt requirements/build.txt
+$(STAMP): setup.py requirements/lock.txt requirements/assets.txt requirements/build.txt \
+          requirements/gpu_compiler.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the pinned environment into $(VENV) (first run: a few minutes)..."
 	@# torch first and on its own, so that pip takes the CPU build and no CUDA packages.
@@ -49,6 +50,8 @@ $(STAMP): setup.py requirements/lock.txt requirements/assets.txt requirements/bu
 	PIP_CONSTRAINT=$(CURDIR)/requirements/build.txt $(PY) -m pip install -q -c requirements/lock.txt \
 	  --use-pep517 --config-settings editable_mode=compat -e '.[test,aot]' $(PIP_QUIET)
 	$(PY) -m pip install -q --no-deps -r requirements/assets.txt $(PIP_QUIET)
+	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/gpu-compiler \
+	  -r requirements/gpu_compiler.txt $(PIP_QUIET)
 	$(PY) -c "import bert_jax, jax, flax, torch, transformers, libtpu; print('environment ready: jax', jax.__version__, 'flax', flax.__version__)"
 	touch $@
 

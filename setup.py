@@ -30,7 +30,10 @@ EXTRAS_REQUIRE = {
     # Compiling a step for a TPU slice on a machine without one (`--compile_for=v4-32`, the
     # launcher's check before it creates a slice): libtpu's compile-only devices. Take the
     # version jax's own `tpu` extra names (the lock pins it).
-    "aot": ["libtpu; platform_system == 'Linux' and platform_machine == 'x86_64'"],
+    # For NVIDIA GPUs (`--compile_for=h100`), ptxas from NVIDIA's compiler package; JAX's CUDA
+    # plugin itself is kept out of site-packages (requirements/gpu_compiler.txt says why).
+    "aot": ["libtpu; platform_system == 'Linux' and platform_machine == 'x86_64'",
+            "nvidia-cuda-nvcc-cu12; platform_system == 'Linux' and platform_machine == 'x86_64'"],
     # The reference implementation and the metric libraries the tests check against.
     "test": [
         "pytest>=8",

@@ -12,7 +12,8 @@ directory) or from scratch.
 
 Before renting a slice, `--compile_for=v4-32` compiles the same step for that slice's real
 topology on this machine and says whether it fits, what it communicates and how fast it could
-run (`runs/compile_check.py`). This module only parses flags; the run is
+run (`runs/compile_check.py`); `--compile_for=h100` (h200, a100, h100x8, ...) does the same for
+NVIDIA GPUs, with the HBM traffic of the GPU program's kernels by kind. This module only parses flags; the run is
 `bert_jax.runs.pretraining.train_and_evaluate(config, workdir)`.
 """
 
@@ -38,10 +39,12 @@ def define_flags() -> None:
                     "and FLOPs, and exit (no data needed): checks a config fits before a run.")
   flags.DEFINE_list("compile_for", [],
                     "TPU slices such as v4-32, v5p-64, v5litepod-16, v6e-64 (or a topology "
-                    "such as v4:4x4x12): compile the exact train step for each on this machine "
-                    "(needs the libtpu package, no TPU), print per-chip HBM against the chip's, "
-                    "FLOPs, collectives and a roofline of step time, MFU, days and cost to "
-                    "train; exit 1 if it does not fit. No data or workdir needed.")
+                    "such as v4:4x4x12), or GPU machines such as h100, h200, a100, h100x8: "
+                    "compile the exact train step for each on this machine (needs libtpu or "
+                    "JAX's CUDA plugin, no TPU or GPU), print per-chip HBM against the chip's, "
+                    "FLOPs, collectives, the kernels' HBM traffic and a roofline of step time, "
+                    "MFU, days and cost to train; exit 1 if it does not fit. No data or "
+                    "workdir needed.")
   flags.DEFINE_integer("start_step", 0,
                        "With --compile_for: the step the run starts from, for the time to "
                        "train (a phase 2 continuing phase 1: phase 1's last step).")

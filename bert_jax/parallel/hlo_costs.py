@@ -249,7 +249,12 @@ def hbm_bytes(module: Module) -> float:
   dynamic-slice) reads that slice, and one that writes a layer into a stacked buffer in place
   (dynamic-update-slice) writes that layer: both count what they touch, not the whole stack.
   """
-  total = 0.0
+  return sum(moved for _, _, moved in instruction_traffic(module))
+
+
+def instruction_traffic(module: Module):
+  """(computation, instruction, HBM bytes per step) for each instruction the program runs
+  outside fusions: the terms `hbm_bytes` adds up."""
   touched = {}
   for comp, instrs in module.computations.items():
     times = module.multipliers.get(comp, 0)
@@ -266,7 +271,7 @@ def hbm_bytes(module: Module) -> float:
       if base in ("slice", "dynamic-slice"):
         source = shapes.get(operands[0], "") if operands else ""
         read = _array_bytes(result) if _hbm_array_bytes(source) else 0.0
-        total += (read + _hbm_array_bytes(result)) * times
+        yield comp, i, (read + _hbm_array_bytes(result)) * times
         continue
       sizes = [_hbm_array_bytes(shapes.get(o, "")) for o in operands]
       written = _hbm_array_bytes(result)
@@ -281,8 +286,64 @@ def hbm_bytes(module: Module) -> float:
           written = sum(_hbm_array_bytes(out) if update is None else
                         min(update, _hbm_array_bytes(out))
                         for out, update in zip(outputs, updates))
-      total += (written + sum(sizes)) * times
-  return total
+      yield comp, i, (written + sum(sizes)) * times
+
+
+# What a kernel is, for `traffic_by_kind`: matrix multiplications (dots, convolutions, library
+# GEMM calls, Triton GEMM fusions), attention kernels (cuDNN's fused attention, Pallas/Mosaic
+# kernels), collectives, and everything else: elementwise and reduction kernels (LayerNorm,
+# dropout, residual adds, casts, the optimizer update), copies and transposes.
+_GEMM_TARGET = re.compile(r'custom_call_target="[^"]*(?:gemm|matmul|cublas)[^"]*"', re.I)
+_ATTENTION_TARGET = re.compile(r'custom_call_target="(?:__cudnn\$fmha[^"]*|tpu_custom_call)"')
+_CUDNN_FUSION = re.compile(r'"kind":"__cudnn\$fusion"')
+
+
+def _computation_does(module: Module, name: str, ops: tuple[str, ...], depth: int = 0) -> bool:
+  for i in module.computations.get(name, []):
+    if i.op in ops:
+      return True
+    if i.op == "fusion" and depth < 8 and any(
+        _computation_does(module, c, ops, depth + 1) for c in _callees(i.rest)[:1]):
+      return True
+  return False
+
+
+def kernel_kind(module: Module, instr: Instruction) -> str:
+  """"matmul", "attention", "collective" or "other" for an instruction the program runs."""
+  base = instr.op[:-len("-start")] if instr.op.endswith("-start") else instr.op
+  if base in KINDS:
+    return "collective"
+  if instr.op in ("dot", "convolution") or _GEMM_TARGET.search(instr.rest):
+    return "matmul"
+  if _ATTENTION_TARGET.search(instr.rest) or _CUDNN_FUSION.search(instr.rest):
+    return "attention"
+  if instr.op == "fusion" and _computation_does(module, (_callees(instr.rest) or [""])[0],
+                                                ("dot", "convolution")):
+    return "matmul"
+  return "other"
+
+
+def custom_calls(module: Module) -> dict[str, int]:
+  """How many times a step runs each custom-call target (cuDNN attention, library GEMMs,
+  Pallas kernels)."""
+  out: dict[str, int] = {}
+  for comp, instrs in module.computations.items():
+    times = module.multipliers.get(comp, 0)
+    for i in instrs:
+      target = re.search(r'custom_call_target="([^"]+)"', i.rest) if times else None
+      if i.op == "custom-call" and target:
+        out[target.group(1)] = out.get(target.group(1), 0) + times
+  return out
+
+
+def traffic_by_kind(module: Module) -> dict[str, dict[str, float]]:
+  """Per kernel kind: instructions run per step ("count") and the HBM bytes they move."""
+  out = {k: {"count": 0, "bytes": 0.0} for k in ("matmul", "attention", "collective", "other")}
+  for comp, instr, moved in instruction_traffic(module):
+    entry = out[kernel_kind(module, instr)]
+    entry["count"] += module.multipliers.get(comp, 1)
+    entry["bytes"] += moved
+  return out
 
 
 def _sliced_parameters(module: Module, computation: str

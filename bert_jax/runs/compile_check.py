@@ -1,19 +1,26 @@
-"""Does a pre-training config fit a TPU slice, and how fast could it run there? Answered on any
-machine, before a chip is rented: the exact production step is compiled for the slice's real
-topology (libtpu's compile-only devices) and the TPU executable is read.
+"""Does a pre-training config fit a TPU slice or a GPU machine, and how fast could it run there?
+Answered on any machine, before a chip is rented: the exact production step is compiled for the
+slice's real topology (libtpu's compile-only devices) or the GPUs' description (JAX's CUDA
+plugin, `parallel/gpu_targets`) and the executable is read.
 
     python -m bert_jax.pretrain --config=configs/pretrain.py:large --compile_for=v4-128
+    python -m bert_jax.pretrain --config=configs/pretrain.py:base --compile_for=h100,h100x8 \
+        --config.mesh_shape=-1,1,1 --config.model.attention_implementation=cudnn
 
 prints per-device HBM use against what the compiler lets a program use (and refuses, with the
 fix, when the step does not fit), the step's matmul FLOPs beside the analytic count and XLA's
-own, each collective per step with its bytes, and a roofline projection of step time, MFU, days
-and cost to train the recipe.
+own, each collective per step with its bytes, the HBM traffic of its kernels by kind (matmuls,
+fused attention, collectives, and the elementwise and reduction kernels around them), and a
+roofline projection of step time, MFU, days and cost to train the recipe.
 
 The roofline is a bound on speed, not a prediction: the step's matmul FLOPs at the chip's peak
-bf16 FLOP/s plus its collectives at the chip's full ICI bandwidth, nothing overlapped
+bf16 FLOP/s plus its collectives at the chip's full ICI (a GPU's: NVLink) bandwidth, nothing
+overlapped
 (`parallel/hlo_costs` reads both from the compiled HLO, loops counted). The HBM traffic it
 estimates is printed beside the bound, with its time at peak bandwidth, and left out of it:
-for scanned layers it overstates what the program moves. Chip figures and prices are in
+for scanned layers it overstates what the program moves. On a GPU, where kernels run one after
+another, the elementwise and reduction kernels' share of that traffic is the time the step
+spends outside its matmuls at best: what fusing them saves. Chip figures and prices are in
 `parallel/tpu_slices`, each with its source.
 """
 
@@ -27,6 +34,7 @@ from typing import Any
 
 import ml_collections
 
+from bert_jax.parallel import gpu_targets
 from bert_jax.parallel import hlo_costs
 from bert_jax.parallel import tpu_slices
 from bert_jax.runs import pretraining
@@ -41,9 +49,9 @@ class DoesNotFit(ValueError):
 
 @dataclasses.dataclass
 class Report:
-  """What a compile for one slice found (per device unless named otherwise)."""
+  """What a compile for one slice or GPU machine found (per device unless named otherwise)."""
   config_name: str
-  slice: tpu_slices.Slice
+  slice: tpu_slices.Slice | gpu_targets.Machine
   mesh: dict[str, int]
   batch_per_device: int
   seq_length: int
@@ -61,7 +69,11 @@ class Report:
   collectives: dict[str, dict[str, float]]
   steps: int
   compile_seconds: float
-  custom_kernels: int = 0   # Pallas (Mosaic) kernels in the program
+  custom_kernels: int = 0   # fused attention kernels (Pallas/Mosaic, cuDNN) in the program
+  traffic: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+  custom_calls: dict[str, int] = dataclasses.field(default_factory=dict)  # per target, per step
+  hlo_text: str = dataclasses.field(default="", repr=False)  # the compiled program (not in
+  # as_dict)
 
   @property
   def hbm_bytes(self) -> int:
@@ -94,7 +106,8 @@ class Report:
   # --------------------------------------------------------------------------- the roofline
   @property
   def compute_seconds(self) -> float:
-    # A Pallas kernel's matmuls are not HLO dots: with one, the analytic count is the floor.
+    # A fused attention kernel's matmuls are not HLO dots: with one, the analytic count is the
+    # floor.
     chip = self.slice.chip
     flops = max(self.matmul_flops, self.analytic_flops / self.slice.devices)
     return flops / (chip.peak_flops / chip.devices_per_chip)
@@ -136,29 +149,47 @@ class Report:
 
   @property
   def cost(self) -> float:
-    return self.chip_hours * self.slice.chip.price
+    price = self.slice.chip.price
+    return self.chip_hours * price if price is not None else math.nan
+
+  @property
+  def other_bytes(self) -> float:
+    """HBM bytes per step of the kernels that are neither matmuls, fused attention nor
+    collectives: the elementwise and reduction work (LayerNorm, dropout, residual adds, casts,
+    the loss, the optimizer update)."""
+    return self.traffic.get("other", {}).get("bytes", 0.0)
+
+  @property
+  def other_seconds(self) -> float:
+    chip = self.slice.chip
+    return self.other_bytes / (chip.hbm_bandwidth / chip.devices_per_chip)
 
   def as_dict(self) -> dict[str, Any]:
-    out = {k: v for k, v in dataclasses.asdict(self).items() if k != "slice"}
+    out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("slice", "hlo_text")}
     out.update(slice=self.slice.name, topology=self.slice.topology, chips=self.slice.chips,
                devices=self.slice.devices, hbm_bytes=self.hbm_bytes,
                hbm_capacity=self.hbm_capacity, fits=self.fits,
                largest_batch_per_device=self.largest_batch_per_device,
                compute_seconds=self.compute_seconds, hbm_seconds=self.hbm_seconds,
                collective_seconds=self.collective_seconds, step_seconds=self.step_seconds,
-               mfu=self.mfu, days=self.days, chip_hours=self.chip_hours, cost=self.cost)
+               mfu=self.mfu, days=self.days, chip_hours=self.chip_hours, cost=self.cost,
+               other_bytes=self.other_bytes, other_seconds=self.other_seconds)
     return out
 
   def lines(self) -> list[str]:
     s, chip = self.slice, self.slice.chip
-    per = "chip" if chip.devices_per_chip == 1 else "device (one core; two per chip)"
+    gpu = isinstance(s, gpu_targets.Machine)
+    unit = "GPU" if gpu else "chip"
+    per = unit if chip.devices_per_chip == 1 else "device (one core; two per chip)"
+    link = "NVLink" if gpu else "ICI"
+    kernels = "fused attention" if gpu else "Pallas"
     mesh = " x ".join(f"{k} {v}" for k, v in self.mesh.items())
     out = [
         f"{self.config_name} compiled for {s.describe()}",
         f"  mesh {mesh}; {self.batch_per_device} sequences of {self.seq_length} per device per "
         f"step" + (f" in {self.grad_accum_steps} micro-batches" if self.grad_accum_steps > 1
                    else "") + f"; {self.num_parameters / 1e6:.1f}M parameters; compiled in "
-        f"{self.compile_seconds:.0f} s" + (f"; {self.custom_kernels} Pallas kernel calls"
+        f"{self.compile_seconds:.0f} s" + (f"; {self.custom_kernels} {kernels} kernel calls"
                                              if self.custom_kernels else ""),
         f"  HBM per {per}: {self.hbm_bytes / GIB:.2f} of {self.hbm_capacity / GIB:.2f} GiB usable "
         f"({self.hbm_bytes / self.hbm_capacity:.0%}): state and batch "
@@ -167,9 +198,11 @@ class Report:
         f"{self.largest_batch_per_device}",
         f"  FLOPs per device per step: matmuls {self.matmul_flops:.3e} (the compiled HLO, loops "
         f"counted), analytic {self.analytic_flops / s.devices:.3e}, XLA's cost analysis "
-        f"{self.xla_flops:.3e}" + (" (it counts a scanned loop's body once)"
-                                    if self.xla_flops < 0.9 * self.matmul_flops else "")
-        + ("; the Pallas kernels' matmuls are outside the HLO count" if self.custom_kernels
+        + (f"{self.xla_flops:.3e}" if not math.isnan(self.xla_flops) else "none (the GPU "
+           "compiler gives none without a device)")
+        + (" (it counts a scanned loop's body once)"
+           if self.xla_flops < 0.9 * self.matmul_flops else "")
+        + (f"; the {kernels} kernels' matmuls are outside the HLO count" if self.custom_kernels
            else ""),
     ]
     if self.collectives:
@@ -180,15 +213,26 @@ class Report:
       out.append("  collectives per step: none")
     out += [
         f"  roofline ({chip.peak_flops / 1e12:.0f} TFLOP/s bf16, {chip.hbm_bandwidth / 1e9:.0f} "
-        f"GB/s HBM, {chip.ici_bandwidth / 1e9:.0f} GB/s ICI per chip): compute "
+        f"GB/s HBM, {chip.ici_bandwidth / 1e9:.0f} GB/s {link} per {unit}): compute "
         f"{self.compute_seconds * 1e3:.1f} ms + collectives {self.collective_seconds * 1e3:.1f} "
         f"ms -> step >= {self.step_seconds * 1e3:.1f} ms, MFU <= {self.mfu:.0%}; HBM traffic "
         f"~{self.hbm_traffic / 1e9:.1f} GB per device, {self.hbm_seconds * 1e3:.1f} ms at peak "
         f"bandwidth (an estimate, high for scanned layers)",
-        f"  to train: {self.steps:,} steps >= {self.days:.1f} days on {s.chips} chips, "
-        f"{self.chip_hours:,.0f} chip-hours, ${self.cost:,.0f} at ${chip.price:.2f} per "
-        f"chip-hour (on demand)",
     ]
+    if self.traffic:
+      kind = lambda k: (f"{int(self.traffic[k]['count'])} {k} "
+                        f"{self.traffic[k]['bytes'] / 1e9:.1f} GB")
+      out.append(
+          "  kernels per step and the HBM they move: " + ", ".join(
+              kind(k) for k in ("matmul", "attention", "collective", "other")
+              if self.traffic.get(k, {}).get("count")) + f"; the other (elementwise and "
+          f"reduction) kernels take >= {self.other_seconds * 1e3:.1f} ms at peak bandwidth")
+    train = (f"  to train: {self.steps:,} steps >= {self.days:.1f} days on {s.chips} {unit}"
+             f"{'s' if s.chips > 1 else ''}, "
+             f"{self.chip_hours:,.0f} {unit}-hours")
+    if chip.price is not None:
+      train += f", ${self.cost:,.0f} at ${chip.price:.2f} per chip-hour (on demand)"
+    out.append(train)
     return out
 
 
@@ -218,12 +262,14 @@ def fixes(config: ml_collections.ConfigDict, batch_per_device: int,
 
 def check(config: ml_collections.ConfigDict, accelerator: str, config_name: str = "config",
           steps: int | None = None) -> Report:
-  """Compiles the config's train step for the named slice and reads the executable.
+  """Compiles the config's train step for the named TPU slice or GPU machine and reads the
+  executable.
 
   The config's mesh must cover the slice (`mesh_shape` with a -1, or one whose product is the
   slice's device count). Raises `DoesNotFit` when the step needs more HBM than a device has.
   """
-  slice_ = tpu_slices.parse(accelerator)
+  gpu = gpu_targets.is_gpu(accelerator)
+  slice_ = gpu_targets.parse(accelerator) if gpu else tpu_slices.parse(accelerator)
   config = pretraining.with_records_settings(config)
   shape = [int(d) for d in config.mesh_shape]
   if -1 not in shape and math.prod(shape) != slice_.devices:
@@ -231,7 +277,7 @@ def check(config: ml_collections.ConfigDict, accelerator: str, config_name: str 
         f"config.mesh_shape={tuple(shape)} lays the step over {math.prod(shape)} devices and "
         f"{slice_.name} has {slice_.devices}: add --config.mesh_shape=-1,1,1 (data parallel "
         f"over all of them) or choose a slice of {math.prod(shape)} devices")
-  devices = tpu_slices.topology_devices(slice_)
+  devices = (gpu_targets if gpu else tpu_slices).topology_devices(slice_)
   start = time.perf_counter()
   try:
     out = pretraining.compile_train_step(config, devices=devices)
@@ -249,7 +295,8 @@ def check(config: ml_collections.ConfigDict, accelerator: str, config_name: str 
   seconds = time.perf_counter() - start
   mesh = out["mesh"]
   memory = out["memory"]
-  module = hlo_costs.parse(out["compiled"].as_text())
+  text = out["compiled"].as_text()
+  module = hlo_costs.parse(text)
   report = Report(
       config_name=config_name, slice=slice_, mesh=mesh,
       batch_per_device=int(config.global_batch_size) // _data_parallel(mesh),
@@ -268,7 +315,10 @@ def check(config: ml_collections.ConfigDict, accelerator: str, config_name: str 
       collectives=hlo_costs.summarize(hlo_costs.collectives(module, slice_.devices)),
       steps=int(config.train_until_step if steps is None else steps),
       compile_seconds=seconds,
-      custom_kernels=sum(1 for i in module.instructions() if "tpu_custom_call" in i.rest))
+      custom_kernels=sum(1 for i in module.instructions()
+                         if "tpu_custom_call" in i.rest or "__cudnn$fmha" in i.rest),
+      traffic=hlo_costs.traffic_by_kind(module),
+      custom_calls=hlo_costs.custom_calls(module), hlo_text=text)
   if not report.fits:
     raise DoesNotFit(
         f"{config_name} needs {report.hbm_bytes / GIB:.2f} GiB per device on {slice_.name} "
@@ -323,6 +373,8 @@ def check_slices(config, accelerators, config_name: str, steps: int) -> None:
   """`pretrain --compile_for=A,B`: the check of each slice, logged; any slice that does not fit
   fails the run after all were checked."""
   refused = []
+  if any(gpu_targets.is_gpu(a) for a in accelerators):
+    gpu_targets.find_plugin()  # before anything starts JAX's backends
   for accelerator in accelerators:
     metrics.log(f"compiling {config_name} for {accelerator} (a minute or a few for a full-size "
                 f"model)...")

@@ -271,7 +271,8 @@ def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_
   if compile_step:
     compiled = lowered.compile()
     cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    cost = (cost[0] if cost else None) if isinstance(cost, (list, tuple)) else cost
+    cost = cost or {}  # a GPU compile-only client gives none
     out["compiled"] = compiled
     out["compiled_flops_per_device"] = float(cost.get("flops", float("nan")))
     memory = compiled.memory_analysis()

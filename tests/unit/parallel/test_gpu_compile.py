@@ -1,0 +1,229 @@
+"""The production step compiled for NVIDIA GPUs on this CPU machine (XLA's GPU compiler through
+JAX's CUDA plugin, told the GPU's description instead of asking a device): the paper's recipe
+lowers attention with its dropout to cuDNN's fused kernel forward and backward, FP8 matmuls
+reach the GEMMs as FP8, eight GPUs reduce their gradients over NVLink, the low-precision
+LayerNorm moves fewer bytes than the float32 one, a step that cannot fit is refused with the
+fix, and names and errors say what is expected.
+
+The compiles run in one fresh subprocess (JAX registers plugins once, when it starts) and each
+test reads its part of the result.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax.parallel import gpu_targets
+from bert_jax.parallel import hlo_costs
+from tests import helpers
+from tests import pretrain_helpers as ph
+
+LAYERS = 2
+# Each case: GPU machine, config overrides over the tiny model below (bfloat16 compute, as
+# cuDNN's attention requires).
+CASES = {
+    "paper_cudnn": ("h100", {"model.attention_implementation": "cudnn",
+                             "model.attention_probs_dropout_prob": 0.1}),
+    "fast_cudnn": ("h200", {"model.attention_implementation": "cudnn",
+                            "model.attention_probs_dropout_prob": 0.0}),
+    "paper_cudnn_f32_layer_norm": ("h100", {"model.attention_implementation": "cudnn",
+                                            "model.attention_probs_dropout_prob": 0.1,
+                                            "model.low_precision_layer_norm": False}),
+    "fp8": ("h100", {"model.quantization": "fp8"}),
+    "dp8": ("h100x8", {"model.attention_implementation": "cudnn"}),
+    "a100": ("a100", {}),
+}
+
+SCRIPT = r"""
+import json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "configs"))
+sys.path.insert(0, sys.argv[1])
+from bert_jax.parallel import gpu_targets
+gpu_targets.find_plugin()  # before anything starts JAX
+import pretrain as pretrain_configs
+from bert_jax.runs import compile_check
+cases = json.loads(sys.argv[2])
+out = {}
+
+def tiny(overrides):
+  config = pretrain_configs.get_config("tiny")
+  config.model.update(vocab_size=512, hidden_size=64, num_hidden_layers=%d,
+                      num_attention_heads=4, intermediate_size=256, dtype="bfloat16")
+  config.data.max_seq_length, config.data.max_predictions_per_seq = 128, 20
+  config.mesh_shape = (-1, 1, 1)
+  config.global_batch_size = 64
+  for key, value in overrides.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+for name, (machine, overrides) in cases.items():
+  try:
+    report = compile_check.check(tiny(overrides), machine, config_name=name)
+  except Exception as e:  # reported by the case's test
+    out[name] = {"error": f"{type(e).__name__}: {e}"}
+    continue
+  text = report.hlo_text
+  out[name] = {**report.as_dict(), "lines": report.lines(),
+               "f8e4m3fn": text.count("f8e4m3fn"), "f8e5m2": text.count("f8e5m2"),
+               "hlo_bytes": len(text)}
+
+big = tiny({})
+big.global_batch_size = 1 << 17
+try:
+  compile_check.check(big, "h100", config_name="big")
+  out["refused"] = None
+except compile_check.DoesNotFit as e:
+  out["refused"] = str(e)
+print("RESULT " + json.dumps(out))
+""" % LAYERS
+
+
+def _env(**extra):
+  env = dict(helpers.command_env(), JAX_PLATFORMS="cpu", **extra)
+  env.pop("XLA_FLAGS", None)
+  return env
+
+
+@pytest.fixture(scope="module")
+def compiled():
+  proc = subprocess.run([sys.executable, "-c", SCRIPT, ph.REPO, json.dumps(CASES)], env=_env(),
+                        capture_output=True, text=True, timeout=1200)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_case_compiles_and_fits_its_gpus(compiled, case):
+  row = compiled[case]
+  assert "error" not in row, row.get("error")
+  machine = gpu_targets.parse(CASES[case][0])
+  assert row["fits"] and row["slice"] == machine.name and row["devices"] == machine.devices
+  assert 0 < row["hbm_bytes"] < row["hbm_capacity"] == machine.chip.usable_hbm_per_device
+  # The HLO's dots against the analytic count: all of it, or (cuDNN) all but attention's.
+  ratio = row["matmul_flops"] / (row["analytic_flops"] / row["devices"])
+  cudnn = "cudnn" in json.dumps(CASES[case][1])
+  assert (0.6 < ratio < 1.0) if cudnn else abs(ratio - 1) < 0.1, ratio
+  assert 0 < row["mfu"] <= 1
+  kinds = row["traffic"]
+  assert kinds["matmul"]["count"] >= 6 * LAYERS and kinds["other"]["bytes"] > 0
+  text = "\n".join(row["lines"])
+  assert machine.chip.device_kind in text and "NVLink" in text and "elementwise" in text
+
+
+def test_the_papers_recipe_runs_attention_dropout_inside_cudnns_kernel(compiled):
+  calls = compiled["paper_cudnn"]["custom_calls"]
+  assert calls.get("__cudnn$fmhaSoftmaxDropout") == LAYERS, calls
+  assert calls.get("__cudnn$fmhaSoftmaxDropoutBackward") == LAYERS, calls
+  assert compiled["paper_cudnn"]["custom_kernels"] == 2 * LAYERS
+  fast = compiled["fast_cudnn"]["custom_calls"]
+  assert fast.get("__cudnn$fmhaSoftmax") == LAYERS and not any("Dropout" in k for k in fast)
+  # Without cuDNN the explicit path: no fused attention at all.
+  assert not any("cudnn" in k for k in compiled["a100"]["custom_calls"])
+
+
+def test_fp8_matmuls_reach_the_gemms_in_fp8(compiled):
+  assert "error" not in compiled["fp8"], compiled["fp8"].get("error")
+  # Inputs and kernels in e4m3 forward, the output's gradient in e5m2 backward.
+  assert compiled["fp8"]["f8e4m3fn"] > 0 and compiled["fp8"]["f8e5m2"] > 0
+  assert compiled["paper_cudnn"]["f8e4m3fn"] == 0
+
+
+def test_eight_gpus_reduce_each_gradient_once_over_all_of_them(compiled):
+  row = compiled["dp8"]
+  assert set(row["collectives"]) == {"all-reduce"}
+  reduce = row["collectives"]["all-reduce"]
+  assert reduce["max_group"] == 8
+  assert 2 * row["num_parameters"] * 0.95 <= reduce["bytes"] <= 4 * row["num_parameters"] * 1.05
+  assert row["batch_per_device"] * 8 == 64
+  assert row["collective_seconds"] > 0
+
+
+def test_the_low_precision_layer_norm_moves_fewer_bytes(compiled):
+  low = compiled["paper_cudnn"]["traffic"]["other"]["bytes"]
+  f32 = compiled["paper_cudnn_f32_layer_norm"]["traffic"]["other"]["bytes"]
+  assert low < 0.97 * f32, (low, f32)
+
+
+def test_a_step_that_cannot_fit_is_refused_with_the_fix(compiled):
+  message = compiled["refused"]
+  assert message is not None
+  assert "h100" in message and "GiB" in message and "--config.grad_accum_steps=" in message
+
+
+@pytest.mark.parametrize("name, chips, kind", [
+    ("h100", 1, "NVIDIA H100 80GB HBM3"), ("H200x8", 8, "NVIDIA H200"),
+    ("a100x4", 4, "NVIDIA A100-SXM4-80GB")])
+def test_gpu_machines_by_the_names_users_type(name, chips, kind):
+  machine = gpu_targets.parse(name)
+  assert (machine.chips, machine.devices, machine.chip.device_kind) == (chips, chips, kind)
+  assert machine.topology == f"1x1x{chips}"
+  config = machine.chip.target_config()
+  assert f'device_description_str: "{kind}"' in config
+  assert f"core_count: {machine.chip.sms}" in config
+  assert f"major: {machine.chip.compute_capability[0]}" in config
+
+
+@pytest.mark.parametrize("name, message", [
+    ("h100x3", "1, 2, 4 or 8 GPUs"), ("v100", "not a GPU machine"), ("h100x", "not a GPU")])
+def test_bad_gpu_names_say_what_is_expected(name, message):
+  with pytest.raises(ValueError, match=message):
+    gpu_targets.parse(name)
+
+
+def test_usable_memory_is_what_jax_preallocates(monkeypatch):
+  chip = gpu_targets.GPUS["h100"]
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  assert chip.usable_hbm_per_device == int(0.75 * chip.hbm_bytes)
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".9")
+  assert chip.usable_hbm_per_device == int(0.9 * chip.hbm_bytes)
+
+
+def test_without_the_plugin_the_error_says_how_to_get_it(tmp_path):
+  code = ("from bert_jax.parallel import gpu_targets\n"
+          "try:\n  gpu_targets.topology_devices('h100')\n"
+          "except RuntimeError as e:\n  print('ERROR', e)\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=300, env=_env(BERT_JAX_GPU_COMPILER=str(tmp_path)))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "ERROR compiling for h100 needs JAX's CUDA plugin" in proc.stdout
+  assert str(tmp_path) in proc.stdout and "requirements/gpu_compiler.txt" in proc.stdout
+
+
+def test_a_gpu_programs_kernels_are_sorted_by_kind():
+  text = """HloModule m, is_scheduled=true
+
+%fused_dot (p0: bf16[8,16], p1: bf16[16,4]) -> bf16[8,4] {
+  %p0 = bf16[8,16]{1,0} parameter(0)
+  %p1 = bf16[16,4]{1,0} parameter(1)
+  ROOT %d = bf16[8,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%fused_add (p0: bf16[8,4]) -> f32[8,4] {
+  %p0 = bf16[8,4]{1,0} parameter(0)
+  ROOT %c = f32[8,4]{1,0} convert(%p0)
+}
+
+ENTRY %main (a: bf16[8,16], b: bf16[16,4], q: bf16[2,4,8,16]) -> f32[8,4] {
+  %a = bf16[8,16]{1,0} parameter(0)
+  %b = bf16[16,4]{1,0} parameter(1)
+  %q = bf16[2,4,8,16]{3,2,1,0} parameter(2)
+  %gemm = bf16[8,4]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_dot
+  %att = (bf16[2,4,8,16]{3,2,1,0}, u8[0]{0}) custom-call(%q, %q, %q), custom_call_target="__cudnn$fmhaSoftmax"
+  ROOT %out = f32[8,4]{1,0} fusion(%gemm), kind=kLoop, calls=%fused_add
+}
+"""
+  module = hlo_costs.parse(text)
+  kinds = hlo_costs.traffic_by_kind(module)
+  assert kinds["matmul"] == {"count": 1, "bytes": (8 * 16 + 16 * 4 + 8 * 4) * 2}
+  assert kinds["attention"] == {"count": 1, "bytes": 4 * 2 * 4 * 8 * 16 * 2}
+  assert kinds["other"] == {"count": 1, "bytes": 8 * 4 * 2 + 8 * 4 * 4}
+  assert hlo_costs.custom_calls(module) == {"__cudnn$fmhaSoftmax": 1}
+  assert sum(k["bytes"] for k in kinds.values()) == hlo_costs.hbm_bytes(module)
