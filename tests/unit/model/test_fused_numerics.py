@@ -7,10 +7,13 @@ float32 statistics under bfloat16, and leaves the whole model's loss and gradien
 float32. A short real run (Shakespeare records from data_prep) in bfloat16 with the low-precision
 residual stream tracks the float32 run within the spread two float32 runs of different dropout
 seeds show. cuDNN's attention dropout gets a distinct static seed per layer, and the layouts
-under which its masks could not be regenerated are refused.
+under which its masks could not be regenerated are refused. GELU recomputed in its backward pass
+and the masked-LM cross-entropy written without a gather give the reference's values and
+gradients.
 """
 
 import glob
+import math
 import os
 
 import flax.linen as nn
@@ -20,7 +23,7 @@ import numpy as np
 import pytest
 
 from bert_jax.model import configuration, dropout, modeling
-from bert_jax.objectives import mlm_nsp
+from bert_jax.objectives import mlm, mlm_nsp
 from bert_jax.parallel import sharding
 from bert_jax.text import features
 from bert_jax.training import optimizer
@@ -33,6 +36,60 @@ from tests import helpers
 SEQ, PRED = 64, 10
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
             max_position_embeddings=128)
+
+
+# ------------------------------------------------------------- GELU and the masked-LM loss
+@pytest.mark.parametrize("name, approximate", [("gelu", False), ("gelu_new", True)])
+def test_recomputed_gelu_gives_the_references_values_and_gradients(name, approximate):
+  x = jax.random.normal(jax.random.PRNGKey(0), (4, 16, 32), jnp.float32) * 3
+  weights = jax.random.normal(jax.random.PRNGKey(1), x.shape, jnp.float32)
+  ours = modeling.activation_fn(name)
+  ref = lambda v: jax.nn.gelu(v, approximate=approximate)
+  np.testing.assert_allclose(ours(x), ref(x), rtol=1e-6, atol=1e-7)
+  grad = lambda f: np.asarray(jax.grad(lambda v: jnp.sum(f(v) * weights))(x))
+  # The derivative in float64: within float32 rounding of it, as close as jax's own
+  # differentiation of jax.nn.gelu (closer for the tanh form, whose 1 - tanh^2 jax rounds).
+  v = np.asarray(x, np.float64)
+  if approximate:
+    t = np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3))
+    slope = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * v * v)
+  else:
+    cdf = 0.5 * (1 + np.vectorize(math.erf)(v / np.sqrt(2)))
+    slope = cdf + v * np.exp(-0.5 * v * v) / np.sqrt(2 * np.pi)
+  exact = slope * np.asarray(weights, np.float64)
+  np.testing.assert_allclose(grad(ours), exact, rtol=1e-5, atol=1e-6)
+  assert np.abs(grad(ours) - exact).max() <= 2 * np.abs(grad(ref) - exact).max() + 1e-7
+  # Its backward keeps the input alone: no residual of the forward's intermediate terms.
+  residuals = jax.vjp(ours, x)[1]
+  kept = [a for a in jax.tree.leaves(residuals) if hasattr(a, "shape") and a.size > 1]
+  assert len(kept) == 1 and kept[0].shape == x.shape
+
+
+def test_cross_entropy_equals_log_softmax_at_the_label_with_its_gradient():
+  key = jax.random.PRNGKey(0)
+  logits = jax.random.normal(key, (3, 5, 97), jnp.float32) * 4
+  logits = logits.at[0, 0].multiply(1e3)  # far from zero: the maximum must be taken out
+  logits = logits.at[1, 2, 7].set(logits[1, 2].max())  # a tie: the first index wins
+  labels = jax.random.randint(jax.random.PRNGKey(1), (3, 5), 0, 97)
+  weights = jax.random.uniform(jax.random.PRNGKey(2), (3, 5))
+
+  def ref(z):
+    log_probs = jax.nn.log_softmax(z, axis=-1)
+    return -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+
+  loss, top = mlm.cross_entropy(logits, labels)
+  np.testing.assert_allclose(loss, ref(logits), rtol=1e-6, atol=1e-5)
+  np.testing.assert_array_equal(top, jnp.argmax(logits, axis=-1))
+  assert np.all(np.isfinite(loss))
+  grad = lambda f: jax.grad(lambda z: jnp.sum(weights * f(z)))(logits)
+  np.testing.assert_allclose(grad(lambda z: mlm.cross_entropy(z, labels)[0]), grad(ref),
+                             rtol=1e-5, atol=1e-6)
+  # bfloat16 logits are read in float32, and their gradient is bfloat16.
+  half = logits.astype(jnp.bfloat16)
+  loss = mlm.cross_entropy(half, labels)[0]
+  assert loss.dtype == jnp.float32
+  np.testing.assert_allclose(loss, ref(half.astype(jnp.float32)), rtol=1e-6, atol=1e-4)
+  assert jax.grad(lambda z: jnp.sum(mlm.cross_entropy(z, labels)[0]))(half).dtype == jnp.bfloat16
 
 
 # ------------------------------------------------------------------------------------ dropout

@@ -2,8 +2,9 @@
 JAX's CUDA plugin, told the GPU's description instead of asking a device): the paper's recipe
 lowers attention with its dropout to cuDNN's fused kernel forward and backward, FP8 matmuls
 reach the GEMMs as FP8, eight GPUs reduce their gradients over NVLink, the low-precision
-LayerNorm moves fewer bytes than the float32 one, a step that cannot fit is refused with the
-fix, and names and errors say what is expected.
+LayerNorm, GELU recomputed in the backward pass and the gather-free masked-LM loss each move
+fewer bytes than what they replace, a step that cannot fit is refused with the fix, and names
+and errors say what is expected.
 
 The compiles run in one fresh subprocess (JAX registers plugins once, when it starts) and each
 test reads its part of the result.
@@ -72,6 +73,26 @@ for name, (machine, overrides) in cases.items():
   out[name] = {**report.as_dict(), "lines": report.lines(),
                "f8e4m3fn": text.count("f8e4m3fn"), "f8e5m2": text.count("f8e5m2"),
                "hlo_bytes": len(text)}
+
+# The same step with GELU differentiated as it is, and with the masked-LM loss as log_softmax
+# and a gather: what recomputing GELU and the gather-free loss save.
+from bert_jax.model import modeling
+from bert_jax.objectives import mlm
+import jax, jax.numpy as jnp
+paper = cases["paper_cudnn"][1]
+def gathered(logits, labels):
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return (-jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0],
+          jnp.argmax(logits, axis=-1))
+as_is = lambda x, approximate: jax.nn.gelu(x, approximate=approximate)
+for name, module, attr, stand_in in (("gelu_as_is", modeling, "gelu", as_is),
+                                      ("loss_gathered", mlm, "cross_entropy", gathered)):
+  kept = getattr(module, attr)
+  setattr(module, attr, stand_in)
+  try:
+    out[name] = compile_check.check(tiny(paper), "h100", config_name=name).traffic
+  finally:
+    setattr(module, attr, kept)
 
 big = tiny({})
 big.global_batch_size = 1 << 17
@@ -150,6 +171,16 @@ def test_the_low_precision_layer_norm_moves_fewer_bytes(compiled):
   low = compiled["paper_cudnn"]["traffic"]["other"]["bytes"]
   f32 = compiled["paper_cudnn_f32_layer_norm"]["traffic"]["other"]["bytes"]
   assert low < 0.97 * f32, (low, f32)
+
+
+def test_recomputed_gelu_and_the_gather_free_loss_move_fewer_bytes(compiled):
+  ours = compiled["paper_cudnn"]["traffic"]["other"]["bytes"]
+  # GELU: an array of the feed-forward width (64 x 128 x 256 bfloat16) per layer less moved.
+  saved = compiled["gelu_as_is"]["other"]["bytes"] - ours
+  assert saved >= LAYERS * 64 * 128 * 256 * 2, saved
+  # The loss: no scatter into a zeroed float32 array of the logits' size (64 x 20 x 512).
+  saved = compiled["loss_gathered"]["other"]["bytes"] - ours
+  assert saved >= 64 * 20 * 512 * 4, saved
 
 
 def test_a_step_that_cannot_fit_is_refused_with_the_fix(compiled):

@@ -1,0 +1,140 @@
+"""The GPU suite's variants of the pre-training step compiled for an H100 on this machine (XLA's
+GPU compiler, no GPU): memory, kernels, and the HBM bytes each kind of kernel moves per step.
+What the GPU run (`gpu_suite.sh`) will time, read from the program before any GPU time is spent.
+
+    python benchmarks/gpu_compile_table.py --out=benchmarks/results/gpu_compile.jsonl
+    python benchmarks/gpu_compile_table.py --out=benchmarks/results/gpu_compile.jsonl --render
+
+The step is the production one (`configs/pretrain.py:base` / `large` on one GPU, data parallel
+mesh), at the suite's shapes (`accelerator_step.SHAPES`: base 256 x 128, large 64 x 512) with
+each variant's model settings (`accelerator_step.VARIANTS`). Per row: the HBM a GPU would need
+against what JAX preallocates (75% of 80 GB), the kernels per step by kind, the bytes each kind
+moves, the time the elementwise and reduction kernels need at least at peak bandwidth, and how
+many kernels touch each LayerNorm site (`accelerator_step.hlo_summary`). GEMM kernels are the
+compiler's defaults (no autotuning without a GPU), so matmul bytes are indicative; the other
+kernels are the program's own. Each compile appends a JSON line as it finishes; rows already in
+the file are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "configs"))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+ROWS = [("base", v) for v in ("paper", "paper-cudnn", "fast-cudnn", "paper-cudnn-f32res",
+                              "paper-cudnn-bits32", "paper-cudnn-fp8")] + \
+       [("large", v) for v in ("paper", "paper-cudnn", "fast-cudnn", "paper-cudnn-fp8")]
+LARGE_BATCH = 64  # the suite's large/512 batch
+
+
+def config_for(preset: str, variant: str):
+  import accelerator_step  # pylint: disable=g-import-not-at-top
+  import pretrain as pretrain_configs  # pylint: disable=g-import-not-at-top
+  shape = accelerator_step.SHAPES[preset]
+  config = pretrain_configs.get_config(preset)
+  config.mesh_shape = (-1, 1, 1)
+  config.global_batch_size = LARGE_BATCH if preset == "large" else shape["batch"]
+  config.data.max_seq_length = shape["length"]
+  config.data.max_predictions_per_seq = shape["predictions"]
+  config.model.dtype = "bfloat16"
+  for key, value in accelerator_step.VARIANTS[variant].items():
+    if value is not None:
+      config.model[key] = value
+  return config
+
+
+def compile_row(preset: str, variant: str, target: str) -> dict:
+  import accelerator_step  # pylint: disable=g-import-not-at-top
+  from bert_jax.runs import compile_check  # pylint: disable=g-import-not-at-top
+  from bert_jax.runs import pretraining  # pylint: disable=g-import-not-at-top
+  config = config_for(preset, variant)
+  row = {"preset": preset, "variant": variant, "target": target,
+         "batch": int(config.global_batch_size), "length": int(config.data.max_seq_length)}
+  start = time.perf_counter()
+  try:
+    report = compile_check.check(config, target, config_name=f"{preset} {variant}")
+  except compile_check.DoesNotFit as e:
+    return dict(row, fits=False, refused=str(e), seconds=time.perf_counter() - start)
+  rows = {row["batch"] * row["length"], row["batch"] * int(config.data.max_predictions_per_seq)}
+  hidden = pretraining.bert_config_from(config).hidden_size
+  hlo = accelerator_step.hlo_summary(report.hlo_text, hidden, rows)
+  per_site = sorted(hlo["ln_per_site"].values())
+  return dict(row, fits=True, seconds=time.perf_counter() - start, hbm_gib=report.hbm_bytes / 2**30,
+              traffic=report.traffic, other_ms=report.other_seconds * 1e3,
+              matmul_ms=report.compute_seconds * 1e3, custom_calls=report.custom_calls,
+              kernels=hlo["kernels"], ln_sites=len(per_site),
+              ln_kernels_per_site=statistics.median(per_site) if per_site else None,
+              ln_reduce_per_site=hlo["ln_reduce_kernels"] / max(len(per_site), 1))
+
+
+def render(rows: list[dict]) -> str:
+  lines = [
+      "| step | HBM GiB (of 59.3) | kernels: matmul / attention / other | GB moved: matmul / "
+      "attention / other | other kernels ≥ ms at 3.35 TB/s | matmuls ≥ ms at 989 TFLOP/s | "
+      "kernels per LayerNorm site (reduces) |",
+      "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    name = f"{r['preset']} {r['batch']}×{r['length']} {r['variant']}"
+    if not r.get("fits"):
+      lines.append(f"| {name} | does not fit: {r.get('refused', r.get('error', ''))[:160]} "
+                   "| | | | | |")
+      continue
+    t = r["traffic"]
+    count = " / ".join(str(int(t[k]["count"])) for k in ("matmul", "attention", "other"))
+    moved = " / ".join(f"{t[k]['bytes'] / 1e9:.1f}" for k in ("matmul", "attention", "other"))
+    lines.append(f"| {name} | {r['hbm_gib']:.1f} | {count} | {moved} | {r['other_ms']:.1f} | "
+                 f"{r['matmul_ms']:.1f} | {r['ln_kernels_per_site']:g} "
+                 f"({r['ln_reduce_per_site']:.1f}) |")
+  return "\n".join(lines)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", required=True, help="JSON lines, appended as rows finish.")
+  parser.add_argument("--target", default="h100")
+  parser.add_argument("--rows", default="", help="preset:variant,... (default: all)")
+  parser.add_argument("--render", action="store_true", help="Print the markdown table only.")
+  args = parser.parse_args()
+  done = []
+  if os.path.exists(args.out):
+    with open(args.out, encoding="utf-8") as f:
+      done = [json.loads(line) for line in f if line.strip()]
+  if args.render:
+    print(render(done))
+    return
+  from bert_jax.parallel import gpu_targets  # pylint: disable=g-import-not-at-top
+  gpu_targets.find_plugin()
+  import accelerator_step  # pylint: disable=g-import-not-at-top
+  wanted = [tuple(r.split(":")) for r in args.rows.split(",") if r] or ROWS
+  have = {(r["preset"], r["variant"], r["target"]) for r in done}
+  for i, (preset, variant) in enumerate(wanted):
+    if (preset, variant, args.target) in have:
+      continue
+    print(f"[{i + 1}/{len(wanted)}] compiling {preset} {variant} for {args.target}...", flush=True)
+    try:
+      row = compile_row(preset, variant, args.target)
+    except Exception as e:  # pylint: disable=broad-except
+      traceback.print_exc()
+      row = {"preset": preset, "variant": variant, "target": args.target, "fits": False,
+             "batch": LARGE_BATCH if preset == "large" else 256,
+             "length": accelerator_step.SHAPES[preset]["length"],
+             "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+    with open(args.out, "a", encoding="utf-8") as f:
+      f.write(json.dumps(row) + "\n")
+    print(render([row]).splitlines()[-1], flush=True)
+  with open(args.out, encoding="utf-8") as f:
+    print(render([json.loads(line) for line in f if line.strip()]))
+
+
+if __name__ == "__main__":
+  main()
