@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -62,10 +64,29 @@ def run_config(train_files: str, **overrides):
   config.checkpoint_every_steps = 4
   config.mesh_shape = (-1, 1, 1)
   config.tensorboard = False
+  return set_fields(config, overrides)
+
+
+def set_fields(config, overrides: dict):
+  """`config` with each dotted field of `overrides` ("model.dtype") set; lists become tuples,
+  as the command line gives them."""
   for key, value in overrides.items():
     node = config
     *parents, leaf = key.split(".")
     for p in parents:
       node = node[p]
-    node[leaf] = value
+    node[leaf] = tuple(value) if isinstance(value, list) else value
   return config
+
+
+def script_result(script: str, *args: str, timeout: int = 1200) -> dict:
+  """Runs `script` in a fresh process on the CPU (so that what it loads, libtpu or JAX's CUDA
+  plugin, stays out of the test session's JAX) and returns the JSON it printed after
+  "RESULT "."""
+  env = dict(helpers.command_env(), JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                        text=True, timeout=timeout)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  return json.loads(line[len("RESULT "):])

@@ -20,7 +20,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from bert_jax.parallel import hlo_costs
 from bert_jax.parallel import tpu_slices
-from tests import helpers
 from tests import pretrain_helpers as ph
 
 # Each case: objective recipe, slice, config overrides. The tiny model of the tests, rows of 64
@@ -50,6 +49,7 @@ import pretrain as pretrain_configs
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from bert_jax.parallel import tpu_slices
 from bert_jax.runs import compile_check
+from tests import pretrain_helpers
 cases = json.loads(sys.argv[2])
 out = {}
 
@@ -65,13 +65,7 @@ def tiny(recipe, overrides):
   config.data.max_seq_length, config.data.max_predictions_per_seq = 64, 10
   config.mesh_shape = (-1, 1, 1)
   config.global_batch_size = 32
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = tuple(value) if isinstance(value, list) else value
-  return config
+  return pretrain_helpers.set_fields(config, overrides)
 
 for name, (recipe, accelerator, overrides) in cases.items():
   try:
@@ -126,13 +120,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def compiled():
-  env = dict(helpers.command_env(), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  proc = subprocess.run([sys.executable, "-c", SCRIPT, ph.REPO, json.dumps(CASES)], env=env,
-                        capture_output=True, text=True, timeout=1200)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
-  return json.loads(line[len("RESULT "):])
+  return ph.script_result(SCRIPT, ph.REPO, json.dumps(CASES))
 
 
 @pytest.mark.slow
