@@ -81,9 +81,10 @@ def gelu(x: jax.Array, approximate: bool) -> jax.Array:
   kernel of each feed-forward layer then writes two more arrays of the feed-forward width
   beside its output (805 MB where 403 MB do) and the backward reads them back. Here the
   backward computes the terms again from x, which it reads anyway: 200 MB per layer less moved
-  in all (2.4 GB per step; `benchmarks/gpu_compile_table.py`). The derivative is written with other operations than the forward's (erf where the
-  forward has erfc, tanh through sigmoids), so that XLA does not merge the two computations back
-  into one kept for later. Values are `jax.nn.gelu`'s; gradients equal its derivative within
+  in all (2.4 GB per step; `benchmarks/gpu_compile_table.py`). The derivative is written with
+  other operations than the forward's (erf where the forward has erfc, tanh through sigmoids),
+  so that XLA does not merge the two computations back into one kept for later (as it does
+  with `jax.checkpoint`, whose recomputation XLA's common-subexpression pass undoes). Values are `jax.nn.gelu`'s; gradients equal its derivative within
   float32 rounding.
   """
   return jax.nn.gelu(x, approximate=approximate)

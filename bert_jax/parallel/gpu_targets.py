@@ -1,8 +1,9 @@
 """NVIDIA GPUs by the names users type (`h100`, `h200`, `a100`, `h100x8`), and compile-only
 devices for them on any machine.
 
-With JAX's CUDA plugin at hand (`compiler_dir()`; its compiler needs no GPU, no driver and no
-CUDA library beyond `ptxas`, from `nvidia-cuda-nvcc-cu12` in the `aot` extra),
+With JAX's CUDA plugin at hand (`compiler_dir()`; its compiler needs no GPU and no driver, and
+of NVIDIA's libraries only `ptxas`, from `nvidia-cuda-nvcc-cu12` in the `aot` extra, and cuDNN,
+whose version JAX reads before it lowers attention to cuDNN's kernel),
 `topology_devices("h100x8")` gives eight devices of an eight-GPU H100 machine: a step jitted over
 a mesh of them compiles to the GPU executable itself (its kernels, memory, NCCL collectives)
 without a GPU. XLA's GPU compiler takes the device's description from a `GpuTargetConfigProto`

@@ -15,8 +15,7 @@ roofline projection of step time, MFU, days and cost to train the recipe.
 
 The roofline is a bound on speed, not a prediction: the step's matmul FLOPs at the chip's peak
 bf16 FLOP/s plus its collectives at the chip's full ICI (a GPU's: NVLink) bandwidth, nothing
-overlapped
-(`parallel/hlo_costs` reads both from the compiled HLO, loops counted). The HBM traffic it
+overlapped (`parallel/hlo_costs` reads both from the compiled HLO, loops counted). The HBM traffic it
 estimates is printed beside the bound, with its time at peak bandwidth, and left out of it:
 for scanned layers it overstates what the program moves. On a GPU, where kernels run one after
 another, the elementwise and reduction kernels' share of that traffic is the time the step
@@ -72,8 +71,7 @@ class Report:
   custom_kernels: int = 0   # fused attention kernels (Pallas/Mosaic, cuDNN) in the program
   traffic: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
   custom_calls: dict[str, int] = dataclasses.field(default_factory=dict)  # per target, per step
-  hlo_text: str = dataclasses.field(default="", repr=False)  # the compiled program (not in
-  # as_dict)
+  hlo_text: str = dataclasses.field(default="", repr=False)  # the program; not in as_dict
 
   @property
   def hbm_bytes(self) -> int:
