@@ -84,8 +84,8 @@ def gelu(x: jax.Array, approximate: bool) -> jax.Array:
   in all (2.4 GB per step; `benchmarks/gpu_compile_table.py`). The derivative is written with
   other operations than the forward's (erf where the forward has erfc, tanh through sigmoids),
   so that XLA does not merge the two computations back into one kept for later (as it does
-  with `jax.checkpoint`, whose recomputation XLA's common-subexpression pass undoes). Values are `jax.nn.gelu`'s; gradients equal its derivative within
-  float32 rounding.
+  with `jax.checkpoint`, whose recomputation XLA's common-subexpression pass undoes). Values
+  are `jax.nn.gelu`'s; gradients equal its derivative within float32 rounding.
   """
   return jax.nn.gelu(x, approximate=approximate)
 

@@ -15,12 +15,12 @@ roofline projection of step time, MFU, days and cost to train the recipe.
 
 The roofline is a bound on speed, not a prediction: the step's matmul FLOPs at the chip's peak
 bf16 FLOP/s plus its collectives at the chip's full ICI (a GPU's: NVLink) bandwidth, nothing
-overlapped (`parallel/hlo_costs` reads both from the compiled HLO, loops counted). The HBM traffic it
-estimates is printed beside the bound, with its time at peak bandwidth, and left out of it:
-for scanned layers it overstates what the program moves. On a GPU, where kernels run one after
-another, the elementwise and reduction kernels' share of that traffic is the time the step
-spends outside its matmuls at best: what fusing them saves. Chip figures and prices are in
-`parallel/tpu_slices`, each with its source.
+overlapped (`parallel/hlo_costs` reads both from the compiled HLO, loops counted). The HBM
+traffic it estimates is printed beside the bound, with its time at peak bandwidth, and left out
+of it: for scanned layers it overstates what the program moves. On a GPU, where kernels run one
+after another, the elementwise and reduction kernels' share of that traffic bounds the time the
+step spends outside its matmuls: what fusing them can save. Chip figures and prices are in
+`parallel/tpu_slices` and `parallel/gpu_targets`, each with its source.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ JAX's CUDA plugin, told the GPU's description instead of asking a device): the p
 lowers attention with its dropout to cuDNN's fused kernel forward and backward, FP8 matmuls
 reach the GEMMs as FP8, eight GPUs reduce their gradients over NVLink, the low-precision
 LayerNorm, GELU recomputed in the backward pass, the gather-free masked-LM loss and LayerNorm
-outputs written once each move fewer bytes than what they replace, a step that cannot fit is refused with the fix, and names
-and errors say what is expected.
+outputs written once each move fewer bytes than what they replace, a step that cannot fit is
+refused with the fix, and names and errors say what is expected.
 
 The compiles run in one fresh subprocess (JAX registers plugins once, when it starts) and each
 test reads its part of the result.
