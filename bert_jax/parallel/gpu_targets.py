@@ -172,16 +172,24 @@ def _quietly(fn):
       os.close(saved)
 
 
+def _plugin_found() -> bool:
+  """Whether JAX's CUDA plugin is importable (`jax_plugins`, its namespace, may not exist)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  try:
+    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+  except ModuleNotFoundError:
+    return False
+
+
 def find_plugin() -> str:
   """Puts `compiler_dir()` on the path where JAX's CUDA plugin is not installed otherwise, and
   starts JAX's backends (which is when JAX registers the plugins it finds) with the plugin's
   start-up lines kept off the console. To be called before anything else starts JAX in a
   process that compiles for GPUs; returns the folder."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   folder = compiler_dir()
-  if (importlib.util.find_spec("jax_plugins.xla_cuda12") is None
-      and os.path.isdir(os.path.join(folder, "jax_plugins")) and folder not in sys.path):
+  if (not _plugin_found() and os.path.isdir(os.path.join(folder, "jax_plugins"))
+      and folder not in sys.path):
     sys.path.append(folder)
   # The plugin checks the CUDA driver it would run on; off a GPU machine there is none.
   if not os.path.exists("/proc/driver/nvidia"):
@@ -199,7 +207,6 @@ def topology_devices(machine: Machine | str) -> list:
   CPU first) is told to compile in a fresh process, as `pretrain --compile_for` does.
   """
   machine = parse(machine) if isinstance(machine, str) else machine
-  import importlib.util  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   # As for TPUs: a compile-only client cannot load executables back from the cache.
   jax.config.update("jax_enable_compilation_cache", False)
@@ -207,7 +214,7 @@ def topology_devices(machine: Machine | str) -> list:
   try:
     topology = _quietly(lambda: _topology(machine))
   except NotImplementedError as e:
-    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    if not _plugin_found():
       raise RuntimeError(
           f"compiling for {machine.name} needs JAX's CUDA plugin, which is not in {folder}: "
           f"`make env` in the checkout puts it there, or: pip install --no-deps --target "
