@@ -79,11 +79,11 @@ def set_fields(config, overrides: dict):
   return config
 
 
-def script_result(script: str, *args: str, timeout: int = 1200) -> dict:
+def script_result(script: str, *args: str, timeout: int = 1200, **env_vars: str) -> dict:
   """Runs `script` in a fresh process on the CPU (so that what it loads, libtpu or JAX's CUDA
-  plugin, stays out of the test session's JAX) and returns the JSON it printed after
-  "RESULT "."""
-  env = dict(helpers.command_env(), JAX_PLATFORMS="cpu")
+  plugin, stays out of the test session's JAX), with `env_vars` set, and returns the JSON it
+  printed after "RESULT "."""
+  env = dict(helpers.command_env(), JAX_PLATFORMS="cpu", **env_vars)
   env.pop("XLA_FLAGS", None)
   proc = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
                         text=True, timeout=timeout)

@@ -68,10 +68,15 @@ class Report:
   collectives: dict[str, dict[str, float]]
   steps: int
   compile_seconds: float
-  custom_kernels: int = 0   # fused attention kernels (Pallas/Mosaic, cuDNN) in the program
   traffic: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
   custom_calls: dict[str, int] = dataclasses.field(default_factory=dict)  # per target, per step
   hlo_text: str = dataclasses.field(default="", repr=False)  # the program; not in as_dict
+
+  @property
+  def custom_kernels(self) -> int:
+    """Fused attention kernel calls per step: Pallas (Mosaic) on TPUs, cuDNN's on GPUs."""
+    return sum(n for target, n in self.custom_calls.items()
+               if target == "tpu_custom_call" or target.startswith("__cudnn$fmha"))
 
   @property
   def hbm_bytes(self) -> int:
@@ -171,6 +176,7 @@ class Report:
                compute_seconds=self.compute_seconds, hbm_seconds=self.hbm_seconds,
                collective_seconds=self.collective_seconds, step_seconds=self.step_seconds,
                mfu=self.mfu, days=self.days, chip_hours=self.chip_hours, cost=self.cost,
+               custom_kernels=self.custom_kernels,
                other_bytes=self.other_bytes, other_seconds=self.other_seconds)
     return out
 
@@ -313,8 +319,6 @@ def check(config: ml_collections.ConfigDict, accelerator: str, config_name: str 
       collectives=hlo_costs.summarize(hlo_costs.collectives(module, slice_.devices)),
       steps=int(config.train_until_step if steps is None else steps),
       compile_seconds=seconds,
-      custom_kernels=sum(1 for i in module.instructions()
-                         if "tpu_custom_call" in i.rest or "__cudnn$fmha" in i.rest),
       traffic=hlo_costs.traffic_by_kind(module),
       custom_calls=hlo_costs.custom_calls(module), hlo_text=text)
   if not report.fits:

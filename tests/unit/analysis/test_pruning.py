@@ -141,7 +141,7 @@ def test_the_pruned_checkpoint_is_read_by_predict_convert_and_finetune(study):
   info = result.pruned_model
   directory = info["directory"]
   assert info["heads_kept"] == 10 and sum(info["heads_per_layer"]) == 10
-  assert info["parameters_pruned"] < info["parameters_full"] and info["speedup"] > 0
+  assert info["parameters_pruned"] < info["parameters_full"]
   # The pruned model scores what the masked model scored in the study.
   assert info["score"] == pytest.approx(info["score_masked"])
   config = checkpoints.read_config(directory)
