@@ -18,6 +18,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bert_jax.model import dropout as dropout_lib
 from bert_jax.model import int8
@@ -84,14 +85,23 @@ def gelu(x: jax.Array, approximate: bool) -> jax.Array:
   in all (2.4 GB per step; `benchmarks/gpu_compile_table.py`). The derivative is written with
   other operations than the forward's (erf where the forward has erfc, tanh through sigmoids),
   so that XLA does not merge the two computations back into one kept for later (as it does
-  with `jax.checkpoint`, whose recomputation XLA's common-subexpression pass undoes). Values
-  are `jax.nn.gelu`'s; gradients equal its derivative within float32 rounding.
+  with `jax.checkpoint`, whose recomputation XLA's common-subexpression pass undoes).
+
+  The exact form is computed in float32 whatever x's dtype, erfc as `jax.nn.gelu` has it:
+  `jax.nn.gelu` on bfloat16 rounds erfc's argument to bfloat16, and XLA's GPU compiler put that
+  product in a kernel of its own, so each feed-forward layer's forward wrote and read two more
+  arrays of its width (1.0 GB where 0.4 GB do, 7.3 GB per BERT-base/128 step). Values equal
+  `jax.nn.gelu`'s in float32 (and lose the argument's rounding in bfloat16); gradients equal its
+  derivative within float32 rounding.
   """
-  return jax.nn.gelu(x, approximate=approximate)
+  if approximate:
+    return jax.nn.gelu(x, approximate=True)
+  v = x.astype(jnp.float32)
+  return (0.5 * v * jax.lax.erfc(v * -(1 / math.sqrt(2)))).astype(x.dtype)
 
 
 def _gelu_fwd(x, approximate):
-  return jax.nn.gelu(x, approximate=approximate), x
+  return gelu(x, approximate), x
 
 
 def _gelu_bwd(approximate, x, grad):
@@ -149,14 +159,15 @@ def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) -
 
 def layer_norm(config: BertConfig, name: str = "LayerNorm",
                out_dtype: Any = jnp.float32) -> nn.Module:
-  """LayerNorm with float32 statistics (two-pass variance, as the reference), its output in
-  `out_dtype`. With `config.low_precision_layer_norm` it is `LayerNorm` below (its input may
-  be bfloat16, the residual add fused in, one backward of its own); without, flax's module
-  computing everything in float32, as before. Both keep `scale` and `bias` under `name`."""
+  """LayerNorm with float32 statistics, its output in `out_dtype`. With
+  `config.low_precision_layer_norm` it is `LayerNorm` below (its input may be bfloat16, the
+  residual add fused in, one backward of its own, the GPU form where attention runs through
+  cuDNN); without, flax's module computing everything in float32 (two-pass variance, as the
+  reference). Both keep `scale` and `bias` under `name`."""
   init = lambda fn: nn.with_logical_partitioning(fn, ("norm",))
   if config.low_precision_layer_norm:
     return LayerNorm(epsilon=config.layer_norm_eps, param_dtype=_dtype(config.param_dtype),
-                     out_dtype=out_dtype, materialize=config.attention_implementation == "cudnn",
+                     out_dtype=out_dtype, gpu=config.attention_implementation == "cudnn",
                      name=name)
   return nn.LayerNorm(
       epsilon=config.layer_norm_eps, dtype=jnp.float32, param_dtype=_dtype(config.param_dtype),
@@ -164,22 +175,44 @@ def layer_norm(config: BertConfig, name: str = "LayerNorm",
       bias_init=init(nn.initializers.zeros_init()), name=name)
 
 
-def _layer_norm_forward(x, residual, scale, bias, epsilon, out_dtype):
-  total = x.astype(jnp.float32)
+def _row_statistics(v: jax.Array, epsilon: float, one_pass: bool) -> tuple[jax.Array, jax.Array]:
+  """(mean, 1/sqrt(variance + epsilon)) over the last axis of float32 `v`, keeping that axis.
+
+  Two passes: the mean, then the mean square of the centred values (flax's LayerNorm, the
+  reference). One pass: both sums at once over the values shifted by the row's first one, which
+  lies within the row's spread, so the difference of the two means keeps float32's precision
+  where a large common offset would cancel it in the plain E[v^2] - E[v]^2."""
+  if not one_pass:
+    mean = jnp.mean(v, axis=-1, keepdims=True)
+    return mean, jax.lax.rsqrt(jnp.mean(jnp.square(v - mean), axis=-1, keepdims=True)
+                               + epsilon)
+  shift = jax.lax.slice_in_dim(v, 0, 1, axis=-1)
+  shifted = v - shift
+  s1, s2 = jax.lax.reduce((shifted, shifted * shifted), (np.float32(0), np.float32(0)),
+                          lambda a, b: (a[0] + b[0], a[1] + b[1]), (v.ndim - 1,))
+  s1, s2 = s1[..., None] / v.shape[-1], s2[..., None] / v.shape[-1]
+  return shift + s1, jax.lax.rsqrt(jnp.maximum(s2 - s1 * s1, 0.0) + epsilon)
+
+
+def _layer_norm_forward(x, residual, scale, bias, epsilon, out_dtype, gpu=False):
+  v = x.astype(jnp.float32)
   if residual is not None:
-    total = total + residual.astype(jnp.float32)
-  mean = jnp.mean(total, axis=-1, keepdims=True)
-  centred = total - mean
-  rstd = jax.lax.rsqrt(jnp.mean(jnp.square(centred), axis=-1, keepdims=True) + epsilon)
-  y = centred * rstd * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+    v = v + residual.astype(jnp.float32)
   # The saved input is the sum in the inputs' own dtype (bfloat16 in training: half the bytes
-  # of float32), with the float32 row statistics beside it.
-  return y.astype(out_dtype), (total.astype(x.dtype), mean, rstd)
+  # of float32), with the float32 row statistics beside it; the output is computed from the
+  # float32 sum.
+  total = v.astype(x.dtype)
+  if gpu:
+    total = _materialized(total)
+  mean, rstd = _row_statistics(v, epsilon, one_pass=gpu)
+  y = (v - mean) * rstd * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+  return y.astype(out_dtype), (total, mean, rstd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def residual_layer_norm(x: jax.Array, residual: jax.Array | None, scale: jax.Array,
-                        bias: jax.Array, epsilon: float, out_dtype: Any) -> jax.Array:
+                        bias: jax.Array, epsilon: float, out_dtype: Any,
+                        gpu: bool = False) -> jax.Array:
   """LayerNorm(x + residual) · scale + bias with float32 statistics, the result in `out_dtype`.
 
   One function for the residual add and the normalisation, with its backward written out, so
@@ -189,19 +222,23 @@ def residual_layer_norm(x: jax.Array, residual: jax.Array | None, scale: jax.Arr
   row are kept for the backward pass, instead of float32 intermediates. `residual` may be None
   (the embeddings' LayerNorm has no residual). The float32 result equals flax's LayerNorm
   within rounding; its gradient is the analytic one.
+
+  `gpu`: the form XLA's GPU compiler lowers to fewer kernels (see `LayerNorm`): the saved sum
+  written once, and both statistics from one pass over the row (`_row_statistics`).
   """
-  return _layer_norm_forward(x, residual, scale, bias, epsilon, out_dtype)[0]
+  return _layer_norm_forward(x, residual, scale, bias, epsilon, out_dtype, gpu)[0]
 
 
-def _residual_layer_norm_fwd(x, residual, scale, bias, epsilon, out_dtype):
-  y, (total, mean, rstd) = _layer_norm_forward(x, residual, scale, bias, epsilon, out_dtype)
+def _residual_layer_norm_fwd(x, residual, scale, bias, epsilon, out_dtype, gpu):
+  y, (total, mean, rstd) = _layer_norm_forward(x, residual, scale, bias, epsilon, out_dtype,
+                                               gpu)
   # `residual` itself is saved only as its structure: None, or (for its dtype) an empty array.
   marker = None if residual is None else jnp.zeros((0,), residual.dtype)
   return y, (total, mean, rstd, scale, bias, marker)
 
 
-def _residual_layer_norm_bwd(epsilon, out_dtype, saved, grad):
-  del epsilon, out_dtype
+def _residual_layer_norm_bwd(epsilon, out_dtype, gpu, saved, grad):
+  del epsilon, out_dtype, gpu
   total, mean, rstd, scale, bias, marker = saved
   grad = grad.astype(jnp.float32)
   normed = (total.astype(jnp.float32) - mean) * rstd
@@ -224,17 +261,23 @@ class LayerNorm(nn.Module):
   with a `residual`, it normalises `x + residual` (the post-LN block's add, fused in).
   Parameters `scale` and `bias`, as flax's LayerNorm names them (checkpoints read the same).
 
-  `materialize` (set where attention runs through cuDNN, that is on GPUs): the output is
-  written once and read by every consumer (`_materialized`), rather than recomputed from the
-  LayerNorm's inputs inside the next site's kernel. Recomputed there, it keeps XLA's GPU
-  compiler from lowering the next LayerNorm to one kernel: it writes the next residual sum in
-  float32 and reads it back twice. Measured on the H100 program of BERT-base/128: 2.8 GB per
-  step less moved and 1.1 GiB less peak memory with it; on a TPU (v5e) the same barrier moved
-  0.4 GB more, so TPUs and CPUs go without."""
+  `gpu` (set where attention runs through cuDNN, that is on GPUs) shapes the program for XLA's
+  GPU compiler, which cannot normalise a row in the kernel that sums it:
+  - the output is written once and read by every consumer (`_materialized`), rather than
+    recomputed from the LayerNorm's inputs inside the next site's kernel, where it keeps that
+    LayerNorm from being lowered to few kernels;
+  - the sum in the inputs' dtype, kept for the backward pass, is written once, and the
+    backward's two kernels read it instead of recomputing it from both of its terms;
+  - mean and variance come from one pass over the row, a kernel less than two passes.
+  Measured on the H100 program of BERT-base/128 (`benchmarks/gpu_compile_table.py`): the
+  first saves 2.8 GB per step and 1.1 GiB of peak memory, the other two 4.3 GB per step (the
+  forward of a site from 3 row kernels to 2, 428 to 353 MB; its backward 354 to 253 MB). On a
+  TPU program the barrier moved 0.4 GB more (v5e) and the one-pass statistics 3.6 GB more
+  (v6e), so TPUs and CPUs go without."""
   epsilon: float = 1e-12
   param_dtype: Any = jnp.float32
   out_dtype: Any = jnp.float32
-  materialize: bool = False
+  gpu: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, residual: jax.Array | None = None) -> jax.Array:
@@ -244,8 +287,9 @@ class LayerNorm(nn.Module):
                        self.param_dtype)
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                            ("norm",)), (width,), self.param_dtype)
-    y = residual_layer_norm(x, residual, scale, bias, self.epsilon, jnp.dtype(self.out_dtype))
-    return _materialized(y) if self.materialize else y
+    y = residual_layer_norm(x, residual, scale, bias, self.epsilon, jnp.dtype(self.out_dtype),
+                            self.gpu)
+    return _materialized(y) if self.gpu else y
 
 
 def _materialized(x: jax.Array) -> jax.Array:

@@ -374,6 +374,15 @@ def _sliced_parameters(module: Module, computation: str
   return reads, [update_bytes(root)]
 
 
+_ELEMENTWISE = frozenset((
+    "abs", "add", "and", "bitcast", "compare", "convert", "divide", "exponential", "maximum",
+    "minimum", "multiply", "negate", "not", "or", "rsqrt", "select", "sqrt", "subtract", "xor"))
+
+
+def _elements_of(shape_text: str) -> int:
+  return sum(_elements(dims) for _, dims, _ in _ARRAY.findall(shape_text))
+
+
 def _parameter_read(module: Module, computation: str, name: str, depth: int = 0
                     ) -> float | None:
   """Bytes of parameter `name` that `computation` reads when it only slices it; None when it
@@ -383,9 +392,18 @@ def _parameter_read(module: Module, computation: str, name: str, depth: int = 0
            for pos, o in enumerate(_operands(i)) if o == name]
   if not users or depth > 8:
     return None
+  by_name = {i.name: i for i in module.computations[computation]}
   for user, pos in users:
-    if user.op == "dynamic-slice" and pos == 0:
+    if user.op in ("dynamic-slice", "slice") and pos == 0:
       total += _array_bytes(user.shape)
+    elif user.op in _ELEMENTWISE and name in by_name and \
+        _elements_of(user.shape) == _elements_of(by_name[name].shape):
+      # Elementwise work on its way to a slice (the LayerNorm's shift by the row's first
+      # value): only the sliced elements are read, in this operand's type.
+      read = _parameter_read(module, computation, user.name, depth + 1)
+      if read is None:
+        return None
+      total += read * _array_bytes(by_name[name].shape) / max(_array_bytes(user.shape), 1)
     elif user.op == "dynamic-update-slice" and pos == 0:
       continue
     elif user.op == "fusion" and _callees(user.rest):

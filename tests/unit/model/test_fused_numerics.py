@@ -65,6 +65,16 @@ def test_recomputed_gelu_gives_the_references_values_and_gradients(name, approxi
   assert len(kept) == 1 and kept[0].shape == x.shape
 
 
+def test_exact_gelu_on_bfloat16_is_the_float32_value_rounded_once():
+  """bfloat16 in and out, the erfc computed in float32: each value is float32 GELU of the
+  input rounded once to bfloat16 (jax.nn.gelu rounds erfc's argument to bfloat16 first)."""
+  x = (jax.random.normal(jax.random.PRNGKey(0), (64, 256)) * 3).astype(jnp.bfloat16)
+  y = modeling.activation_fn("gelu")(x)
+  assert y.dtype == jnp.bfloat16
+  expected = jax.nn.gelu(x.astype(jnp.float32), approximate=False).astype(jnp.bfloat16)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(expected, np.float32))
+
+
 def test_cross_entropy_equals_log_softmax_at_the_label_with_its_gradient():
   key = jax.random.PRNGKey(0)
   logits = jax.random.normal(key, (3, 5, 97), jnp.float32) * 4
@@ -158,8 +168,11 @@ def _flax_layer_norm(x, scale, bias):
       {"params": {"scale": scale, "bias": bias}}, x)
 
 
+@pytest.mark.parametrize("gpu", [False, True])
 @pytest.mark.parametrize("with_residual", [True, False])
-def test_residual_layer_norm_equals_flax_forward_and_backward_in_float32(with_residual):
+def test_residual_layer_norm_equals_flax_forward_and_backward_in_float32(with_residual, gpu):
+  """Both forms: two-pass statistics, and the GPU's (one pass over shifted values, the sum
+  written once)."""
   keys = jax.random.split(jax.random.PRNGKey(0), 5)
   x = jax.random.normal(keys[0], (4, 9, 32)) * 3 + 1
   residual = jax.random.normal(keys[1], (4, 9, 32)) if with_residual else None
@@ -168,7 +181,7 @@ def test_residual_layer_norm_equals_flax_forward_and_backward_in_float32(with_re
   weights = jax.random.normal(keys[4], (4, 9, 32))
 
   def ours(x, residual, scale, bias):
-    y = modeling.residual_layer_norm(x, residual, scale, bias, 1e-12, jnp.float32)
+    y = modeling.residual_layer_norm(x, residual, scale, bias, 1e-12, jnp.float32, gpu)
     return jnp.sum(jnp.tanh(y) * weights)
 
   def reference(x, residual, scale, bias):
@@ -182,19 +195,31 @@ def test_residual_layer_norm_equals_flax_forward_and_backward_in_float32(with_re
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
 
 
-def test_residual_layer_norm_in_bfloat16_keeps_float32_statistics():
+def test_one_pass_statistics_keep_float32_precision_under_a_large_offset():
+  """Rows of spread 1 around 10^4: E[v^2] - E[v]^2 would cancel to noise of order 10 (float32
+  carries 10^8 to 7 digits); shifted by the row's first value, mean and variance agree with the
+  two-pass ones to float32 rounding."""
+  v = jax.random.normal(jax.random.PRNGKey(0), (16, 768)) + 1e4
+  mean, rstd = modeling._row_statistics(v, 1e-12, one_pass=True)
+  ref_mean, ref_rstd = modeling._row_statistics(v, 1e-12, one_pass=False)
+  np.testing.assert_allclose(np.asarray(mean), np.asarray(ref_mean), rtol=1e-7)
+  np.testing.assert_allclose(np.asarray(rstd), np.asarray(ref_rstd), rtol=1e-4)
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_residual_layer_norm_in_bfloat16_keeps_float32_statistics(gpu):
   """bfloat16 in and out; the statistics are those of the float32 sum (a large common offset,
   which bfloat16 statistics would lose, does not shift the output)."""
   x = (jax.random.normal(jax.random.PRNGKey(0), (8, 64)) + 30.0).astype(jnp.bfloat16)
   residual = jax.random.normal(jax.random.PRNGKey(1), (8, 64)).astype(jnp.bfloat16)
   scale, bias = jnp.ones((64,)), jnp.zeros((64,))
-  y = modeling.residual_layer_norm(x, residual, scale, bias, 1e-12, jnp.bfloat16)
+  y = modeling.residual_layer_norm(x, residual, scale, bias, 1e-12, jnp.bfloat16, gpu)
   assert y.dtype == jnp.bfloat16
   exact = _flax_layer_norm(x.astype(jnp.float32) + residual.astype(jnp.float32), scale, bias)
   # One bfloat16 rounding of the output (|y| < 4: 2^-8 relative, 1/64 absolute at most).
   np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(exact), atol=2 ** -6)
   grads = jax.grad(lambda x, r: jnp.sum(modeling.residual_layer_norm(
-      x, r, scale, bias, 1e-12, jnp.bfloat16).astype(jnp.float32) ** 2), (0, 1))(x, residual)
+      x, r, scale, bias, 1e-12, jnp.bfloat16, gpu).astype(jnp.float32) ** 2), (0, 1))(x, residual)
   assert all(g.dtype == jnp.bfloat16 for g in grads)
 
 
