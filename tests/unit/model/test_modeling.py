@@ -175,6 +175,39 @@ def test_attention_paths_agree():
   assert float(jnp.max(jnp.abs(fused - explicit))) <= 1e-6
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_attention_without_its_key_bias_is_attention_with_it(packed):
+  """The key projection's bias is a parameter but is not added: q·b_k is the same for every key
+  of query q, so the layer's output equals the textbook attention that adds it (a large random
+  bias here), padded or packed rows; the bias's gradient is exactly zero."""
+  cfg = configuration.get_preset("test", hidden_size=32, num_attention_heads=4)
+  rng = np.random.RandomState(0)
+  x = jnp.asarray(rng.randn(2, 9, 32), jnp.float32)
+  mask = jnp.asarray([[1] * 9, [1] * 6 + [0] * 3])
+  ids = jnp.asarray([[1] * 4 + [2] * 5, [1] * 3 + [2] * 3 + [0] * 3]) if packed else None
+  layer = modeling.BertSelfAttention(cfg)
+  params = nn.unbox(layer.init(jax.random.PRNGKey(0), x, mask, True, ids)["params"])
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, p: (p + 5 * jnp.asarray(rng.randn(*p.shape), p.dtype)
+                       if path[-1].key == "bias" else p), params)
+  ours = layer.apply({"params": params}, x, mask, True, ids)
+
+  def project(name):
+    y = x @ params[name]["kernel"] + params[name]["bias"]
+    return y.reshape(2, 9, 4, 8)
+  q, k, v = project("query"), project("key"), project("value")
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(8)
+  allowed = modeling.attention_mask(mask, ids)
+  probs = jax.nn.softmax(jnp.where(allowed, scores, -1e9), axis=-1)
+  reference = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(2, 9, 32)
+  real = np.asarray(mask, bool)
+  np.testing.assert_allclose(np.asarray(ours)[real], np.asarray(reference)[real], atol=1e-5)
+  grads = jax.grad(lambda p: jnp.sum(layer.apply({"params": p}, x, mask, True, ids) ** 2))(
+      params)
+  assert float(jnp.abs(grads["key"]["bias"]).max()) == 0.0
+  assert float(jnp.abs(grads["query"]["bias"]).max()) > 0
+
+
 def test_padding_does_not_leak_into_real_tokens(batch):
   cfg = configuration.get_preset("test")
   model, params = _init(cfg, batch)

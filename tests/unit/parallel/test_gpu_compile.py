@@ -3,9 +3,10 @@ JAX's CUDA plugin, told the GPU's description instead of asking a device): the p
 lowers attention with its dropout to cuDNN's fused kernel forward and backward, FP8 matmuls
 reach the GEMMs as FP8, eight GPUs reduce their gradients over NVLink, the low-precision
 LayerNorm, GELU recomputed in the backward pass and computed in float32, the gather-free
-masked-LM loss, LayerNorm outputs written once, LayerNorm statistics in one pass and dropout
-masks kept as bits each move fewer bytes than what they replace, a step that cannot fit is refused with the fix, and names
-and errors say what is expected.
+masked-LM loss, LayerNorm outputs written once, LayerNorm statistics in one pass, dropout masks
+kept as bits and the key projection without its bias each move fewer bytes than what they
+replace, a step that cannot fit is refused with the fix, and names and errors say what is
+expected.
 
 The compiles run in one fresh subprocess (JAX registers plugins once, when it starts) and each
 test reads its part of the result.
@@ -83,6 +84,7 @@ as_is = lambda x, approximate: jax.nn.gelu(x, approximate=approximate)
 bf16_argument = jax.custom_vjp(as_is, nondiff_argnums=(1,))
 bf16_argument.defvjp(lambda x, approximate: (as_is(x, approximate), x), modeling._gelu_bwd)
 statistics = modeling._row_statistics
+dense = modeling.dense
 from bert_jax.model import dropout
 # LayerNorm outputs written once pay from a width of a few hundred (at 64 XLA fuses alike).
 out["layer_norm_written"] = compile_check.check(tiny(paper, 256), "h100").traffic
@@ -93,7 +95,10 @@ for name, module, attr, stand_in, hidden in (
     ("layer_norm_recomputed", modeling, "_materialized", lambda x: x, 256),
     ("layer_norm_two_pass", modeling, "_row_statistics",
      lambda v, epsilon, one_pass: statistics(v, epsilon, False), 256),
-    ("dropout_mask_bytes", dropout, "_kept_as_bits", lambda keep: keep, 256)):
+    ("dropout_mask_bytes", dropout, "_kept_as_bits", lambda keep: keep, 256),
+    ("key_bias_added", modeling, "dense",
+     lambda config, features, axes, name, add_bias=True: dense(config, features, axes, name),
+     256)):
   kept = getattr(module, attr)
   setattr(module, attr, stand_in)
   try:
@@ -203,6 +208,11 @@ def test_gelu_loss_and_layer_norm_changes_move_fewer_bytes(compiled):
   saved = (compiled["dropout_mask_bytes"]["other"]["bytes"]
            - compiled["layer_norm_written"]["other"]["bytes"])
   assert saved >= 2 * LAYERS * 2 * 64 * 128 * 256 * 7 / 8, saved
+  # The key's bias not added: at least the keys' bytes (64 x 128 x 256 bfloat16) per layer
+  # less moved (at BERT-base's size, the keys written again and read back: 3 times that).
+  saved = (compiled["key_bias_added"]["other"]["bytes"]
+           - compiled["layer_norm_written"]["other"]["bytes"])
+  assert saved >= LAYERS * 64 * 128 * 256 * 2, saved
 
 
 def test_a_step_that_cannot_fit_is_refused_with_the_fix(compiled):
