@@ -607,8 +607,8 @@ class BertSelfAttention(nn.Module):
       # The key's bias adds q·b_k to every score of query q: the same for all of its keys, so
       # softmax (masked or not, dropout after it) gives the same probabilities without it, and
       # its gradient is exactly zero. Not added, it costs no kernel writing the keys again (and
-      # none summing its zero gradient): 1.8 GB per BERT-base/128 step on an H100. Kept as a
-      # parameter, checkpoints of every family read and write as before.
+      # none summing its zero gradient): 1.8 GB per BERT-base/128 step on the H100 program.
+      # Kept as a parameter, checkpoints of every family read and write as before.
       y = dense(cfg, width, ("embed", "joined_kv"), name, add_bias=name != "key")(x)
       y = y.reshape(batch, length, heads, cfg.head_dim)
       return nn.with_logical_constraint(y, (BATCH, LENGTH, HEADS, KV))

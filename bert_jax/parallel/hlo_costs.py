@@ -349,9 +349,9 @@ def traffic_by_kind(module: Module) -> dict[str, dict[str, float]]:
 def _sliced_parameters(module: Module, computation: str
                        ) -> tuple[dict[int, float], list[float | None]]:
   """For a fused computation: {parameter index: bytes read} for parameters that are only
-  dynamic-sliced (directly or inside nested fusions) or only the in-place target of a
-  dynamic-update-slice (0), and per output (the root, or each element of a tuple root) the
-  bytes an in-place dynamic-update-slice writes (None: the whole output)."""
+  sliced (`_parameter_read`) or only the in-place target of a dynamic-update-slice (0), and
+  per output (the root, or each element of a tuple root) the bytes an in-place
+  dynamic-update-slice writes (None: the whole output)."""
   instrs = module.computations[computation]
   by_name = {i.name: i for i in instrs}
   reads = {}
@@ -385,8 +385,9 @@ def _elements_of(shape_text: str) -> int:
 
 def _parameter_read(module: Module, computation: str, name: str, depth: int = 0
                     ) -> float | None:
-  """Bytes of parameter `name` that `computation` reads when it only slices it; None when it
-  may read all of it."""
+  """Bytes of parameter `name` (or of an instruction computed from it) that `computation`
+  reads when it only slices it: directly, after elementwise work, or inside nested fusions;
+  None when it may read all of it."""
   total = 0.0
   users = [(i, pos) for i in module.computations[computation]
            for pos, o in enumerate(_operands(i)) if o == name]

@@ -98,12 +98,14 @@ class Report:
   def largest_batch_per_device(self) -> int:
     """The per-device batch at which HBM would be full, assuming (as holds for a train step)
     that the temporaries grow in proportion to the batch and the state does not: an estimate
-    from one compile, to be confirmed by compiling that batch."""
+    from one compile, to be confirmed by compiling that batch. A step with no temporaries in
+    HBM (a small one, whose intermediates a TPU's compiler keeps in on-chip memory) shows no
+    growth to extrapolate: the batch compiled is the estimate where it fits, 0 where not."""
     fixed = self.hbm_bytes - self.temp_bytes
     micro = self.batch_per_device / self.grad_accum_steps
     per_example = self.temp_bytes / max(micro, 1)
     if per_example <= 0:
-      return 0
+      return self.batch_per_device if self.fits else 0
     return int((self.hbm_capacity - fixed) // per_example)
 
   # --------------------------------------------------------------------------- the roofline

@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from bert_jax.parallel import hlo_costs
 from bert_jax.parallel import tpu_slices
+from bert_jax.runs import compile_check
 from tests import pretrain_helpers as ph
 
 # Each case: objective recipe, slice, config overrides. The tiny model of the tests, rows of 64
@@ -274,3 +275,23 @@ def test_preflight_compiles_the_trainers_step_and_refuses_one_that_cannot_fit():
   assert refused.returncode == 1, refused.stdout[-3000:]
   assert "FAILED" in refused.stderr and "does not fit" in refused.stderr
   assert "--config.grad_accum_steps=" in refused.stdout
+
+
+@pytest.mark.parametrize("temp_gib, argument_gib, expected", [
+    (4.0, 2.0, None),  # temporaries 0.5 GiB per sequence: the room left over that
+    (0.0, 2.0, 8),     # none in HBM: no growth to extrapolate, the batch compiled
+    (0.0, 20.0, 0)])   # none, and the step does not fit
+def test_the_largest_batch_extrapolates_the_temporaries(temp_gib, argument_gib, expected):
+  """A v5e chip (15.75 GiB usable), 8 sequences per device compiled."""
+  slice_ = tpu_slices.parse("v5litepod-4")
+  gib = 2 ** 30
+  report = compile_check.Report(
+      config_name="x", slice=slice_, mesh={"data": 4}, batch_per_device=8, seq_length=128,
+      grad_accum_steps=1, num_parameters=1, argument_bytes=int(argument_gib * gib),
+      output_bytes=0, alias_bytes=0, temp_bytes=int(temp_gib * gib), code_bytes=0,
+      xla_flops=1.0, matmul_flops=1.0, analytic_flops=1.0, hbm_traffic=1.0, collectives={},
+      steps=1, compile_seconds=1.0)
+  if expected is None:
+    expected = int((slice_.chip.usable_hbm_per_device - argument_gib * gib) // (gib / 2))
+    assert expected == 27
+  assert report.largest_batch_per_device == expected
