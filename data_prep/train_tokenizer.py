@@ -118,20 +118,35 @@ def train_sentencepiece(input_files: list[str], output_prefix: str, model_type: 
 
 def train_wordpiece(input_files: list[str], output_prefix: str, vocab_size: int,
                     do_lower_case: bool = True, decode_errors: str = "strict") -> str:
-  """Trains a BERT WordPiece vocabulary; writes `<output_prefix>.vocab.txt` and returns it."""
+  """Trains a BERT WordPiece vocabulary; writes `<output_prefix>.vocab.txt` and returns it.
+
+  The same corpus gives the same vocabulary, run after run. Hugging Face's trainer numbers the
+  word-continuing pieces of single characters ("##a") in the order of a hash table, which
+  differs from run to run, and breaks ties between equally frequent merges by those numbers:
+  three runs on the same 200 kB gave three vocabularies. So a first pass, stopped before any
+  merge, finds which "##" characters the corpus has, and the training pass gets them, sorted,
+  right after the special tokens: numbered in a fixed order, every tie then falls the same way.
+  The vocabulary holds the same pieces either way (those "##" characters are in it anyway), so
+  the size asked for is unchanged.
+  """
   check_has_text(input_files, decode_errors)
   # pylint: disable-next=g-import-not-at-top
   from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-  tokenizer = Tokenizer(models.WordPiece(unk_token=tokenization.UNK))
-  tokenizer.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                                    strip_accents=do_lower_case,
-                                                    lowercase=do_lower_case)
-  tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-  trainer = trainers.WordPieceTrainer(vocab_size=vocab_size,
-                                      special_tokens=list(tokenization.SPECIAL_TOKENS),
-                                      continuing_subword_prefix="##", show_progress=False)
-  tokenizer.train_from_iterator(iter_sentences(input_files, decode_errors), trainer=trainer)
-  vocab = tokenizer.get_vocab()
+
+  def train(size: int, special_tokens: list[str]) -> dict[str, int]:
+    tokenizer = Tokenizer(models.WordPiece(unk_token=tokenization.UNK))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case,
+        lowercase=do_lower_case)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=size, special_tokens=special_tokens,
+                                        continuing_subword_prefix="##", show_progress=False)
+    tokenizer.train_from_iterator(iter_sentences(input_files, decode_errors), trainer=trainer)
+    return tokenizer.get_vocab()
+
+  special = list(tokenization.SPECIAL_TOKENS)
+  continuing = sorted(t for t in train(1, special) if t.startswith("##"))
+  vocab = train(vocab_size, special + continuing)
   tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
   path = output_prefix + ".vocab.txt"
   file_io.write_text_atomic(path, "\n".join(tokens) + "\n")

@@ -269,6 +269,11 @@ def test_wordpiece_training_gives_a_bert_vocab(training_text, tmp_path):
   ids = tok.encode_batch(open(training_text, encoding="utf-8").read().split("\n")[:2000])
   flat = np.concatenate([np.asarray(i) for i in ids if i])
   assert (flat == tok.unk_id).mean() < 0.01
+  # The same corpus, the same vocabulary: a second training writes the same file (the trainer
+  # alone breaks ties in an order that changes from run to run).
+  again = train_tokenizer.train_wordpiece([training_text], str(tmp_path / "again"),
+                                          vocab_size=3000)
+  assert open(again, encoding="utf-8").read() == "\n".join(lines)
 
 
 def test_sentencepiece_model_errors(tmp_path):
