@@ -125,8 +125,11 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
           checkpoints: checkpointing.CheckpointManager | None = None,
           metadata: dict[str, Any] | None = None,
           evaluate: Callable[[Any], dict[str, float]] | None = None,
-          selection: selection_lib.Selection | None = None) -> LoopResult:
+          selection: selection_lib.Selection | None = None,
+          clock: Callable[[], float] = time.monotonic) -> LoopResult:
   """Trains from `state.step` to `config.until_step`; see the module docstring.
+
+  `clock` gives the seconds that rates, ETAs and the heartbeat are measured in.
 
   `evaluate(state)` returns prefixed scalars (`eval/...`); it runs every `eval_every_steps`
   and at the end (also when nothing was left to train). Without `checkpoints` nothing is saved.
@@ -139,7 +142,7 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
   last: dict[str, float] = {}
   last_good_step = checkpoints.latest_step() if checkpoints is not None else None
   window: list[dict[str, jax.Array]] = []
-  window_start, window_first_step = time.time(), start_step
+  window_start, window_first_step = clock(), start_step
   evaluated = False
   stopping = False
   out_of_patience = selection is not None and selection.exhausted
@@ -162,7 +165,7 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
           "then restart.")
 
   def report(fetched):
-    elapsed = max(time.time() - window_start, 1e-9)
+    elapsed = max(clock() - window_start, 1e-9)
     steps_per_sec = len(fetched) / elapsed
     sums = {k: float(np.sum([m[k] for m in fetched])) for k in fetched[0]
             if k not in STEP_SCALARS}
@@ -190,12 +193,12 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
     writer.write(step, scalars)
     metrics.log(metrics.console_line(step, until, scalars))
     last.update(scalars)
-    heartbeat.update(time=time.time(), step=step)
+    heartbeat.update(time=clock(), step=step)
 
   def beat():
     """A progress line between the logged ones: steps dispatched since the last line, no
     device sync, no metrics row."""
-    now = time.time()
+    now = clock()
     rate = (step - heartbeat["step"]) / max(now - heartbeat["time"], 1e-9)
     metrics.log(metrics.console_line(step, until, {"perf/steps_per_sec": rate,
                                                    "perf/eta_seconds": (until - step) /
@@ -217,12 +220,12 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
       return metadata or {}
     return dict(metadata or {}, **{selection_lib.METADATA_KEY: selection.record()})
 
-  heartbeat = {"time": time.time(), "step": start_step}
+  heartbeat = {"time": clock(), "step": start_step}
   if checkpoints is not None and step < until:
     checkpoints.prepare(state)  # a save's device program compiled now, not at the first save
   with StopSignal() as stop:
     position = None
-    compile_start = time.time()
+    compile_start = clock()
     while step < until and not out_of_patience:
       batch, position = next(batches)
       state, step_metrics = train_step(state, batch)
@@ -231,12 +234,12 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
       limit_in_flight(window)
       if step == start_step + 1:
         check_finite([jax.device_get(step_metrics)], start_step, step)
-        metrics.log(f"first step (compilation included) took {time.time() - compile_start:.1f}s")
-        window_start, window_first_step, window = time.time(), step, []
+        metrics.log(f"first step (compilation included) took {clock() - compile_start:.1f}s")
+        window_start, window_first_step, window = clock(), step, []
         heartbeat.update(time=window_start, step=step)
       is_log = step % config.log_every_steps == 0 or step == until
       if (not is_log and config.heartbeat_seconds and jax.process_count() == 1
-          and time.time() - heartbeat["time"] >= config.heartbeat_seconds):
+          and clock() - heartbeat["time"] >= config.heartbeat_seconds):
         beat()
       is_ckpt = step == until or bool(config.checkpoint_every_steps
                                       and step % config.checkpoint_every_steps == 0)
@@ -250,7 +253,7 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
         fetched = jax.device_get(window)
         check_finite(fetched, window_first_step, step)
         report(fetched)
-        window, window_start, window_first_step = [], time.time(), step
+        window, window_start, window_first_step = [], clock(), step
       if is_eval:
         run_evaluation()
         if selection is not None and selection.exhausted and step < until:
@@ -263,7 +266,7 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
                          saved_metadata())
         last_good_step = step
       if is_ckpt or is_eval:
-        window_start = time.time()  # evaluation and saving are not training throughput
+        window_start = clock()  # evaluation and saving are not training throughput
         heartbeat.update(time=window_start, step=step)
       if stopping:
         if checkpoints is not None:
