@@ -108,9 +108,24 @@ class Module:
   entry: str
   multipliers: dict[str, int]
   fused: set[str]       # computations that run inside an instruction (fusions, reducers)
+  _index: dict[str, tuple[dict[str, Instruction], dict[str, list[tuple[Instruction, int]]]]] = \
+      dataclasses.field(default_factory=dict, repr=False, compare=False)
 
   def shapes(self, computation: str) -> dict[str, str]:
     return {i.name: i.shape for i in self.computations[computation]}
+
+  def index(self, computation: str
+            ) -> tuple[dict[str, Instruction], dict[str, list[tuple[Instruction, int]]]]:
+    """`computation`'s instructions by name, and each one's users with the operand position
+    it takes there (built once per computation)."""
+    if computation not in self._index:
+      instrs = self.computations[computation]
+      users: dict[str, list[tuple[Instruction, int]]] = {}
+      for i in instrs:
+        for pos, o in enumerate(_operands(i)):
+          users.setdefault(o, []).append((i, pos))
+      self._index[computation] = {i.name: i for i in instrs}, users
+    return self._index[computation]
 
   def instructions(self):
     """Every instruction of the computations a step runs."""
@@ -294,7 +309,14 @@ def instruction_traffic(module: Module):
 # kernels), collectives, and everything else: elementwise and reduction kernels (LayerNorm,
 # dropout, residual adds, casts, the optimizer update), copies and transposes.
 _GEMM_TARGET = re.compile(r'custom_call_target="[^"]*(?:gemm|matmul|cublas)[^"]*"', re.I)
-_ATTENTION_TARGET = re.compile(r'custom_call_target="(?:__cudnn\$fmha[^"]*|tpu_custom_call)"')
+_ATTENTION_NAME = r'__cudnn\$fmha[^"]*|tpu_custom_call'
+_ATTENTION_TARGET = re.compile(f'custom_call_target="(?:{_ATTENTION_NAME})"')
+
+
+def is_attention_target(target: str) -> bool:
+  """Whether a custom-call target is a fused attention kernel: cuDNN's on GPUs, a Pallas
+  (Mosaic) kernel on TPUs."""
+  return re.fullmatch(_ATTENTION_NAME, target) is not None
 _CUDNN_FUSION = re.compile(r'"kind":"__cudnn\$fusion"')
 
 
@@ -353,7 +375,7 @@ def _sliced_parameters(module: Module, computation: str
   per output (the root, or each element of a tuple root) the bytes an in-place
   dynamic-update-slice writes (None: the whole output)."""
   instrs = module.computations[computation]
-  by_name = {i.name: i for i in instrs}
+  by_name = module.index(computation)[0]
   reads = {}
   for i in instrs:
     if i.op == "parameter" and re.match(r"\d+", i.rest):
@@ -389,22 +411,21 @@ def _parameter_read(module: Module, computation: str, name: str, depth: int = 0
   reads when it only slices it: directly, after elementwise work, or inside nested fusions;
   None when it may read all of it."""
   total = 0.0
-  users = [(i, pos) for i in module.computations[computation]
-           for pos, o in enumerate(_operands(i)) if o == name]
+  by_name, users_of = module.index(computation)
+  users = users_of.get(name, [])
   if not users or depth > 8:
     return None
-  by_name = {i.name: i for i in module.computations[computation]}
+  shape = by_name[name].shape if name in by_name else None
   for user, pos in users:
     if user.op in ("dynamic-slice", "slice") and pos == 0:
       total += _array_bytes(user.shape)
-    elif user.op in _ELEMENTWISE and name in by_name and \
-        _elements_of(user.shape) == _elements_of(by_name[name].shape):
+    elif user.op in _ELEMENTWISE and shape and _elements_of(user.shape) == _elements_of(shape):
       # Elementwise work on its way to a slice (the LayerNorm's shift by the row's first
       # value): only the sliced elements are read, in this operand's type.
       read = _parameter_read(module, computation, user.name, depth + 1)
       if read is None:
         return None
-      total += read * _array_bytes(by_name[name].shape) / max(_array_bytes(user.shape), 1)
+      total += read * _array_bytes(shape) / max(_array_bytes(user.shape), 1)
     elif user.op == "dynamic-update-slice" and pos == 0:
       continue
     elif user.op == "fusion" and _callees(user.rest):

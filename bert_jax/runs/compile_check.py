@@ -76,7 +76,7 @@ class Report:
   def custom_kernels(self) -> int:
     """Fused attention kernel calls per step: Pallas (Mosaic) on TPUs, cuDNN's on GPUs."""
     return sum(n for target, n in self.custom_calls.items()
-               if target == "tpu_custom_call" or target.startswith("__cudnn$fmha"))
+               if hlo_costs.is_attention_target(target))
 
   @property
   def hbm_bytes(self) -> int:
