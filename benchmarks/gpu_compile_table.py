@@ -53,13 +53,19 @@ def config_for(preset: str, variant: str):
   return config
 
 
+def row_head(preset: str, variant: str, target: str) -> dict:
+  """What names a row: the step, its shape, the GPU."""
+  config = config_for(preset, variant)
+  return {"preset": preset, "variant": variant, "target": target,
+          "batch": int(config.global_batch_size), "length": int(config.data.max_seq_length)}
+
+
 def compile_row(preset: str, variant: str, target: str) -> dict:
   import accelerator_step  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import compile_check  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import pretraining  # pylint: disable=g-import-not-at-top
   config = config_for(preset, variant)
-  row = {"preset": preset, "variant": variant, "target": target,
-         "batch": int(config.global_batch_size), "length": int(config.data.max_seq_length)}
+  row = row_head(preset, variant, target)
   start = time.perf_counter()
   try:
     report = compile_check.check(config, target, config_name=f"{preset} {variant}")
@@ -78,10 +84,15 @@ def compile_row(preset: str, variant: str, target: str) -> dict:
 
 
 def render(rows: list[dict]) -> str:
+  """The markdown table; its header gives the figures of the rows' GPU (usable memory, peak
+  bandwidth and bf16 FLOP/s), which the "at least" columns divide by."""
+  from bert_jax.parallel import gpu_targets  # pylint: disable=g-import-not-at-top
+  chip = gpu_targets.parse(rows[0]["target"] if rows else "h100").chip
   lines = [
-      "| step | HBM GiB (of 59.3) | kernels: matmul / attention / other | GB moved: matmul / "
-      "attention / other | other kernels ≥ ms at 3.35 TB/s | matmuls ≥ ms at 989 TFLOP/s | "
-      "kernels per LayerNorm site (reduces) |",
+      f"| step | HBM GiB (of {chip.usable_hbm_per_device / 2**30:.1f}) | kernels: matmul / "
+      "attention / other | GB moved: matmul / attention / other | other kernels ≥ ms at "
+      f"{chip.hbm_bandwidth / 1e12:.2f} TB/s | matmuls ≥ ms at {chip.peak_flops / 1e12:.0f} "
+      "TFLOP/s | kernels per LayerNorm site (reduces) |",
       "|---|---|---|---|---|---|---|"]
   for r in rows:
     name = f"{r['preset']} {r['batch']}×{r['length']} {r['variant']}"
@@ -114,7 +125,6 @@ def main() -> None:
     return
   from bert_jax.parallel import gpu_targets  # pylint: disable=g-import-not-at-top
   gpu_targets.find_plugin()
-  import accelerator_step  # pylint: disable=g-import-not-at-top
   wanted = [tuple(r.split(":")) for r in args.rows.split(",") if r] or ROWS
   have = {(r["preset"], r["variant"], r["target"]) for r in done}
   for i, (preset, variant) in enumerate(wanted):
@@ -125,10 +135,8 @@ def main() -> None:
       row = compile_row(preset, variant, args.target)
     except Exception as e:  # pylint: disable=broad-except
       traceback.print_exc()
-      row = {"preset": preset, "variant": variant, "target": args.target, "fits": False,
-             "batch": LARGE_BATCH if preset == "large" else 256,
-             "length": accelerator_step.SHAPES[preset]["length"],
-             "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+      row = dict(row_head(preset, variant, args.target), fits=False,
+                 error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
     with open(args.out, "a", encoding="utf-8") as f:
       f.write(json.dumps(row) + "\n")
     print(render([row]).splitlines()[-1], flush=True)
