@@ -207,9 +207,12 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.
   return _cross_entropy(logits, labels.astype(jnp.int32))
 
 
-def _max_and_argmax(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-  index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+def _vocab_index(x: jax.Array) -> jax.Array:
+  """Each entry's index along the last (vocabulary) axis."""
+  return jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
 
+
+def _max_and_argmax(x: jax.Array, index: jax.Array) -> tuple[jax.Array, jax.Array]:
   def larger(a, b):  # the larger value; the first index among equals
     take_a = (a[0] > b[0]) | ((a[0] == b[0]) & (a[1] < b[1]))
     return jnp.where(take_a, a[0], b[0]), jnp.where(take_a, a[1], b[1])
@@ -220,8 +223,8 @@ def _max_and_argmax(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def _forward(logits, labels):
   x = logits.astype(jnp.float32)
-  peak, top = _max_and_argmax(x)
-  index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  index = _vocab_index(x)
+  peak, top = _max_and_argmax(x, index)
   exps, picked = jax.lax.reduce(
       (jnp.exp(x - peak[..., None]), jnp.where(index == labels[..., None], x, 0.0)),
       (jnp.array(0, jnp.float32), jnp.array(0, jnp.float32)),
@@ -244,8 +247,7 @@ def _cross_entropy_bwd(saved, grads):
   logits, labels, lse = saved
   grad = grads[0]  # the argmax has no gradient
   x = logits.astype(jnp.float32)
-  vocab = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-  d = (jnp.exp(x - lse[..., None]) - (vocab == labels[..., None])) * grad[..., None]
+  d = (jnp.exp(x - lse[..., None]) - (_vocab_index(x) == labels[..., None])) * grad[..., None]
   return d.astype(logits.dtype), np.zeros(labels.shape, jax.dtypes.float0)
 
 
