@@ -69,9 +69,10 @@ for name, (machine, overrides) in cases.items():
                "f8e4m3fn": text.count("f8e4m3fn"), "f8e5m2": text.count("f8e5m2"),
                "hlo_bytes": len(text)}
 
-# The same step with GELU differentiated as it is, and with the masked-LM loss as log_softmax
-# and a gather: what recomputing GELU and the gather-free loss save.
-from bert_jax.model import modeling
+# The same step with one change swapped back at a time (GELU differentiated as it is or with
+# jax.nn.gelu's forward, the loss as log_softmax and a gather, LayerNorm without its barrier or
+# with two-pass statistics, dropout masks as bytes, the key's bias added): what each saves.
+from bert_jax.model import dropout, modeling
 from bert_jax.objectives import mlm
 import jax, jax.numpy as jnp
 paper = cases["paper_cudnn"][1]
@@ -85,7 +86,6 @@ bf16_argument = jax.custom_vjp(as_is, nondiff_argnums=(1,))
 bf16_argument.defvjp(lambda x, approximate: (as_is(x, approximate), x), modeling._gelu_bwd)
 statistics = modeling._row_statistics
 dense = modeling.dense
-from bert_jax.model import dropout
 # LayerNorm outputs written once pay from a width of a few hundred (at 64 XLA fuses alike).
 out["layer_norm_written"] = compile_check.check(tiny(paper, 256), "h100").traffic
 for name, module, attr, stand_in, hidden in (
