@@ -58,6 +58,7 @@ import jax
 import numpy as np
 
 from bert_jax.model import configuration
+from bert_jax.model import cudnn_runtime
 from bert_jax.objectives import mlm_nsp
 from bert_jax.parallel import sharding
 from bert_jax.text import features
@@ -459,6 +460,7 @@ def _write(results: list[dict], failures: list[str]) -> None:
 
 def main(argv):
   del argv
+  cudnn_runtime.prepare()  # before JAX starts its backends
   if _PRNG.value:
     jax.config.update("jax_default_prng_impl", _PRNG.value)
   batch_override = dict(item.split("=") for item in _BATCH.value)

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.model import cudnn_runtime
 from bert_jax.model import modeling
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -73,6 +74,7 @@ def _dropped(out):
 
 
 def main() -> int:
+  cudnn_runtime.prepare()  # before JAX starts its backends
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--implementation", default="cudnn", choices=("cudnn", "pallas"))
   parser.add_argument("--out", default=None, help="Also write the lines here (markdown).")

@@ -82,7 +82,7 @@ def main(argv):
     if FLAGS[name].present and command not in commands:
       raise app.UsageError(f"--{name} is for `analyze {' / '.join(commands)}`, not "
                            f"`analyze {command}`.")
-  cli.quiet_unless_verbose()
+  cli.prepare_process()
   {"attention": _attention, "heads": _heads, "probe": _probe}[command]()
 
 

@@ -66,12 +66,15 @@ def initialize_distributed_from_flags() -> None:
                                      FLAGS.process_id)
 
 
-def quiet_unless_verbose() -> None:
-  """Progress is printed; keep library INFO chatter (Orbax's, JAX's) out unless --verbosity
-  was given, and off a TPU VM keep JAX from starting the TPU runtime to look for chips
-  (`distributed.skip_absent_tpu`)."""
+def prepare_process() -> None:
+  """What a command sets before JAX starts its backends: library INFO chatter (Orbax's, JAX's)
+  kept out unless --verbosity was given, since progress is printed; off a TPU VM, JAX kept from
+  starting the TPU runtime to look for chips (`distributed.skip_absent_tpu`); on GPUs, cuDNN's
+  kernels kept out of XLA's command buffers (`cudnn_runtime.prepare`)."""
+  from bert_jax.model import cudnn_runtime  # pylint: disable=g-import-not-at-top
   from bert_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
   distributed.skip_absent_tpu()
+  cudnn_runtime.prepare()
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
 

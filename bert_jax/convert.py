@@ -51,7 +51,7 @@ def main(argv):
   for name in ("from", "to", "format"):
     if not FLAGS[name].value:
       raise app.UsageError(f"--{name} is required.")
-  cli.quiet_unless_verbose()
+  cli.prepare_process()
   finetuned.convert(FLAGS["from"].value, FLAGS.to, FLAGS.format, FLAGS.bert_config_file,
                     int8=FLAGS.int8)
 

@@ -81,7 +81,7 @@ def _verdict(result: dict, base: dict[str, float]) -> list[str]:
 
 def main(argv):
   del argv
-  cli.quiet_unless_verbose()  # progress lines are printed; keep library chatter out
+  cli.prepare_process()
   start = time.time()
   workdir = os.path.abspath(FLAGS.workdir)
   os.makedirs(workdir, exist_ok=True)

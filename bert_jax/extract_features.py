@@ -27,7 +27,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  cli.quiet_unless_verbose()
+  cli.prepare_process()
   config, encoder, origin = checkpoints.load_encoder(FLAGS.init_checkpoint,
                                                     FLAGS.bert_config_file)
   config = config.replace(scan_layers=False)

@@ -83,7 +83,7 @@ def main(argv):
       raise app.UsageError(f"--{name} is required.")
   if not (config.do_train or config.do_eval or config.do_predict):
     raise app.UsageError("At least one of --do_train, --do_eval, --do_predict.")
-  cli.quiet_unless_verbose()
+  cli.prepare_process()
   cli.initialize_distributed_from_flags()
   # The model the run reads: the output directory's own when it holds one with its vocabulary
   # (a finished run, evaluated again), else --init_checkpoint; the vocabulary is beside it.

@@ -272,7 +272,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not FLAGS.checkpoint:
     raise app.UsageError("--checkpoint is required.")
-  cli.quiet_unless_verbose()
+  cli.prepare_process()
   run_from_flags()
 
 

@@ -56,7 +56,7 @@ def main(argv):
   if FLAGS.config is None:
     raise app.UsageError("--config is required.")
   if FLAGS.compile_for:
-    cli.quiet_unless_verbose()
+    cli.prepare_process()
     from bert_jax.runs import compile_check  # pylint: disable=g-import-not-at-top
     compile_check.check_slices(FLAGS.config, FLAGS.compile_for,
                                config_flags.get_config_filename(FLAGS["config"]),
@@ -64,7 +64,7 @@ def main(argv):
     return
   if FLAGS.workdir is None:
     raise app.UsageError("--workdir is required.")
-  cli.quiet_unless_verbose()
+  cli.prepare_process()
   cli.initialize_distributed_from_flags()
   if FLAGS.compile_only:
     out = pretraining.compile_train_step(FLAGS.config)

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.model import cudnn_runtime
 from bert_jax.model import dropout as dropout_lib
 from bert_jax.model import int8
 from bert_jax.model.configuration import BertConfig, PRESETS, get_preset  # re-exported
@@ -414,7 +415,8 @@ def _cudnn_attention(query, key, value, input_mask, sequence_ids, dropout_rate, 
   several times per step, forwards then backwards in reverse order), and a distinct seed per
   layer (`cudnn_dropout_seed`). The counter lives in the process: a resumed run draws new
   masks, not the ones an uninterrupted run would have drawn (use "pallas" or the explicit path
-  where bit-exact resumption of attention masks matters).
+  where bit-exact resumption of attention masks matters). XLA must keep these kernels out of
+  its command buffers (`cudnn_runtime`).
   """
   if dropout_rate == 0.0:
     if sequence_ids is None:
@@ -428,6 +430,7 @@ def _cudnn_attention(query, key, value, input_mask, sequence_ids, dropout_rate, 
     return jax.nn.dot_product_attention(query, key, value,
                                         mask=attention_mask(input_mask, sequence_ids),
                                         implementation="cudnn")
+  cudnn_runtime.check_cudnn_dropout(jax.default_backend())
   from jax._src.cudnn import fused_attention_stablehlo as cudnn_fmha  # GPU only
   common = dict(scale=1.0 / math.sqrt(query.shape[-1]), seed=int(seed),
                 dropout_rate=float(dropout_rate), qkv_layout="BTNH")
