@@ -37,6 +37,8 @@ reads it). Real unpacked rows get a (batch, 1, 1, keys) boolean mask; packed row
 block-diagonal (batch, 1, queries, keys) mask from `sequence_ids`, their `position_ids`, and NSP on
 each instance's [CLS] (`cls_positions`), so packed rows train the same objective as ours. A mask
 keeps SDPA off its flash kernel (which takes none), as padding or packing would for any user.
+Full rows must reach SDPA with no mask under `torch.compile` too: the model's attention is
+HF's own `sdpa_attention_forward`, registered as `sdpa_unmasked` (see `ATTN_IMPLEMENTATION`).
 
 Command-line flags are argparse, not absl: importing `accelerator_step` (for its rows and shapes)
 defines absl flags of the same names. JAX is imported only for our FLOP count and the rows, on
@@ -66,6 +68,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
+from transformers.integrations import sdpa_attention as hf_sdpa
 
 from benchmarks import accelerator_step
 from bert_jax.model import configuration
@@ -75,6 +78,16 @@ from bert_jax.training import perf
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 SHAPES = accelerator_step.SHAPES
+
+# HF's own SDPA attention (`sdpa_attention_forward`, same kernels and dropout) under a name with no
+# mask builder: `masking_utils` then returns the 4-D masks `to_torch` builds as they are and None
+# for full rows. Under "sdpa", transformers (5.17: `_ignore_bidirectional_mask_sdpa` refuses to
+# skip while `is_tracing()`, i.e. whenever dynamo compiles) materialises an all-True
+# (B, 1, L, L) mask expanded with stride 0 along keys, so compiled SDPA gets an attn_mask:
+# no flash, and no mem-efficient either (CUDA needs attn_mask.stride(-1) == 1), only math.
+ATTN_IMPLEMENTATION = "sdpa_unmasked"
+transformers.AttentionInterface.register(
+    ATTN_IMPLEMENTATION, hf_sdpa.sdpa_attention_forward)
 
 # Dropout of the two recipes `accelerator_step.VARIANTS` times (hidden dropout 0.1 in both).
 RECIPES = {
@@ -136,7 +149,7 @@ def hf_config(name: str, recipe: str) -> tuple[configuration.BertConfig,
       attention_probs_dropout_prob=ours.attention_probs_dropout_prob,
       max_position_embeddings=ours.max_position_embeddings,
       type_vocab_size=ours.type_vocab_size, initializer_range=ours.initializer_range,
-      layer_norm_eps=ours.layer_norm_eps, attn_implementation="sdpa")
+      layer_norm_eps=ours.layer_norm_eps, attn_implementation=ATTN_IMPLEMENTATION)
   return ours, theirs
 
 

@@ -232,3 +232,45 @@ def test_gpu_suite_parses():
   proc = subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", "gpu_suite.sh")],
                         capture_output=True, text=True, check=False)
   assert proc.returncode == 0, proc.stderr
+
+
+_SDPA_MASKS = r"""
+import json, sys
+import numpy as np, torch
+from benchmarks import peer_torch as peer
+ours, theirs = peer.hf_config("tiny", "paper")
+model = peer.transformers.BertForPreTraining(theirs).train()
+rows = peer.load_rows(peer.parse_args(["--device=cpu"]), "tiny", 2, ours.vocab_size)
+seen = {}
+for name, mask in (("full", None), ("padded", [1] * 100 + [0] * 28)):
+  if mask is not None:
+    rows = dict(rows, input_mask=np.array([mask, [1] * 128], np.int32))
+  calls = []
+  def backend(graph, example_inputs):
+    calls.extend(dict(mask=n.kwargs.get("attn_mask") is not None,
+                      dropout=n.kwargs.get("dropout_p")) for n in graph.graph.nodes
+                 if "scaled_dot_product" in str(n.target))
+    return graph.forward
+  torch._dynamo.reset()
+  loss = torch.compile(peer.PretrainingLoss(model, "full", torch.bfloat16), backend=backend)
+  loss(peer.to_torch(rows, "cpu"))[0].backward()
+  seen[name] = calls
+print(json.dumps(seen))
+"""
+
+
+def test_compiled_peer_gives_sdpa_a_mask_only_for_padded_rows():
+  """Under `torch.compile` the peer's full-length rows must reach SDPA without a mask (its flash
+  kernel takes none): transformers' "sdpa" builds an all-true mask while dynamo traces, and a
+  mask sends CUDA's SDPA to the math path (probabilities in float32, the 93.7 GiB peak of the
+  large model measured on an H200). Padded rows keep theirs. Read from the graph dynamo traces.
+  With transformers 5.17 (the GPU image's) and the plain "sdpa" name, full rows get a mask here;
+  transformers 5.23 skips it by itself."""
+  proc = subprocess.run([sys.executable, "-c", _SDPA_MASKS], cwd=ROOT, capture_output=True,
+                        text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  seen = json.loads(proc.stdout.strip().splitlines()[-1])
+  layers = configuration.get_preset("tiny").num_hidden_layers
+  for name, has_mask in (("full", False), ("padded", True)):
+    assert len(seen[name]) == layers, seen
+    assert all(c["mask"] is has_mask and c["dropout"] == 0.1 for c in seen[name]), seen
