@@ -347,13 +347,15 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
     jax.block_until_ready(state.params)
     times.append((time.perf_counter() - start) / _STEPS.value)
   last_loss = float(metrics["loss"])
+  profile = None
   if _PROFILE.value:
     trace_dir = os.path.join(_PROFILE.value, f"{name}-{variant}-{layers}")
     with jax.profiler.trace(trace_dir):
       for _ in range(5):
         state, metrics = compiled(state, batch)
       jax.block_until_ready(state.params)
-    print(top_kernels(trace_dir), flush=True)
+    profile = device_time(trace_dir, 5, statistics.median(times), compiled.as_text())
+    print(describe_device_time(profile, f"{name} {variant} {layers}"), flush=True)
   analytic = objective.flops_per_step(config, batch_size)
   peak = perf.peak_flops_per_device(jax.devices()[0])
   median = statistics.median(times)
@@ -362,34 +364,89 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
                 xla=_xla_flops(compiled), peak=peak,
                 mfu=(analytic / median / peak / jax.device_count()) if peak else None,
                 losses=(first_loss, last_loss),
-                memory=_peak_memory(), hlo=hlo, device=jax.devices()[0].device_kind)
+                memory=_peak_memory(), hlo=hlo, profile=profile,
+                device=jax.devices()[0].device_kind)
   del state, compiled, step, batch
   gc.collect()
   return result
 
 
-def top_kernels(trace_dir: str, top: int = 25) -> str:
-  """Device time per kernel name in a `jax.profiler` trace (the Chrome-trace JSON it writes)."""
+def device_time(trace_dir: str, steps: int, step_s: float, hlo_text: str | None = None,
+                top: int = 15) -> dict:
+  """Where a step's device time goes, read from a `jax.profiler` trace (its .xplane.pb, through
+  `jax.profiler.ProfileData`: no TensorBoard needed).
+
+  Kernels are the events of the device planes (GPU/TPU; the CPU's XLA threads on a CPU) that
+  name their HLO instruction (`hlo_op`); on a GPU only the stream lines count, so no derived
+  line counts a kernel twice. Per step: the time kernels run (`busy_ms`: the union of their
+  intervals, so overlapping streams count once) against the step's wall time, the rest being
+  gaps where the device waits (launches, host work); the kernel time by kind (`hlo_costs`'
+  matmul / attention / collective / other, read from the compiled HLO); and the instructions
+  that take most, grouped by name without their numeric suffix, with the bandwidth each group
+  reaches on the bytes `hlo_costs` counts for it."""
   import collections  # pylint: disable=g-import-not-at-top
   import glob  # pylint: disable=g-import-not-at-top
-  import gzip  # pylint: disable=g-import-not-at-top
-  import json  # pylint: disable=g-import-not-at-top
-  paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+  import re  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import hlo_costs  # pylint: disable=g-import-not-at-top
+  paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
   if not paths:
-    return f"(no trace under {trace_dir})"
-  with gzip.open(paths[0], "rt") as f:
-    trace = json.load(f)
-  events = trace.get("traceEvents", [])
-  device_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-                 and "GPU" in str(e.get("args", {}).get("name", "")).upper()}
-  totals = collections.Counter()
-  for e in events:
-    if e.get("ph") == "X" and e.get("pid") in device_pids:
-      totals[e.get("name", "?")] += float(e.get("dur", 0))
-  whole = sum(totals.values()) or 1.0
-  lines = [f"device time in {trace_dir}: {whole / 1e3:.1f} ms over 5 steps"]
-  for kernel, us in totals.most_common(top):
-    lines.append(f"  {100 * us / whole:5.1f}%  {us / 5e3:7.2f} ms/step  {kernel[:110]}")
+    return {"error": f"no .xplane.pb under {trace_dir}"}
+  data = jax.profiler.ProfileData.from_file(paths[-1])
+  planes = [p for p in data.planes if p.name.startswith("/device:")]
+  if not planes:
+    planes = [p for p in data.planes if p.name == "/host:CPU"]
+  events = []  # (start_ns, end_ns, hlo_op)
+  for plane in planes:
+    lines = list(plane.lines)
+    streams = [line for line in lines if line.name.startswith("Stream")]
+    for line in streams or lines:
+      for e in line.events:
+        op = dict(e.stats).get("hlo_op")
+        if op and e.duration_ns > 0:
+          events.append((e.start_ns, e.start_ns + e.duration_ns, str(op)))
+  if not events:
+    return {"error": f"no kernel events with an hlo_op in {paths[-1]}"}
+  events.sort()
+  busy, end = 0.0, -1.0
+  for start, stop, _ in events:
+    if stop > end:
+      busy += stop - max(start, end)
+      end = stop
+  kinds, moved = {}, {}
+  if hlo_text:
+    module = hlo_costs.parse(hlo_text)
+    for _, instr, nbytes in hlo_costs.instruction_traffic(module):
+      kinds[instr.name] = hlo_costs.kernel_kind(module, instr)
+      moved[instr.name] = moved.get(instr.name, 0.0) + nbytes
+  by_kind, by_group, group_bytes, seen = (collections.Counter(), collections.Counter(),
+                                          collections.Counter(), set())
+  for start, stop, op in events:
+    by_kind[kinds.get(op, "unmatched" if kinds else "all")] += stop - start
+    group = re.sub(r"[.\d]+$", "", op)
+    by_group[group] += stop - start
+    if op not in seen:
+      seen.add(op)
+      group_bytes[group] += moved.get(op, 0.0)  # HBM bytes per step, each instruction once
+  ms = lambda ns: ns / steps / 1e6
+  return {
+      "step_ms": 1e3 * step_s, "busy_ms": ms(busy), "kernels_per_step": len(events) / steps,
+      "kinds_ms": {k: ms(v) for k, v in by_kind.most_common()},
+      "top": [{"group": g, "ms": ms(v), "kernels_per_step": sum(
+          1 for *_, op in events if re.sub(r"[.\d]+$", "", op) == g) / steps,
+               "gb_per_s": (group_bytes[g] / (v / steps / 1e9) / 1e9) if group_bytes[g] else None}
+              for g, v in by_group.most_common(top)]}
+
+
+def describe_device_time(found: dict, label: str) -> str:
+  """`device_time` as the lines the suite's log and summary show."""
+  if "error" in found:
+    return f"PROFILE {label}: {found['error']}"
+  kinds = ", ".join(f"{k} {v:.1f}" for k, v in found["kinds_ms"].items())
+  lines = [f"PROFILE {label}: step {found['step_ms']:.1f} ms, kernels busy {found['busy_ms']:.1f}"
+           f" ms ({found['kernels_per_step']:.0f} kernels), by kind (ms): {kinds}"]
+  for t in found["top"]:
+    rate = f", {t['gb_per_s']:,.0f} GB/s" if t["gb_per_s"] else ""
+    lines.append(f"  {t['ms']:7.2f} ms  {t['kernels_per_step']:5.0f}×  {t['group'][:70]}{rate}")
   return "\n".join(lines)
 
 
@@ -444,6 +501,9 @@ def report(results: list[dict], failures: list[str]) -> str:
   lines += [_row(r) for r in results]
   lines += [""] + [f"- HLO {r['name']} {r['variant']} {r['layers']}: {r['hlo']}"
                    for r in results if r.get("hlo")]
+  profiles = [describe_device_time(r["profile"], f"{r['name']} {r['variant']} {r['layers']}")
+              for r in results if r.get("profile")]
+  lines += ["", "```", *profiles, "```"] if profiles else []
   lines += [f"- Failed: {f}" for f in failures] + ([""] if failures else [])
   return "\n".join(lines)
 

@@ -5,42 +5,43 @@
 #
 # GPU time is short (one run of at most ~9 minutes), so everything runs from this one script, each
 # part under `timeout` (a hang costs that part, not the rest), within a total budget
-# (SUITE_BUDGET_S, default 480 s: a part is not started with less than two thirds of its cap
+# (SUITE_BUDGET_S, default 565 s: a part is not started with less than two thirds of its cap
 # or SUITE_MIN_PART_S = 45 s left, and is cut at what is left). All output is tee'd into $OUT/suite.log as it comes; after
 # every part $OUT/results.md (the benchmarks' markdown sections), $OUT/results.json (their rows),
 # $OUT/summary.md (ratios, MFU, what ran, failed or was skipped) and $OUT/hlo.tar.gz (the
 # optimized HLO of our steps, as much as fits in 14 MiB) are rewritten, so a call cut short still
 # returns what finished. Six files (with attention_checks.md), small enough to copy back.
 #
-# Parts (SUITE_PARTS, default "checks a b c d e f g h"; a later run can take the rest, e.g. "c d e f"):
+# Parts (SUITE_PARTS, default all; they run in this order, a later run can take the rest):
 #   (checks) attention dropout inside cuDNN's kernel: kept fraction, scaling, masks per call and
-#       per layer, backward mask = forward mask (`attention_dropout_checks.py`, ~30 s)
-#   (a) base 256×128: ours paper-cudnn, fast-cudnn, paper (explicit); the PyTorch peer
+#       per layer, backward mask = forward mask (`attention_dropout_checks.py`)
+#   (a) base 256×128: ours paper-cudnn, fast-cudnn, each with 5 more steps profiled (device
+#       time by kernel kind and the busiest kernels, `--profile_dir`); the PyTorch peer
 #       (`peer_torch.py`, Hugging Face BertForPreTraining, SDPA) eager and compiled, paper recipe
-#   (b) large 64×512: ours paper-cudnn; the peer compiled, paper recipe; ours fast-cudnn
-#   (c) fp8: ours paper-cudnn-fp8 on large 64×512
-#   (d) A/B on base: ours paper-cudnn-f32res, paper-cudnn-bits32 (against (a)'s paper-cudnn)
+#   (b) large 64×512: ours paper-cudnn, profiled; the peer compiled, paper recipe
 #   (e) XLA flags on base paper-cudnn, one process per setting: default; cuBLASLt on; Triton GEMM
 #       off; command buffers off (empty list); cuDNN LayerNorm on. Each flag was checked against
 #       XLA's debug_options_flags.cc and parsed by jaxlib 0.10.2 (an unknown one aborts XLA at
 #       start: the abort is recorded and the sweep goes on)
-#   (f) real rows, if .bench_batches/*.npz exist (128_* on base, 512_* on large): ours
-#       paper-cudnn and the peer compiled, paper recipe
+#   (c) fp8: ours paper-cudnn-fp8 on large 64×512
+#   (d) A/B on base: ours paper-cudnn-f32res, paper-cudnn-bits32 (against (a)'s paper-cudnn)
+#       and paper (the explicit path); ours fast-cudnn on large
 #   (g) the peer with the MLM head gathered at the masked positions (as ours), eager and
 #       compiled, on base
 #   (h) int8 inference against bfloat16 on base 256×128 (`int8_speed.py`: Q8BERT-style int8
 #       kernels, tables and per-token activations, int8 matmuls with int32 accumulation)
+#   (f) real rows, if .bench_batches/*.npz exist (128_* on base, 512_* on large): ours
+#       paper-cudnn and the peer compiled, paper recipe
 # Every run of ours dumps its HLO and prints its kernel counts (`--dump_hlo_dir`).
 #
-# Time estimate on one H100 (a JAX process starts in ~10 s, torch+transformers in ~15 s; our
-# compiles are 15-70 s, torch.compile ~40-80 s; 2 warm-up + 2 × 10 timed steps):
-#   (a) ours 3 × ~45 s + 10 ≈ 150 s; peer eager ≈ 20 s + compiled ≈ 70 s: ≈ 240 s
-#   (b) ours paper-cudnn ≈ 85 s; peer compiled ≈ 100 s; ours fast-cudnn ≈ 70 s: ≈ 255 s
-#   (c) ≈ 90 s   (d) 2 × ~45 s + 10 ≈ 100 s
-#   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 4 × ~55 s ≈ 245 s
-#   (f) ≈ 60 s (ours) + 80 s (peer) per file present   (g) ≈ 100 s   (h) ≈ 40 s
-# All of it: ≈ 1,000 s without (f). The default budget of 480 s covers (a) and most of (b);
-# SUITE_BUDGET_S=560 within a 600 s limit gets (b) whole; (c)-(g) need another run.
+# Times seen on one H200 (jax 0.11.2, torch 2.11; a JAX process starts in ~10 s; compiles:
+# base paper-cudnn 34 s, fast-cudnn 24 s, paper 42 s, large paper-cudnn 53 s; torch.compile
+# 47 s base, 73 s large; 2 warm-up + 2 × 10 timed steps):
+#   (checks) 13 s   (a) ours ≈ 80 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 107 s
+#   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 4 × ~50 s ≈ 225 s
+#   (c) ≈ 90 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
+# All of it: ≈ 1,000 s without (f). SUITE_BUDGET_S=565 within a 600 s call covers (checks), (a),
+# (b) and most of (e); the rest needs another run (SUITE_PARTS="c d g h").
 #
 # SUITE_SMOKE=1 runs the same plumbing on the CPU with the tiny preset, one step, the peer eager
 # only (cuDNN variants fail there, which exercises the failure paths). The suite's own settings
@@ -50,7 +51,7 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-/tmp/gpu_suite_out}
 WORK=${SUITE_WORK:-$(mktemp -d /tmp/gpu_suite.XXXXXX)}
-BUDGET_S=${SUITE_BUDGET_S:-480}
+BUDGET_S=${SUITE_BUDGET_S:-565}
 MIN_PART_S=${SUITE_MIN_PART_S:-45}
 PARTS=" ${SUITE_PARTS:-checks a b c d e f g h} "
 PY=${PYTHON:-$(command -v python3 || command -v python)}
@@ -238,6 +239,15 @@ if flag_parts:
       continue
     vs = f", {ms(r) / ms(base):.3f}× the default's step time" if base else ""
     lines.append(f"- {s[0]}: {ms(r):.1f} ms, MFU {mfu(r)}, compile {r['compile_s']:.0f} s{vs}")
+profiled = [r for r in rows if r.get("profile") and "error" not in r["profile"]]
+if profiled:
+  lines += ["", "## Where our device time goes (`--profile_dir`, ms per step)", ""]
+  for r in profiled:
+    p = r["profile"]
+    kinds = ", ".join(f"{k} {v:.1f}" for k, v in p["kinds_ms"].items())
+    top = "; ".join(f"{t['group']} {t['ms']:.1f}" for t in p["top"][:6])
+    lines.append(f"- {r['part']} {r['name']} {r['variant']}: step {p['step_ms']:.1f}, kernels "
+                 f"busy {p['busy_ms']:.1f}; {kinds}. Most: {top}")
 hlo = [r for r in rows if r.get("hlo")]
 if hlo:
   lines += ["", "## Kernels of our steps (`--dump_hlo_dir`)", ""]
@@ -295,22 +305,17 @@ if want checks; then
     --out="$OUT/attention_checks.md"
 fi
 if want a; then
-  ours a-ours 240 "$BASE" paper-cudnn,fast-cudnn,paper
+  ours a-ours 170 "$BASE" paper-cudnn,fast-cudnn --profile_dir="$WORK/profile"
   peer a-peer 160 --configs="$BASE" --recipes=paper --modes=eager,compile --mlm=full
 fi
 if want b; then
-  ours b-ours 130 "$LARGE" paper-cudnn --batch="$LARGE=$LARGE_BATCH"
+  ours b-ours 140 "$LARGE" paper-cudnn --batch="$LARGE=$LARGE_BATCH" --profile_dir="$WORK/profile"
   peer b-peer 200 --configs="$LARGE" --batch="$LARGE=$LARGE_BATCH" --recipes=paper \
     --modes=compile --mlm=full
-  ours b-ours-fast 110 "$LARGE" fast-cudnn --batch="$LARGE=$LARGE_BATCH"
-fi
-if want c; then
-  ours c-fp8 130 "$LARGE" paper-cudnn-fp8 --batch="$LARGE=$LARGE_BATCH"
-fi
-if want d; then
-  ours d-ab 150 "$BASE" paper-cudnn-f32res,paper-cudnn-bits32
 fi
 if want e; then
+  # The commands keep cuDNN's kernels out of command buffers (`cudnn_runtime.prepare`, which
+  # leaves an explicit --xla_gpu_enable_command_buffer alone): "default" is that setting.
   for setting in default cublaslt=true triton_gemm=false command_buffer= cudnn_layer_norm=true; do
     if [[ $setting == default ]]; then
       flags=${XLA_FLAGS:-} label=e-default
@@ -321,6 +326,20 @@ if want e; then
     XLA_FLAGS=$flags ours "$label" 110 "$BASE" paper-cudnn
   done
 fi
+if want c; then
+  ours c-fp8 130 "$LARGE" paper-cudnn-fp8 --batch="$LARGE=$LARGE_BATCH"
+fi
+if want d; then
+  ours d-ab 150 "$BASE" paper-cudnn-f32res,paper-cudnn-bits32,paper
+  ours d-large-fast 110 "$LARGE" fast-cudnn --batch="$LARGE=$LARGE_BATCH"
+fi
+if want g; then
+  peer g-peer-gathered 160 --configs="$BASE" --recipes=paper --modes=eager,compile --mlm=gathered
+fi
+if want h; then
+  run h-int8 90 "$PY" benchmarks/int8_speed.py --preset="$BASE" --dtype=bfloat16 \
+    --out="$WORK/h-int8.md" "${INT8_ARGS[@]}"
+fi
 if want f; then
   for batch_file in .bench_batches/*.npz; do
     [[ -e $batch_file ]] || { note "### (f): no .bench_batches/*.npz here"; break; }
@@ -330,13 +349,6 @@ if want f; then
     peer "f-peer-$stem" 150 --configs="$config" --recipes=paper --modes=compile --mlm=full \
       --batch_file="$batch_file"
   done
-fi
-if want g; then
-  peer g-peer-gathered 160 --configs="$BASE" --recipes=paper --modes=eager,compile --mlm=gathered
-fi
-if want h; then
-  run h-int8 90 "$PY" benchmarks/int8_speed.py --preset="$BASE" --dtype=bfloat16 \
-    --out="$WORK/h-int8.md" "${INT8_ARGS[@]}"
 fi
 
 collect

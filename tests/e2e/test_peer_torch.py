@@ -274,3 +274,30 @@ def test_compiled_peer_gives_sdpa_a_mask_only_for_padded_rows():
   for name, has_mask in (("full", False), ("padded", True)):
     assert len(seen[name]) == layers, seen
     assert all(c["mask"] is has_mask and c["dropout"] == 0.1 for c in seen[name]), seen
+
+
+def test_our_step_profiled_on_the_cpu(tmp_path):
+  """`accelerator_step.py --profile_dir` as the suite runs it: the trace's kernels are read from
+  its .xplane.pb, matched to the compiled step's HLO instructions and their kinds, and the
+  device's busy time is no more than the kernels' summed time allows."""
+  js = tmp_path / "ours.json"
+  cmd = [sys.executable, "benchmarks/accelerator_step.py", "--configs=tiny", "--variants=paper",
+         "--batch=tiny=4", "--steps=2", "--repeats=1", "--warmup=1",
+         f"--profile_dir={tmp_path / 'trace'}", f"--json_out={js}", f"--out={tmp_path / 'o.md'}"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+                        check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  with open(js, encoding="utf-8") as f:
+    (row,) = json.load(f)["results"]
+  profile = row["profile"]
+  assert "error" not in profile, profile
+  kinds = profile["kinds_ms"]
+  assert kinds.get("matmul", 0) > 0 and kinds.get("other", 0) > 0, kinds  # matched to the HLO
+  assert 0 < profile["busy_ms"] <= sum(kinds.values()) + 1e-6
+  assert profile["kernels_per_step"] > 100  # the tiny step's kernels, not a handful of events
+  top = profile["top"]
+  assert top and all(t["ms"] > 0 for t in top)
+  assert [t["ms"] for t in top] == sorted((t["ms"] for t in top), reverse=True)
+  assert any(t["gb_per_s"] for t in top)  # bytes from hlo_costs for the groups it counts
+  assert "PROFILE tiny paper unrolled" in (tmp_path / "o.md").read_text(encoding="utf-8")
