@@ -31,7 +31,8 @@
 #   (h) int8 inference against bfloat16 on base 256×128 (`int8_speed.py`: Q8BERT-style int8
 #       kernels, tables and per-token activations, int8 matmuls with int32 accumulation)
 #   (f) real rows, if .bench_batches/*.npz exist (128_* on base, 512_* on large): ours
-#       paper-cudnn and the peer compiled, paper recipe
+#       paper-cudnn and the peer compiled, paper recipe. `python benchmarks/bench_batches.py`
+#       writes them from a real corpus (git ignores them: the call carries `.bench_batches`)
 # Every run of ours dumps its HLO and prints its kernel counts (`--dump_hlo_dir`).
 #
 # Times seen on one H200 (jax 0.11.2, torch 2.11; a JAX process starts in ~10 s; compiles:

@@ -301,3 +301,26 @@ def test_our_step_profiled_on_the_cpu(tmp_path):
   assert [t["ms"] for t in top] == sorted((t["ms"] for t in top), reverse=True)
   assert any(t["gb_per_s"] for t in top)  # bytes from hlo_costs for the groups it counts
   assert "PROFILE tiny paper unrolled" in (tmp_path / "o.md").read_text(encoding="utf-8")
+
+
+def test_bench_batches_from_a_real_corpus(tmp_path):
+  """`bench_batches.py` writes the suite's real rows: the input pipeline's first batch over
+  Shakespeare, whole files only, packed rows with their packing arrays and less padding."""
+  out = tmp_path / "batches"
+  proc = subprocess.run([sys.executable, "benchmarks/bench_batches.py", f"--out_dir={out}",
+                         f"--work_dir={tmp_path / 'work'}", "--lengths=128"], cwd=ROOT,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                        text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert sorted(os.listdir(out)) == ["128_packed.npz", "128_unpacked.npz"]  # no partial file
+  real = {}
+  for layout in ("unpacked", "packed"):
+    with np.load(out / f"128_{layout}.npz", allow_pickle=False) as f:
+      batch = {k: f[k] for k in f.files}
+    assert batch["input_ids"].shape == (256, 128)
+    assert batch["masked_lm_positions"].shape == (256, 20)
+    assert ("sequence_ids" in batch) is (layout == "packed")
+    ids, mask = batch["input_ids"], batch["input_mask"].astype(bool)
+    assert (ids[mask] > 0).all() and (ids[~mask] == 0).all()
+    real[layout] = mask.mean()
+  assert 0.5 < real["unpacked"] < real["packed"] <= 1.0
