@@ -19,10 +19,12 @@
 #       time by kernel kind and the busiest kernels, `--profile_dir`); the PyTorch peer
 #       (`peer_torch.py`, Hugging Face BertForPreTraining, SDPA) eager and compiled, paper recipe
 #   (b) large 64×512: ours paper-cudnn, profiled; the peer compiled, paper recipe
-#   (e) XLA flags on base paper-cudnn, one process per setting: default; cuBLASLt on; Triton GEMM
-#       off; command buffers off (empty list); cuDNN LayerNorm on. Each flag was checked against
-#       XLA's debug_options_flags.cc and parsed by jaxlib 0.10.2 (an unknown one aborts XLA at
-#       start: the abort is recorded and the sweep goes on)
+#   (e) XLA flags on base paper-cudnn, one process per setting: default; Triton GEMM off (all
+#       GEMMs through cuBLASLt, whose epilogues take bias adds); XLA's dot merger off (on the
+#       H200 it concatenated dQ and dV for one weight-gradient GEMM per layer: 3.6 GB of copies
+#       and slices per step); cuBLASLt on; command buffers off (empty list); cuDNN LayerNorm
+#       on. Each flag was checked against XLA's debug_options_flags.cc and parsed by jaxlib
+#       0.10.2 (an unknown one aborts XLA at start: the abort is recorded, the sweep goes on)
 #   (c) fp8: ours paper-cudnn-fp8 on large 64×512
 #   (d) A/B on base: ours paper-cudnn-f32res, paper-cudnn-bits32 (against (a)'s paper-cudnn)
 #       and paper (the explicit path); ours fast-cudnn on large
@@ -317,13 +319,13 @@ fi
 if want e; then
   # The commands keep cuDNN's kernels out of command buffers (`cudnn_runtime.prepare`, which
   # leaves an explicit --xla_gpu_enable_command_buffer alone): "default" is that setting.
-  for setting in default cublaslt=true triton_gemm=false command_buffer= cudnn_layer_norm=true; do
-    if [[ $setting == default ]]; then
-      flags=${XLA_FLAGS:-} label=e-default
-    else
-      flags="${XLA_FLAGS:-} --xla_gpu_enable_$setting"
-      label="e-${setting%%=*}"
-    fi
+  # Label and flag of each setting, the likeliest gains first.
+  for setting in default triton_gemm:--xla_gpu_enable_triton_gemm=false \
+      dot_merger:--xla_disable_hlo_passes=dot-merger cublaslt:--xla_gpu_enable_cublaslt=true \
+      command_buffer:--xla_gpu_enable_command_buffer= \
+      cudnn_layer_norm:--xla_gpu_enable_cudnn_layer_norm=true; do
+    flags="${XLA_FLAGS:-} ${setting#*:}" label="e-${setting%%:*}"
+    [[ $setting == default ]] && flags=${XLA_FLAGS:-}
     XLA_FLAGS=$flags ours "$label" 110 "$BASE" paper-cudnn
   done
 fi
