@@ -69,12 +69,14 @@ def initialize_distributed_from_flags() -> None:
 def prepare_process() -> None:
   """What a command sets before JAX starts its backends: library INFO chatter (Orbax's, JAX's)
   kept out unless --verbosity was given, since progress is printed; off a TPU VM, JAX kept from
-  starting the TPU runtime to look for chips (`distributed.skip_absent_tpu`); on GPUs, cuDNN's
-  kernels kept out of XLA's command buffers (`cudnn_runtime.prepare`)."""
+  starting the TPU runtime to look for chips (`distributed.skip_absent_tpu`); where a GPU
+  plugin is installed, cuDNN's kernels kept out of XLA's command buffers
+  (`cudnn_runtime.prepare`; elsewhere XLA_FLAGS stay as they are)."""
   from bert_jax.model import cudnn_runtime  # pylint: disable=g-import-not-at-top
   from bert_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
   distributed.skip_absent_tpu()
-  cudnn_runtime.prepare()
+  if distributed.gpu_plugin_installed():
+    cudnn_runtime.prepare()
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
 

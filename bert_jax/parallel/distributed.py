@@ -36,22 +36,32 @@ def platforms_off_tpu(on_tpu: bool, has_libtpu: bool, plugins: list[str]) -> str
   return ",".join(dict.fromkeys(platforms + ["cpu"]))
 
 
-def skip_absent_tpu() -> None:
-  """`platforms_off_tpu` applied, where the user chose no platform (JAX_PLATFORMS); called by
-  the commands before JAX starts its backends."""
+def installed_plugins() -> list[str]:
+  """The names of the JAX plugins installed (entry points and `jax_plugins` modules)."""
   import importlib.metadata  # pylint: disable=g-import-not-at-top
-  import importlib.util  # pylint: disable=g-import-not-at-top
   import pkgutil  # pylint: disable=g-import-not-at-top
-  if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
-    return
   plugins = [e.name for e in importlib.metadata.entry_points(group="jax_plugins")]
   try:
     import jax_plugins  # pylint: disable=g-import-not-at-top
     plugins += [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
   except ImportError:
     pass
+  return plugins
+
+
+def gpu_plugin_installed() -> bool:
+  """Whether JAX can start a GPU backend here (a CUDA or ROCm plugin is installed)."""
+  return any(platform in name for name in installed_plugins() for platform in _GPU_PLATFORMS)
+
+
+def skip_absent_tpu() -> None:
+  """`platforms_off_tpu` applied, where the user chose no platform (JAX_PLATFORMS); called by
+  the commands before JAX starts its backends."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
+    return
   chosen = platforms_off_tpu(on_tpu_vm(), importlib.util.find_spec("libtpu") is not None,
-                             plugins)
+                             installed_plugins())
   if chosen:
     jax.config.update("jax_platforms", chosen)
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+from absl import logging as absl_logging
 import pytest
 
 from bert_jax.parallel import distributed
@@ -41,3 +42,27 @@ def test_a_command_off_a_tpu_vm_prints_its_own_lines_only(tmp_path):
   assert [line.split(":")[0].split(" ")[0] for line in proc.stdout.splitlines()] == [
       "read", "copied", "wrote"], proc.stdout
   assert os.path.isdir(source)
+
+
+@pytest.mark.parametrize("plugins, gpu", [
+    ([], False), (["xla_cuda12"], True), (["jax_rocm7_plugin"], True),
+    (["someone_elses_accelerator"], False),
+])
+def test_commands_set_the_cudnn_flag_only_where_a_gpu_can_start(monkeypatch, plugins, gpu):
+  """`cli.prepare_process` keeps cuDNN's kernels out of XLA's command buffers where a GPU
+  plugin is installed, and leaves XLA_FLAGS alone on CPU and TPU machines."""
+  from bert_jax import cli  # pylint: disable=g-import-not-at-top
+  from bert_jax.model import cudnn_runtime  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(distributed, "installed_plugins", lambda: plugins)
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # the platform choice is not under test here
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+  assert distributed.gpu_plugin_installed() is gpu
+  verbosity = absl_logging.get_verbosity()
+  try:
+    cli.prepare_process()
+  finally:  # it quiets absl's logging, as a command wants; the tests after this one do not
+    absl_logging.set_verbosity(verbosity)
+  expected = "--xla_force_host_platform_device_count=2"
+  if gpu:
+    expected += " " + cudnn_runtime.CUDNN_OUTSIDE_COMMAND_BUFFERS
+  assert os.environ["XLA_FLAGS"] == expected
