@@ -376,11 +376,16 @@ def device_time(trace_dir: str, steps: int, step_s: float, hlo_text: str | None 
   """Where a step's device time goes, read from a `jax.profiler` trace (its .xplane.pb, through
   `jax.profiler.ProfileData`: no TensorBoard needed).
 
-  Kernels are the events of the device planes (GPU/TPU; the CPU's XLA threads on a CPU) that
-  name their HLO instruction (`hlo_op`); on a GPU only the stream lines count, so no derived
-  line counts a kernel twice. Per step: the time kernels run (`busy_ms`: the union of their
-  intervals, so overlapping streams count once) against the step's wall time, the rest being
-  gaps where the device waits (launches, host work); the kernel time by kind (`hlo_costs`'
+  Kernels are the events of the device planes: on a GPU those of its stream lines (named by
+  the HLO instruction they run, `hlo_op`, where the trace records it, else by the kernel's own
+  name; no derived line counts a kernel twice), on a TPU those of its "XLA Ops" line, on a CPU
+  the events of XLA's threads that name an HLO instruction. By default XLA runs without command
+  buffers while it is profiled (`--xla_enable_command_buffers_during_profiling`): kernel times
+  are each kernel's own, and the traced steps wait longer between kernels than the timed ones.
+
+  Per step: the time kernels run (`busy_ms`: the union of their intervals, so overlapping
+  streams count once) against the timed step's wall time, the rest being time the device
+  waits (launches, host work); the kernel time by kind (`hlo_costs`'
   matmul / attention / collective / other, read from the compiled HLO); and the instructions
   that take most, grouped by name without their numeric suffix, with the bandwidth each group
   reaches on the bytes `hlo_costs` counts for it."""
@@ -395,13 +400,15 @@ def device_time(trace_dir: str, steps: int, step_s: float, hlo_text: str | None 
   planes = [p for p in data.planes if p.name.startswith("/device:")]
   if not planes:
     planes = [p for p in data.planes if p.name == "/host:CPU"]
-  events = []  # (start_ns, end_ns, hlo_op)
+  events = []  # (start_ns, end_ns, HLO instruction or kernel name)
   for plane in planes:
     lines = list(plane.lines)
     streams = [line for line in lines if line.name.startswith("Stream")]
-    for line in streams or lines:
+    ops = [line for line in lines if line.name == "XLA Ops"]
+    every_event = bool(streams or ops)  # a GPU's kernels, a TPU's ops: each event is one
+    for line in streams or ops or lines:
       for e in line.events:
-        op = dict(e.stats).get("hlo_op")
+        op = dict(e.stats).get("hlo_op") or (e.name if every_event else None)
         if op and e.duration_ns > 0:
           events.append((e.start_ns, e.start_ns + e.duration_ns, str(op)))
   if not events:
