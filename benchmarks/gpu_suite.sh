@@ -21,8 +21,8 @@
 #   (b) large 64×512: ours paper-cudnn, profiled; the peer compiled, paper recipe
 #   (e) XLA flags on base paper-cudnn, one process per setting: default; Triton GEMM off (all
 #       GEMMs through cuBLASLt, whose epilogues take bias adds); XLA's dot merger off (on the
-#       H200 it concatenated dQ and dV for one weight-gradient GEMM per layer: 3.6 GB of copies
-#       and slices per step); cuBLASLt on; command buffers off (empty list); cuDNN LayerNorm
+#       H200 it joined Q's and V's GEMMs, forward and weight gradient: 3.6 GB of copies per
+#       step); cuBLASLt on; command buffers off (empty list); cuDNN LayerNorm
 #       on. Each flag was checked against XLA's debug_options_flags.cc and parsed by jaxlib
 #       0.10.2 (an unknown one aborts XLA at start: the abort is recorded, the sweep goes on)
 #   (c) fp8: ours paper-cudnn-fp8 on large 64×512
