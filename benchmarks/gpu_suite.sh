@@ -41,10 +41,10 @@
 # base paper-cudnn 34 s, fast-cudnn 24 s, paper 42 s, large paper-cudnn 53 s; torch.compile
 # 47 s base, 73 s large; 2 warm-up + 2 × 10 timed steps):
 #   (checks) 13 s   (a) ours ≈ 80 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 107 s
-#   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 4 × ~50 s ≈ 225 s
+#   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 5 × ~50 s ≈ 275 s
 #   (c) ≈ 90 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
 # All of it: ≈ 1,000 s without (f). SUITE_BUDGET_S=565 within a 600 s call covers (checks), (a),
-# (b) and most of (e); the rest needs another run (SUITE_PARTS="c d g h").
+# (b) and part of (e); the rest needs another run (SUITE_PARTS="e c d g h f").
 #
 # SUITE_SMOKE=1 runs the same plumbing on the CPU with the tiny preset, one step, the peer eager
 # only (cuDNN variants fail there, which exercises the failure paths). The suite's own settings
