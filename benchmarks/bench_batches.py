@@ -12,7 +12,8 @@ vocabulary MiniLM's uncased WordPiece (30,522 tokens, BERT's size). `data_prep`'
 input pipeline (`PretrainingData`) reads the first batch of each, and it is written with
 `np.savez` as `<len>_unpacked.npz` / `<len>_packed.npz`, each file whole or not at all.
 
-The files are ignored by git; a GPU call takes them with `carry: [".bench_batches"]`.
+The files are ignored by git; copy `.bench_batches/` along with the working tree to the GPU
+machine that runs the suite.
 """
 
 from __future__ import annotations

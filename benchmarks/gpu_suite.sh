@@ -34,7 +34,7 @@
 #       kernels, tables and per-token activations, int8 matmuls with int32 accumulation)
 #   (f) real rows, if .bench_batches/*.npz exist (128_* on base, 512_* on large): ours
 #       paper-cudnn and the peer compiled, paper recipe. `python benchmarks/bench_batches.py`
-#       writes them from a real corpus (git ignores them: the call carries `.bench_batches`)
+#       writes them from a real corpus (git ignores them: copy the folder along)
 # Every run of ours dumps its HLO and prints its kernel counts (`--dump_hlo_dir`).
 #
 # Times seen on one H200 (jax 0.11.2, torch 2.11; a JAX process starts in ~10 s; compiles:
@@ -43,7 +43,7 @@
 #   (checks) 13 s   (a) ours ≈ 80 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 107 s
 #   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 5 × ~50 s ≈ 275 s
 #   (c) ≈ 90 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
-# All of it: ≈ 1,000 s without (f). SUITE_BUDGET_S=565 within a 600 s call covers (checks), (a),
+# All of it: ≈ 1,000 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
 # (b) and part of (e); the rest needs another run (SUITE_PARTS="e c d g h f").
 #
 # SUITE_SMOKE=1 runs the same plumbing on the CPU with the tiny preset, one step, the peer eager
