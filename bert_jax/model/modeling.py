@@ -312,6 +312,31 @@ def _materialized(x: jax.Array) -> jax.Array:
   return jax.lax.optimization_barrier(x)
 
 
+@jax.custom_vjp
+def _gradient_materialized(x: jax.Array) -> jax.Array:
+  """`x`; its gradient passes an optimization barrier (`_materialized` of the backward)."""
+  return x
+
+
+_gradient_materialized.defvjp(lambda x: (x, None),
+                              lambda _, grad: (jax.lax.optimization_barrier(grad),))
+
+
+def _between_fp8_matmuls(activation: Callable[[jax.Array], jax.Array], x: jax.Array
+                         ) -> jax.Array:
+  """`activation(x)` between two FP8 matmuls, its output and its input's gradient written in
+  the compute dtype.
+
+  Each FP8 matmul reads its operand twice, for the largest |value| (the next scale) and to
+  quantize it, and so does its backward with the output's gradient. Left to itself XLA's GPU
+  compiler kept the activation's float32 value (before its rounding to bfloat16) as the array
+  both read, and the gradient's likewise: arrays of the feed-forward width in float32 instead
+  of bfloat16. Barriers make each the compute-dtype array it is: 4.8 GB less moved per
+  BERT-base/128 step with FP8 (72.2 → 67.4 GB outside matmuls and attention, compiled for an
+  H100). Values are the same."""
+  return _materialized(activation(_gradient_materialized(x)))
+
+
 def attention_mask(input_mask: jax.Array, sequence_ids: jax.Array | None = None) -> jax.Array:
   """Which keys each query may attend to, as a boolean mask broadcastable to (b, heads, q, kv).
 
@@ -693,7 +718,11 @@ class BertIntermediate(nn.Module):
   def __call__(self, x):
     cfg = self.config
     y = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "dense")(x)
-    y = activation_fn(cfg.hidden_act)(y)
+    activation = activation_fn(cfg.hidden_act)
+    if cfg.quantization == "fp8":
+      y = _between_fp8_matmuls(activation, y)
+    else:
+      y = activation(y)
     return nn.with_logical_constraint(y, (BATCH, LENGTH, MLP))
 
 

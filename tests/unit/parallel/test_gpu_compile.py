@@ -106,6 +106,17 @@ for name, module, attr, stand_in, hidden in (
   finally:
     setattr(module, attr, kept)
 
+# FP8: the activation between the feed-forward matmuls and its input's gradient written in
+# bfloat16 (`_between_fp8_matmuls`), against the same step leaving that to XLA.
+fp8 = cases["fp8"][1]
+out["fp8_written"] = compile_check.check(tiny(fp8, 256), "h100").traffic
+kept = modeling._between_fp8_matmuls
+modeling._between_fp8_matmuls = lambda activation, x: activation(x)
+try:
+  out["fp8_left_to_xla"] = compile_check.check(tiny(fp8, 256), "h100").traffic
+finally:
+  modeling._between_fp8_matmuls = kept
+
 big = tiny({})
 big.global_batch_size = 1 << 17
 try:
@@ -213,6 +224,14 @@ def test_gelu_loss_and_layer_norm_changes_move_fewer_bytes(compiled):
   saved = (compiled["key_bias_added"]["other"]["bytes"]
            - compiled["layer_norm_written"]["other"]["bytes"])
   assert saved >= LAYERS * 64 * 128 * 256 * 2, saved
+
+
+def test_fp8_operands_between_the_feed_forward_matmuls_move_fewer_bytes(compiled):
+  """With FP8, the activation and its input's gradient kept as bfloat16 arrays: at least one
+  float32 array of the feed-forward width (64 x 128 x 1024) per layer less moved."""
+  saved = (compiled["fp8_left_to_xla"]["other"]["bytes"]
+           - compiled["fp8_written"]["other"]["bytes"])
+  assert saved >= LAYERS * 64 * 128 * 1024 * 4, saved
 
 
 def test_a_step_that_cannot_fit_is_refused_with_the_fix(compiled):
