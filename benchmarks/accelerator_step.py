@@ -350,11 +350,14 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
   profile = None
   if _PROFILE.value:
     trace_dir = os.path.join(_PROFILE.value, f"{name}-{variant}-{layers}")
-    with jax.profiler.trace(trace_dir):
-      for _ in range(5):
-        state, metrics = compiled(state, batch)
-      jax.block_until_ready(state.params)
-    profile = device_time(trace_dir, 5, statistics.median(times), compiled.as_text())
+    try:  # a profile that fails costs the profile, not the timing above
+      with jax.profiler.trace(trace_dir):
+        for _ in range(5):
+          state, metrics = compiled(state, batch)
+        jax.block_until_ready(state.params)
+      profile = device_time(trace_dir, 5, statistics.median(times), compiled.as_text())
+    except Exception as e:  # pylint: disable=broad-except
+      profile = {"error": f"profiling failed: {type(e).__name__}: {e}"}
     print(describe_device_time(profile, f"{name} {variant} {layers}"), flush=True)
   analytic = objective.flops_per_step(config, batch_size)
   peak = perf.peak_flops_per_device(jax.devices()[0])

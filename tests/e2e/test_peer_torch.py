@@ -324,3 +324,22 @@ def test_bench_batches_from_a_real_corpus(tmp_path):
     assert (ids[mask] > 0).all() and (ids[~mask] == 0).all()
     real[layout] = mask.mean()
   assert 0.5 < real["unpacked"] < real["packed"] <= 1.0
+
+
+def test_a_failed_profile_keeps_the_timing(tmp_path):
+  """A trace that cannot be written costs the profile, not the step's timing."""
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a folder", encoding="utf-8")
+  js = tmp_path / "ours.json"
+  cmd = [sys.executable, "benchmarks/accelerator_step.py", "--configs=tiny", "--variants=paper",
+         "--batch=tiny=4", "--steps=1", "--repeats=1", "--warmup=1",
+         f"--profile_dir={blocker}", f"--json_out={js}"]
+  proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                        capture_output=True, text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  with open(js, encoding="utf-8") as f:
+    data = json.load(f)
+  assert data["failures"] == []
+  (row,) = data["results"]
+  assert row["step_s"] > 0
+  assert row["profile"]["error"].startswith("profiling failed"), row["profile"]
