@@ -31,8 +31,7 @@ sys.path.insert(0, ROOT)
 import numpy as np
 
 from benchmarks import packing
-from bert_jax.data import input_pipeline
-from bert_jax.text import features, masking, wordpiece
+from bert_jax.text import features
 from data_prep import demo_corpus
 from tests.helpers import minilm_dir
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -44,11 +43,7 @@ SHAPES = ((128, 20, 256), (512, 80, 64))
 def first_batch(files: list[str], vocab: str, length: int, predictions: int,
                 rows: int) -> dict[str, np.ndarray]:
   """The input pipeline's first global batch of `rows` rows, as host arrays."""
-  config = masking.MaskingConfig.from_tokenizer(wordpiece.WordPieceTokenizer(vocab))
-  data = input_pipeline.PretrainingData(
-      None, files=files, global_batch_size=rows, max_seq_length=length,
-      max_predictions_per_seq=predictions, sharding=None, masking_config=config,
-      process_index=0, process_count=1)
+  data = packing.pretraining_data(files, vocab, length, predictions, rows)
   batch, _ = next(data.host_batches())
   return {k: np.asarray(v) for k, v in batch.items()}
 

@@ -50,13 +50,19 @@ def prepare(corpus: str, vocab: str, out: str, **settings) -> dict:
   return summary
 
 
-def read_rate(files: list[str], vocab: str, max_seq_length: int, max_predictions: int,
-              batches: int) -> dict:
+def pretraining_data(files: list[str], vocab: str, max_seq_length: int, max_predictions: int,
+                     batch_size: int) -> input_pipeline.PretrainingData:
+  """The input pipeline over `files` on one host, its batches as host arrays."""
   config = masking.MaskingConfig.from_tokenizer(wordpiece.WordPieceTokenizer(vocab))
-  data = input_pipeline.PretrainingData(
-      None, files=files, global_batch_size=64, max_seq_length=max_seq_length,
+  return input_pipeline.PretrainingData(
+      None, files=files, global_batch_size=batch_size, max_seq_length=max_seq_length,
       max_predictions_per_seq=max_predictions, sharding=None, masking_config=config,
       process_index=0, process_count=1)
+
+
+def read_rate(files: list[str], vocab: str, max_seq_length: int, max_predictions: int,
+              batches: int) -> dict:
+  data = pretraining_data(files, vocab, max_seq_length, max_predictions, 64)
   stream = data.host_batches()
   for _ in range(5):  # warm up tf.data
     next(stream)

@@ -5,8 +5,10 @@ Called by every entry point before JAX starts its backends; on one machine it do
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
+from typing import Sequence
 
 import jax
 
@@ -20,7 +22,7 @@ def on_tpu_vm() -> bool:
 _GPU_PLATFORMS = ("cuda", "rocm")
 
 
-def platforms_off_tpu(on_tpu: bool, has_libtpu: bool, plugins: list[str]) -> str | None:
+def platforms_off_tpu(on_tpu: bool, has_libtpu: bool, plugins: Sequence[str]) -> str | None:
   """The platforms for JAX to start off a TPU VM where libtpu is installed (this package's `aot`
   extra, for compiling TPU programs ahead of time): JAX would otherwise start the TPU runtime
   to look for chips, which costs seconds and prints lines of libtpu warnings. None (JAX's own
@@ -29,15 +31,22 @@ def platforms_off_tpu(on_tpu: bool, has_libtpu: bool, plugins: list[str]) -> str
     return None
   platforms = []
   for name in plugins:
-    known = [platform for platform in _GPU_PLATFORMS if platform in name]
+    known = _gpu_platforms(name)
     if not known:
       return None
     platforms += known
   return ",".join(dict.fromkeys(platforms + ["cpu"]))
 
 
-def installed_plugins() -> list[str]:
-  """The names of the JAX plugins installed (entry points and `jax_plugins` modules)."""
+def _gpu_platforms(plugin: str) -> list[str]:
+  """The GPU platforms a JAX plugin's name says it starts (none for any other plugin)."""
+  return [platform for platform in _GPU_PLATFORMS if platform in plugin]
+
+
+@functools.cache
+def installed_plugins() -> tuple[str, ...]:
+  """The names of the JAX plugins installed (entry points and `jax_plugins` modules), read
+  once per process."""
   import importlib.metadata  # pylint: disable=g-import-not-at-top
   import pkgutil  # pylint: disable=g-import-not-at-top
   plugins = [e.name for e in importlib.metadata.entry_points(group="jax_plugins")]
@@ -46,12 +55,12 @@ def installed_plugins() -> list[str]:
     plugins += [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
   except ImportError:
     pass
-  return plugins
+  return tuple(plugins)
 
 
 def gpu_plugin_installed() -> bool:
   """Whether JAX can start a GPU backend here (a CUDA or ROCm plugin is installed)."""
-  return any(platform in name for name in installed_plugins() for platform in _GPU_PLATFORMS)
+  return any(_gpu_platforms(name) for name in installed_plugins())
 
 
 def skip_absent_tpu() -> None:

@@ -71,7 +71,8 @@ for name, (machine, overrides) in cases.items():
 
 # The same step with one change swapped back at a time (GELU differentiated as it is or with
 # jax.nn.gelu's forward, the loss as log_softmax and a gather, LayerNorm without its barrier or
-# with two-pass statistics, dropout masks as bytes, the key's bias added): what each saves.
+# with two-pass statistics, dropout masks as bytes, the key's bias added, FP8's operands left to
+# XLA): what each saves.
 from bert_jax.model import dropout, modeling
 from bert_jax.objectives import mlm
 import jax, jax.numpy as jnp
@@ -88,34 +89,29 @@ statistics = modeling._row_statistics
 dense = modeling.dense
 # LayerNorm outputs written once pay from a width of a few hundred (at 64 XLA fuses alike).
 out["layer_norm_written"] = compile_check.check(tiny(paper, 256), "h100").traffic
-for name, module, attr, stand_in, hidden in (
-    ("gelu_as_is", modeling, "gelu", as_is, 64),
-    ("loss_gathered", mlm, "cross_entropy", gathered, 64),
-    ("gelu_bf16_argument", modeling, "gelu", bf16_argument, 256),
-    ("layer_norm_recomputed", modeling, "_materialized", lambda x: x, 256),
+# FP8 (its own reference step): the activation between the feed-forward matmuls and its
+# input's gradient written in bfloat16 (`_between_fp8_matmuls`), or left to XLA.
+fp8 = cases["fp8"][1]
+out["fp8_written"] = compile_check.check(tiny(fp8, 256), "h100").traffic
+for name, module, attr, stand_in, hidden, overrides in (
+    ("gelu_as_is", modeling, "gelu", as_is, 64, paper),
+    ("loss_gathered", mlm, "cross_entropy", gathered, 64, paper),
+    ("gelu_bf16_argument", modeling, "gelu", bf16_argument, 256, paper),
+    ("layer_norm_recomputed", modeling, "_materialized", lambda x: x, 256, paper),
     ("layer_norm_two_pass", modeling, "_row_statistics",
-     lambda v, epsilon, one_pass: statistics(v, epsilon, False), 256),
-    ("dropout_mask_bytes", dropout, "_kept_as_bits", lambda keep: keep, 256),
+     lambda v, epsilon, one_pass: statistics(v, epsilon, False), 256, paper),
+    ("dropout_mask_bytes", dropout, "_kept_as_bits", lambda keep: keep, 256, paper),
     ("key_bias_added", modeling, "dense",
      lambda config, features, axes, name, add_bias=True: dense(config, features, axes, name),
-     256)):
+     256, paper),
+    ("fp8_left_to_xla", modeling, "_between_fp8_matmuls",
+     lambda activation, x: activation(x), 256, fp8)):
   kept = getattr(module, attr)
   setattr(module, attr, stand_in)
   try:
-    out[name] = compile_check.check(tiny(paper, hidden), "h100", config_name=name).traffic
+    out[name] = compile_check.check(tiny(overrides, hidden), "h100", config_name=name).traffic
   finally:
     setattr(module, attr, kept)
-
-# FP8: the activation between the feed-forward matmuls and its input's gradient written in
-# bfloat16 (`_between_fp8_matmuls`), against the same step leaving that to XLA.
-fp8 = cases["fp8"][1]
-out["fp8_written"] = compile_check.check(tiny(fp8, 256), "h100").traffic
-kept = modeling._between_fp8_matmuls
-modeling._between_fp8_matmuls = lambda activation, x: activation(x)
-try:
-  out["fp8_left_to_xla"] = compile_check.check(tiny(fp8, 256), "h100").traffic
-finally:
-  modeling._between_fp8_matmuls = kept
 
 big = tiny({})
 big.global_batch_size = 1 << 17
