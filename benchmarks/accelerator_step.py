@@ -116,6 +116,10 @@ VARIANTS = {
                                dropout_bits=32),
     "paper-cudnn-fp8": dict(attention_probs_dropout_prob=0.1, attention_implementation="cudnn",
                             quantization="fp8"),
+    # GELU's tanh form, the original BERT code's `gelu`: cuBLASLt's epilogue computes it with
+    # the bias add inside the first feed-forward GEMM where XLA routes that GEMM to cuBLASLt.
+    "paper-cudnn-tanh": dict(attention_probs_dropout_prob=0.1, attention_implementation="cudnn",
+                             hidden_act="gelu_new"),
 }
 
 

@@ -13,7 +13,8 @@ moves, the time the elementwise and reduction kernels need at least at peak band
 many kernels touch each LayerNorm site (`accelerator_step.hlo_summary`). GEMM kernels are the
 compiler's defaults (no autotuning without a GPU), so matmul bytes are indicative; the other
 kernels are the program's own. Each compile appends a JSON line as it finishes; rows already in
-the file are skipped.
+the file (same step, GPU and XLA_FLAGS) are skipped. `--target=h200` compiles for an H200, whose
+figures (bandwidth above all) change some of the compiler's fusion decisions.
 """
 
 from __future__ import annotations
@@ -54,10 +55,17 @@ def config_for(preset: str, variant: str):
 
 
 def row_head(preset: str, variant: str, target: str) -> dict:
-  """What names a row: the step, its shape, the GPU."""
+  """What names a row: the step, its shape, the GPU, the compiler's flags (XLA_FLAGS, which
+  change the program: Triton or cuBLAS GEMMs, passes turned off) and JAX's version (XLA's)."""
+  import jax  # pylint: disable=g-import-not-at-top
   config = config_for(preset, variant)
   return {"preset": preset, "variant": variant, "target": target,
+          "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
           "batch": int(config.global_batch_size), "length": int(config.data.max_seq_length)}
+
+
+def _key(row: dict) -> tuple:
+  return row["preset"], row["variant"], row["target"], row.get("xla_flags", "")
 
 
 def compile_row(preset: str, variant: str, target: str) -> dict:
@@ -96,6 +104,8 @@ def render(rows: list[dict]) -> str:
       "|---|---|---|---|---|---|---|"]
   for r in rows:
     name = f"{r['preset']} {r['batch']}×{r['length']} {r['variant']}"
+    if r.get("xla_flags"):
+      name += f" `{r['xla_flags']}`"
     if not r.get("fits"):
       lines.append(f"| {name} | does not fit: {r.get('refused', r.get('error', ''))[:160]} "
                    "| | | | | |")
@@ -126,9 +136,9 @@ def main() -> None:
   from bert_jax.parallel import gpu_targets  # pylint: disable=g-import-not-at-top
   gpu_targets.find_plugin()
   wanted = [tuple(r.split(":")) for r in args.rows.split(",") if r] or ROWS
-  have = {(r["preset"], r["variant"], r["target"]) for r in done}
+  have = {_key(r) for r in done}
   for i, (preset, variant) in enumerate(wanted):
-    if (preset, variant, args.target) in have:
+    if _key(row_head(preset, variant, args.target)) in have:
       continue
     print(f"[{i + 1}/{len(wanted)}] compiling {preset} {variant} for {args.target}...", flush=True)
     try:

@@ -19,12 +19,15 @@
 #       time by kernel kind and the busiest kernels, `--profile_dir`); the PyTorch peer
 #       (`peer_torch.py`, Hugging Face BertForPreTraining, SDPA) eager and compiled, paper recipe
 #   (b) large 64×512: ours paper-cudnn, profiled; the peer compiled, paper recipe
-#   (e) XLA flags on base paper-cudnn, one process per setting: default; Triton GEMM off (all
-#       GEMMs through cuBLASLt, whose epilogues take bias adds); XLA's dot merger off (on the
-#       H200 it joined Q's and V's GEMMs, forward and weight gradient: 3.6 GB of copies per
-#       step); cuBLASLt on; command buffers off (empty list); cuDNN LayerNorm
-#       on. Each flag was checked against XLA's debug_options_flags.cc and parsed by jaxlib
-#       0.10.2 (an unknown one aborts XLA at start: the abort is recorded, the sweep goes on)
+#   (e) XLA flags on base paper-cudnn, one process per setting: default; "epilogues" (Triton
+#       GEMM off, so that every GEMM goes through cuBLASLt, whose epilogues take bias adds, and
+#       XLA's dot merger off: on the H200 it joined Q's and V's GEMMs, forward and weight
+#       gradient, 3.6 GB of copies per step); the same with GELU's tanh form
+#       (paper-cudnn-tanh: bias + GELU in the first feed-forward GEMM's epilogue) and the peer
+#       compiled with that GELU (--hidden_act=gelu_new); then Triton GEMM off alone, the dot
+#       merger off alone, command buffers off (empty list), cuDNN LayerNorm on. Each flag is
+#       parsed by jaxlib 0.10.2 and 0.11.2 (an unknown one aborts XLA at start: the abort is
+#       recorded, the sweep goes on)
 #   (c) fp8: ours paper-cudnn-fp8 on large 64×512
 #   (d) A/B on base: ours paper-cudnn-f32res, paper-cudnn-bits32 (against (a)'s paper-cudnn)
 #       and paper (the explicit path); ours fast-cudnn on large
@@ -41,9 +44,10 @@
 # base paper-cudnn 34 s, fast-cudnn 24 s, paper 42 s, large paper-cudnn 53 s; torch.compile
 # 47 s base, 73 s large; 2 warm-up + 2 × 10 timed steps):
 #   (checks) 13 s   (a) ours ≈ 80 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 107 s
-#   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 5 × ~50 s ≈ 275 s
+#   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 6 × ~50 s + the
+#       peer ≈ 60 s ≈ 385 s
 #   (c) ≈ 90 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
-# All of it: ≈ 1,000 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
+# All of it: ≈ 1,100 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
 # (b) and part of (e); the rest needs another run (SUITE_PARTS="e c d g h f").
 #
 # SUITE_SMOKE=1 runs the same plumbing on the CPU with the tiny preset, one step, the peer eager
@@ -72,6 +76,7 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
 
 BASE=base LARGE=large LARGE_BATCH=64 CHECK_IMPL=cudnn
+EPILOGUES="--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger"
 OURS_ARGS=(--steps=10 --repeats=2 --warmup=2)
 PEER_ARGS=(--steps=10 --repeats=2 --warmup=3)
 INT8_ARGS=(--batch=256 --length=128 --steps=20 --warmup=3)
@@ -232,7 +237,7 @@ sweep = {r["part"]: r for r in rows if r["part"].startswith("e-")}
 base = sweep.get("e-default")
 flag_parts = [s for s in status if s[0].startswith("e-")]
 if flag_parts:
-  lines += ["", "## XLA flags (base paper-cudnn, one process each)", ""]
+  lines += ["", "## XLA flags and GELU's form (base, one process each)", ""]
   for s in flag_parts:
     r = sweep.get(s[0])
     if r is None:  # aborted at start (an unknown flag), failed, timed out or skipped
@@ -241,7 +246,13 @@ if flag_parts:
       lines.append(f"- {s[0]}: no result ({why[0]})")
       continue
     vs = f", {ms(r) / ms(base):.3f}× the default's step time" if base else ""
-    lines.append(f"- {s[0]}: {ms(r):.1f} ms, MFU {mfu(r)}, compile {r['compile_s']:.0f} s{vs}")
+    first = r.get("compile_s", r.get("first_step_s"))
+    lines.append(f"- {s[0]} ({what(r)}): {ms(r):.1f} ms, MFU {mfu(r)}, compile / first step "
+                 f"{first:.0f} s{vs}")
+  tanh, peer_tanh = sweep.get("e-epilogues_tanh"), sweep.get("e-peer_tanh")
+  if tanh and peer_tanh:
+    lines.append(f"- GELU's tanh form on both sides: peer compiled ÷ ours (epilogues_tanh) = "
+                 f"**{ms(peer_tanh) / ms(tanh):.2f}×**")
 profiled = [r for r in rows if r.get("profile") and "error" not in r["profile"]]
 if profiled:
   lines += ["", "## Where our device time goes (`--profile_dir`, ms per step)", ""]
@@ -319,14 +330,24 @@ fi
 if want e; then
   # The commands keep cuDNN's kernels out of command buffers (`cudnn_runtime.prepare`, which
   # leaves an explicit --xla_gpu_enable_command_buffer alone): "default" is that setting.
-  # Label and flag of each setting, the likeliest gains first.
-  for setting in default triton_gemm:--xla_gpu_enable_triton_gemm=false \
-      dot_merger:--xla_disable_hlo_passes=dot-merger cublaslt:--xla_gpu_enable_cublaslt=true \
-      command_buffer:--xla_gpu_enable_command_buffer= \
-      cudnn_layer_norm:--xla_gpu_enable_cudnn_layer_norm=true; do
-    flags="${XLA_FLAGS:-} ${setting#*:}" label="e-${setting%%:*}"
-    [[ $setting == default ]] && flags=${XLA_FLAGS:-}
-    XLA_FLAGS=$flags ours "$label" 110 "$BASE" paper-cudnn
+  # label|variant|flags added, the likeliest gains first: GEMMs through cuBLASLt with XLA's
+  # dot merger off (epilogues take the bias adds; no copies out of merged GEMMs), then the
+  # same with GELU's tanh form, which cuBLASLt's epilogue computes inside the first
+  # feed-forward GEMM, beside the peer compiled with that GELU; then each flag alone.
+  for setting in "default|paper-cudnn|" \
+      "epilogues|paper-cudnn|$EPILOGUES" "epilogues_tanh|paper-cudnn-tanh|$EPILOGUES" \
+      "peer_tanh||" \
+      "triton_gemm|paper-cudnn|--xla_gpu_enable_triton_gemm=false" \
+      "dot_merger|paper-cudnn|--xla_disable_hlo_passes=dot-merger" \
+      "command_buffer|paper-cudnn|--xla_gpu_enable_command_buffer=" \
+      "cudnn_layer_norm|paper-cudnn|--xla_gpu_enable_cudnn_layer_norm=true"; do
+    IFS='|' read -r name variant extra <<< "$setting"
+    if [[ $name == peer_tanh ]]; then
+      peer e-peer_tanh 120 --configs="$BASE" --recipes=paper --modes=compile --mlm=full \
+        --hidden_act=gelu_new
+      continue
+    fi
+    XLA_FLAGS="${XLA_FLAGS:-} $extra" ours "e-$name" 110 "$BASE" "$variant"
   done
 fi
 if want c; then

@@ -120,6 +120,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
   p.add_argument("--batch_file", default=None, help="A real batch (.npz of the input "
                  "pipeline's arrays, packed or not); its shape overrides the preset's.")
+  p.add_argument("--hidden_act", default=None, help="The feed-forward activation (default: the "
+                 "preset's, gelu); gelu_new is the tanh form, as ours `paper-cudnn-tanh`.")
   p.add_argument("--seed", type=int, default=0, help="Rows (as accelerator_step) and weights.")
   p.add_argument("--out", default=None, help="Also write the markdown section here (after "
                  "every run).")
@@ -137,10 +139,12 @@ def parse_args(argv=None) -> argparse.Namespace:
   return args
 
 
-def hf_config(name: str, recipe: str) -> tuple[configuration.BertConfig,
-                                               transformers.BertConfig]:
-  """Our preset and Hugging Face's `BertConfig` of the same shape and recipe."""
-  ours = configuration.get_preset(name, **RECIPES[recipe])
+def hf_config(name: str, recipe: str, hidden_act: str | None = None
+              ) -> tuple[configuration.BertConfig, transformers.BertConfig]:
+  """Our preset and Hugging Face's `BertConfig` of the same shape, recipe and activation (both
+  spell the tanh GELU `gelu_new`)."""
+  overrides = dict(RECIPES[recipe], **({"hidden_act": hidden_act} if hidden_act else {}))
+  ours = configuration.get_preset(name, **overrides)
   theirs = transformers.BertConfig(
       vocab_size=ours.vocab_size, hidden_size=ours.hidden_size,
       num_hidden_layers=ours.num_hidden_layers, num_attention_heads=ours.num_attention_heads,
@@ -294,7 +298,7 @@ def device_name(device: str) -> str:
 
 
 def run_one(args, name: str, recipe: str, mlm: str, mode: str, batch_size: int) -> dict:
-  ours, theirs = hf_config(name, recipe)
+  ours, theirs = hf_config(name, recipe, args.hidden_act)
   np_batch = load_rows(args, name, batch_size, ours.vocab_size)
   batch_size, length = np_batch[features.INPUT_IDS].shape
   predictions = np_batch[features.MASKED_LM_IDS].shape[1]
@@ -347,7 +351,7 @@ def run_one(args, name: str, recipe: str, mlm: str, mode: str, batch_size: int) 
   analytic = objective.flops_per_step(ours, batch_size)
   peak = perf.peak_flops_per_device(types.SimpleNamespace(device_kind=device_name(device)))
   result = dict(
-      impl="torch", name=name, recipe=recipe, mlm=mlm, mode=mode,
+      impl="torch", name=name, recipe=recipe, mlm=mlm, mode=mode, hidden_act=ours.hidden_act,
       shape=dict(batch=batch_size, length=length, predictions=predictions, real=real,
                  packed=bool(packing)),
       first_step_s=first_step_s, step_s=median, spread=(min(times), max(times)),
@@ -369,7 +373,8 @@ def _row(r: dict, batch_file: str | None) -> str:
   layout = "packed" if s["packed"] else ("real" if batch_file else "random")
   dropout = RECIPES[r["recipe"]]["attention_probs_dropout_prob"]
   return (f"| {r['name']} | {s['batch']} × {s['length']} ({s['predictions']}) {layout}, "
-          f"{100 * s['real']:.0f}% real | HF sdpa {r['recipe']} (attn dropout {dropout:g}), "
+          f"{100 * s['real']:.0f}% real | HF sdpa {r['recipe']} (attn dropout {dropout:g}, "
+          f"{r.get('hidden_act', 'gelu')}), "
           f"MLM head {r['mlm']} | {r['mode']} | {r['first_step_s']:.1f} | "
           f"{1000 * r['step_s']:.1f} ({1000 * r['spread'][0]:.1f}–{1000 * r['spread'][1]:.1f}) | "
           f"{tokens:,.0f} | {r['analytic'] / 1e12:.2f} | {r['executed'] / 1e12:.2f} | "

@@ -14,8 +14,10 @@ import json
 from typing import Any, Mapping
 
 # Activation names accepted in `hidden_act`, as spelled by the original code and by Hugging Face.
-# The original BERT used the exact (erf) GELU; "gelu_new"/"gelu_pytorch_tanh" are the tanh
-# approximation that some later checkpoints were trained with.
+# Google's BERT code computed the exact (erf) GELU when its checkpoints were released (Hugging
+# Face's "gelu", the default); since February 2019 its `gelu` is the tanh approximation
+# ("gelu_new"/"gelu_pytorch_tanh"), which some later checkpoints were trained with and which
+# cuBLASLt computes inside the feed-forward GEMM's epilogue on GPUs.
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_approximate", "relu",
                "silu", "swish", "tanh")
 

@@ -72,8 +72,9 @@ def test_peer_rows_and_file(random_rows):
   assert full["analytic"] == gathered["analytic"] == gathered["executed"] < full["executed"]
   assert "| config | batch × seq (masked) | peer | mode | first step (s) |" in markdown
   for head in ("full", "gathered"):
-    assert (f"| tiny | 4 × 128 (20) random, 100% real | HF sdpa paper (attn dropout 0.1), "
-            f"MLM head {head} | eager |") in markdown
+    assert (f"| tiny | 4 × 128 (20) random, 100% real | HF sdpa paper (attn dropout 0.1, "
+            f"gelu), MLM head {head} | eager |") in markdown
+  assert {r["hidden_act"] for r in results} == {"gelu"}
 
 
 def test_peer_losses_random_rows(random_rows):
@@ -232,6 +233,37 @@ def test_gpu_suite_parses():
   proc = subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", "gpu_suite.sh")],
                         capture_output=True, text=True, check=False)
   assert proc.returncode == 0, proc.stderr
+
+
+_TANH_GELU = r"""
+import json
+import jax.numpy as jnp, numpy as np, torch
+from transformers.activations import ACT2FN
+from benchmarks import peer_torch as peer
+from bert_jax.model import modeling
+ours, theirs = peer.hf_config("tiny", "paper", "gelu_new")
+x = np.linspace(-6, 6, 1001, dtype=np.float32)
+mine = np.asarray(modeling.activation_fn(ours.hidden_act)(jnp.asarray(x)))
+hf = ACT2FN[theirs.hidden_act](torch.from_numpy(x)).numpy()
+default = peer.hf_config("tiny", "paper")[1].hidden_act
+print(json.dumps(dict(ours=ours.hidden_act, theirs=theirs.hidden_act, default=default,
+                      diff=float(np.abs(mine - hf).max()),
+                      from_exact=float(np.abs(hf - ACT2FN["gelu"](torch.from_numpy(x)).numpy()).max()))))
+"""
+
+
+@pytest.mark.e2e
+def test_peer_with_the_tanh_gelu_computes_ours():
+  """`--hidden_act=gelu_new` (beside ours `paper-cudnn-tanh`) gives both sides GELU's tanh form:
+  the same function to float32 rounding, and measurably not the exact one."""
+  proc = subprocess.run([sys.executable, "-c", _TANH_GELU], cwd=ROOT, capture_output=True,
+                        text=True, timeout=600, check=False,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  seen = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert seen["ours"] == seen["theirs"] == "gelu_new" and seen["default"] == "gelu"
+  assert seen["diff"] < 1e-6, seen
+  assert seen["from_exact"] > 1e-4, seen
 
 
 _SDPA_MASKS = r"""

@@ -5,7 +5,7 @@ reach the GEMMs as FP8, eight GPUs reduce their gradients over NVLink, the low-p
 LayerNorm, GELU recomputed in the backward pass and computed in float32, the gather-free
 masked-LM loss, LayerNorm outputs written once, LayerNorm statistics in one pass, dropout masks
 kept as bits and the key projection without its bias each move fewer bytes than what they
-replace, a step that cannot fit is refused with the fix, and names and errors say what is
+replace, GELU's tanh form runs in cuBLASLt's GEMM epilogue, a step that cannot fit is refused with the fix, and names and errors say what is
 expected.
 
 The compiles run in one fresh subprocess (JAX registers plugins once, when it starts) and each
@@ -112,6 +112,25 @@ for name, module, attr, stand_in, hidden, overrides in (
     out[name] = compile_check.check(tiny(overrides, hidden), "h100", config_name=name).traffic
   finally:
     setattr(module, attr, kept)
+
+# GEMMs through cuBLASLt (Triton's GEMMs off, per compile): the epilogues of the first
+# feed-forward GEMM with each GELU, and with the tanh form differentiated as jax.nn.gelu does.
+import re
+from bert_jax.runs import pretraining
+def epilogues(overrides):
+  config = pretraining.with_records_settings(tiny(overrides))
+  lowered = pretraining.compile_train_step(
+      config, devices=gpu_targets.topology_devices("h100"), compile_step=False)["lowered"]
+  text = lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False}).as_text()
+  return re.findall(r'"epilogue":"(\w+)"', text)
+out["epilogues"] = {act: epilogues(dict(paper, **{"model.hidden_act": act}))
+                    for act in ("gelu", "gelu_new")}
+kept = modeling.gelu
+modeling.gelu = as_is
+try:
+  out["epilogues"]["gelu_new_as_is"] = epilogues(dict(paper, **{"model.hidden_act": "gelu_new"}))
+finally:
+  modeling.gelu = kept
 
 big = tiny({})
 big.global_batch_size = 1 << 17
@@ -228,6 +247,18 @@ def test_fp8_operands_between_the_feed_forward_matmuls_move_fewer_bytes(compiled
   saved = (compiled["fp8_left_to_xla"]["other"]["bytes"]
            - compiled["fp8_written"]["other"]["bytes"])
   assert saved >= LAYERS * 64 * 128 * 1024 * 4, saved
+
+
+def test_tanh_gelu_is_computed_in_the_feed_forward_gemms_epilogue(compiled):
+  """With its GEMMs through cuBLASLt, GELU's tanh form (the original BERT code's `gelu`,
+  `hidden_act="gelu_new"`) is computed with the bias add by the first feed-forward GEMM, which
+  also writes GELU's input for the backward pass (BIAS_GELU_AUX): one per encoder layer and one
+  in the masked-LM head's transform. cuBLASLt has no exact (erf) GELU, and jax.nn.gelu's own
+  derivative keeps more than the input, so neither gets it."""
+  epilogues = compiled["epilogues"]
+  assert epilogues["gelu_new"].count("BIAS_GELU_AUX") == LAYERS + 1, epilogues["gelu_new"]
+  assert "BIAS" in epilogues["gelu"] and not any("GELU" in e for e in epilogues["gelu"])
+  assert "BIAS_GELU_AUX" not in epilogues["gelu_new_as_is"], epilogues["gelu_new_as_is"]
 
 
 def test_a_step_that_cannot_fit_is_refused_with_the_fix(compiled):
