@@ -5,8 +5,8 @@ reach the GEMMs as FP8, eight GPUs reduce their gradients over NVLink, the low-p
 LayerNorm, GELU recomputed in the backward pass and computed in float32, the gather-free
 masked-LM loss, LayerNorm outputs written once, LayerNorm statistics in one pass, dropout masks
 kept as bits and the key projection without its bias each move fewer bytes than what they
-replace, GELU's tanh form runs in cuBLASLt's GEMM epilogue, a step that cannot fit is refused with the fix, and names and errors say what is
-expected.
+replace, GELU's tanh form runs in cuBLASLt's GEMM epilogue, a step that cannot fit is refused
+with the fix, and names and errors say what is expected.
 
 The compiles run in one fresh subprocess (JAX registers plugins once, when it starts) and each
 test reads its part of the result.
