@@ -330,25 +330,26 @@ fi
 if want e; then
   # The commands keep cuDNN's kernels out of command buffers (`cudnn_runtime.prepare`, which
   # leaves an explicit --xla_gpu_enable_command_buffer alone): "default" is that setting.
-  # label|variant|flags added, the likeliest gains first: GEMMs through cuBLASLt with XLA's
-  # dot merger off (epilogues take the bias adds; no copies out of merged GEMMs), then the
-  # same with GELU's tanh form, which cuBLASLt's epilogue computes inside the first
-  # feed-forward GEMM, beside the peer compiled with that GELU; then each flag alone.
-  for setting in "default|paper-cudnn|" \
-      "epilogues|paper-cudnn|$EPILOGUES" "epilogues_tanh|paper-cudnn-tanh|$EPILOGUES" \
-      "peer_tanh||" \
-      "triton_gemm|paper-cudnn|--xla_gpu_enable_triton_gemm=false" \
-      "dot_merger|paper-cudnn|--xla_disable_hlo_passes=dot-merger" \
-      "command_buffer|paper-cudnn|--xla_gpu_enable_command_buffer=" \
-      "cudnn_layer_norm|paper-cudnn|--xla_gpu_enable_cudnn_layer_norm=true"; do
-    IFS='|' read -r name variant extra <<< "$setting"
-    if [[ $name == peer_tanh ]]; then
-      peer e-peer_tanh 120 --configs="$BASE" --recipes=paper --modes=compile --mlm=full \
-        --hidden_act=gelu_new
-      continue
-    fi
-    XLA_FLAGS="${XLA_FLAGS:-} $extra" ours "e-$name" 110 "$BASE" "$variant"
-  done
+  # sweep label|variant|flags-added...: one process of ours per setting.
+  sweep() {
+    local setting name variant extra
+    for setting in "$@"; do
+      IFS='|' read -r name variant extra <<< "$setting"
+      XLA_FLAGS="${XLA_FLAGS:-} $extra" ours "e-$name" 110 "$BASE" "$variant"
+    done
+  }
+  # The likeliest gains first: GEMMs through cuBLASLt with XLA's dot merger off (epilogues take
+  # the bias adds; no copies out of merged GEMMs), then the same with GELU's tanh form, which
+  # cuBLASLt's epilogue computes inside the first feed-forward GEMM, beside the peer compiled
+  # with that GELU; then each flag alone.
+  sweep "default|paper-cudnn|" "epilogues|paper-cudnn|$EPILOGUES" \
+    "epilogues_tanh|paper-cudnn-tanh|$EPILOGUES"
+  peer e-peer_tanh 120 --configs="$BASE" --recipes=paper --modes=compile --mlm=full \
+    --hidden_act=gelu_new
+  sweep "triton_gemm|paper-cudnn|--xla_gpu_enable_triton_gemm=false" \
+    "dot_merger|paper-cudnn|--xla_disable_hlo_passes=dot-merger" \
+    "command_buffer|paper-cudnn|--xla_gpu_enable_command_buffer=" \
+    "cudnn_layer_norm|paper-cudnn|--xla_gpu_enable_cudnn_layer_norm=true"
 fi
 if want c; then
   ours c-fp8 130 "$LARGE" paper-cudnn-fp8 --batch="$LARGE=$LARGE_BATCH"

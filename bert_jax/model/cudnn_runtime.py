@@ -24,15 +24,22 @@ COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer"
 CUDNN_OUTSIDE_COMMAND_BUFFERS = COMMAND_BUFFER_FLAG + "=-CUDNN"
 
 
-def cudnn_in_command_buffers(xla_flags: str) -> bool:
-  """Whether XLA_FLAGS `xla_flags` leave cuDNN's kernels in command buffers, as XLA's default
-  does. The flag's last occurrence decides. Its value is a list of command kinds: either the
-  kinds themselves (CUDNN among them or not; empty: no command buffers at all), or changes to
-  the default list (`+KIND`, `-KIND`), applied in order."""
+def _command_buffer_kinds(xla_flags: str) -> str | None:
+  """The value XLA_FLAGS `xla_flags` give the command-buffer flag (its last occurrence decides),
+  or None where they do not set it."""
   value = None
   for token in xla_flags.split():
     if token.startswith(COMMAND_BUFFER_FLAG + "="):
       value = token.split("=", 1)[1].strip("'\"")
+  return value
+
+
+def cudnn_in_command_buffers(xla_flags: str) -> bool:
+  """Whether XLA_FLAGS `xla_flags` leave cuDNN's kernels in command buffers, as XLA's default
+  does. The flag's value is a list of command kinds: either the kinds themselves (CUDNN among
+  them or not; empty: no command buffers at all), or changes to the default list (`+KIND`,
+  `-KIND`), applied in order."""
+  value = _command_buffer_kinds(xla_flags)
   if value is None:
     return True
   kinds = [kind.strip().upper() for kind in value.split(",") if kind.strip()]
@@ -51,7 +58,7 @@ def prepare(environ: MutableMapping[str, str] = os.environ) -> None:
   Effective only before JAX starts its backends; harmless off GPUs, whose compilers ignore
   GPU flags."""
   flags = environ.get("XLA_FLAGS", "")
-  if COMMAND_BUFFER_FLAG + "=" not in flags:
+  if _command_buffer_kinds(flags) is None:
     environ["XLA_FLAGS"] = f"{flags} {CUDNN_OUTSIDE_COMMAND_BUFFERS}".strip()
 
 

@@ -317,6 +317,8 @@ def is_attention_target(target: str) -> bool:
   """Whether a custom-call target is a fused attention kernel: cuDNN's on GPUs, a Pallas
   (Mosaic) kernel on TPUs."""
   return re.fullmatch(_ATTENTION_NAME, target) is not None
+
+
 _CUDNN_FUSION = re.compile(r'"kind":"__cudnn\$fusion"')
 
 

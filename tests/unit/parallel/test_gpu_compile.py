@@ -75,7 +75,17 @@ for name, (machine, overrides) in cases.items():
 # XLA): what each saves.
 from bert_jax.model import dropout, modeling
 from bert_jax.objectives import mlm
-import jax, jax.numpy as jnp
+import contextlib, jax, jax.numpy as jnp
+
+@contextlib.contextmanager
+def swapped(module, attr, stand_in):
+  kept = getattr(module, attr)
+  setattr(module, attr, stand_in)
+  try:
+    yield
+  finally:
+    setattr(module, attr, kept)
+
 paper = cases["paper_cudnn"][1]
 def gathered(logits, labels):
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
@@ -106,12 +116,8 @@ for name, module, attr, stand_in, hidden, overrides in (
      256, paper),
     ("fp8_left_to_xla", modeling, "_between_fp8_matmuls",
      lambda activation, x: activation(x), 256, fp8)):
-  kept = getattr(module, attr)
-  setattr(module, attr, stand_in)
-  try:
+  with swapped(module, attr, stand_in):
     out[name] = compile_check.check(tiny(overrides, hidden), "h100", config_name=name).traffic
-  finally:
-    setattr(module, attr, kept)
 
 # GEMMs through cuBLASLt (Triton's GEMMs off, per compile): the epilogues of the first
 # feed-forward GEMM with each GELU, and with the tanh form differentiated as jax.nn.gelu does.
@@ -125,12 +131,8 @@ def epilogues(overrides):
   return re.findall(r'"epilogue":"(\w+)"', text)
 out["epilogues"] = {act: epilogues(dict(paper, **{"model.hidden_act": act}))
                     for act in ("gelu", "gelu_new")}
-kept = modeling.gelu
-modeling.gelu = as_is
-try:
+with swapped(modeling, "gelu", as_is):
   out["epilogues"]["gelu_new_as_is"] = epilogues(dict(paper, **{"model.hidden_act": "gelu_new"}))
-finally:
-  modeling.gelu = kept
 
 big = tiny({})
 big.global_batch_size = 1 << 17
