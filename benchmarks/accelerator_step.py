@@ -394,9 +394,12 @@ def device_time(trace_dir: str, steps: int, step_s: float, hlo_text: str | None 
   Per step: the time kernels run (`busy_ms`: the union of their intervals, so overlapping
   streams count once) against the timed step's wall time, the rest being time the device
   waits (launches, host work); the kernel time by kind (`hlo_costs`'
-  matmul / attention / collective / other, read from the compiled HLO); and the instructions
-  that take most, grouped by name without their numeric suffix, with the bandwidth each group
-  reaches on the bytes `hlo_costs` counts for it."""
+  matmul / attention / collective / other, read from the compiled HLO) and by part of the step
+  (`hlo_costs.model_part`: forward or backward LayerNorm, dropout, attention, projections,
+  feed-forward, heads, embeddings, and the optimizer); the kernels shorter than 10 µs, whose
+  count and time say what launch gaps and tails cost; and the instructions that take most,
+  grouped by name without their numeric suffix, with the bandwidth each group reaches on the
+  bytes `hlo_costs` counts for it."""
   import collections  # pylint: disable=g-import-not-at-top
   import glob  # pylint: disable=g-import-not-at-top
   import re  # pylint: disable=g-import-not-at-top
@@ -427,16 +430,22 @@ def device_time(trace_dir: str, steps: int, step_s: float, hlo_text: str | None 
     if stop > end:
       busy += stop - max(start, end)
       end = stop
-  kinds, moved = {}, {}
+  kinds, parts, moved = {}, {}, {}
   if hlo_text:
     module = hlo_costs.parse(hlo_text)
     for _, instr, nbytes in hlo_costs.instruction_traffic(module):
       kinds[instr.name] = hlo_costs.kernel_kind(module, instr)
+      parts[instr.name] = hlo_costs.model_part(hlo_costs.op_name(instr))
       moved[instr.name] = moved.get(instr.name, 0.0) + nbytes
-  by_kind, by_group, group_kernels, group_bytes = (collections.Counter() for _ in range(4))
+  by_kind, by_part, by_group, group_kernels, group_bytes = (
+      collections.Counter() for _ in range(5))
+  short, short_ns = 0, 0.0
   seen = set()
   for start, stop, op in events:
     by_kind[kinds.get(op, "unmatched" if kinds else "all")] += stop - start
+    by_part[parts.get(op, "unmatched" if parts else "all")] += stop - start
+    if stop - start < 10_000:
+      short, short_ns = short + 1, short_ns + stop - start
     group = re.sub(r"[.\d]+$", "", op)
     by_group[group] += stop - start
     group_kernels[group] += 1
@@ -447,6 +456,8 @@ def device_time(trace_dir: str, steps: int, step_s: float, hlo_text: str | None 
   return {
       "step_ms": 1e3 * step_s, "busy_ms": ms(busy), "kernels_per_step": len(events) / steps,
       "kinds_ms": {k: ms(v) for k, v in by_kind.most_common()},
+      "parts_ms": {k: ms(v) for k, v in by_part.most_common()},
+      "short_kernels_per_step": short / steps, "short_ms": ms(short_ns),
       "top": [{"group": g, "ms": ms(v), "kernels_per_step": group_kernels[g] / steps,
                "gb_per_s": (group_bytes[g] / (v / steps / 1e9) / 1e9) if group_bytes[g] else None}
               for g, v in by_group.most_common(top)]}
@@ -459,6 +470,11 @@ def describe_device_time(found: dict, label: str) -> str:
   kinds = ", ".join(f"{k} {v:.1f}" for k, v in found["kinds_ms"].items())
   lines = [f"PROFILE {label}: step {found['step_ms']:.1f} ms, kernels busy {found['busy_ms']:.1f}"
            f" ms ({found['kernels_per_step']:.0f} kernels), by kind (ms): {kinds}"]
+  if "parts_ms" in found:
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in found["parts_ms"].items())
+    lines.append(f"  by part (ms): {parts}")
+    lines.append(f"  kernels under 10 µs: {found['short_kernels_per_step']:.0f} per step, "
+                 f"{found['short_ms']:.2f} ms")
   for t in found["top"]:
     rate = f", {t['gb_per_s']:,.0f} GB/s" if t["gb_per_s"] else ""
     lines.append(f"  {t['ms']:7.2f} ms  {t['kernels_per_step']:5.0f}×  {t['group'][:70]}{rate}")

@@ -10,9 +10,11 @@ mesh), at the suite's shapes (`accelerator_step.SHAPES`: base 256 x 128, large 6
 each variant's model settings (`accelerator_step.VARIANTS`). Per row: the HBM a GPU would need
 against what JAX preallocates (75% of 80 GB), the kernels per step by kind, the bytes each kind
 moves, the time the elementwise and reduction kernels need at least at peak bandwidth, and how
-many kernels touch each LayerNorm site (`accelerator_step.hlo_summary`). GEMM kernels are the
-compiler's defaults (no autotuning without a GPU), so matmul bytes are indicative; the other
-kernels are the program's own. Each compile appends a JSON line as it finishes; rows already in
+many kernels touch each LayerNorm site (`accelerator_step.hlo_summary`); rows also keep the
+kernels and bytes by part of the step (`--render_parts`: LayerNorm sites, dropout, attention,
+projections, feed-forward, heads, embeddings, forward and backward, and the optimizer). GEMM
+kernels are the compiler's defaults (no autotuning without a GPU), so matmul bytes are
+indicative; the other kernels are the program's own. Each compile appends a JSON line as it finishes; rows already in
 the file (same step, GPU and XLA_FLAGS) are skipped. `--target=h200` compiles for an H200, whose
 figures (bandwidth above all) change some of the compiler's fusion decisions.
 """
@@ -70,6 +72,7 @@ def _key(row: dict) -> tuple:
 
 def compile_row(preset: str, variant: str, target: str) -> dict:
   import accelerator_step  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import hlo_costs  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import compile_check  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import pretraining  # pylint: disable=g-import-not-at-top
   config = config_for(preset, variant)
@@ -83,7 +86,8 @@ def compile_row(preset: str, variant: str, target: str) -> dict:
   hidden = pretraining.bert_config_from(config).hidden_size
   hlo = accelerator_step.hlo_summary(report.hlo_text, hidden, rows)
   per_site = sorted(hlo["ln_per_site"].values())
-  return dict(row, fits=True, seconds=time.perf_counter() - start, hbm_gib=report.hbm_bytes / 2**30,
+  parts = hlo_costs.traffic_by_part(hlo_costs.parse(report.hlo_text))
+  return dict(row, fits=True, parts=parts, seconds=time.perf_counter() - start, hbm_gib=report.hbm_bytes / 2**30,
               traffic=report.traffic, other_ms=report.other_seconds * 1e3,
               matmul_ms=report.compute_seconds * 1e3, custom_calls=report.custom_calls,
               kernels=hlo["kernels"], ln_sites=len(per_site),
@@ -119,19 +123,47 @@ def render(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def render_parts(rows: list[dict]) -> str:
+  """Kernels and HBM bytes per step by part of the step (`hlo_costs.model_part`), one column
+  per row that has them, parts in the first such row's order (most bytes first)."""
+  rows = [r for r in rows if r.get("parts")]
+  if not rows:
+    return "(no row has parts)"
+  names = []
+  for r in rows:
+    name = f"{r['preset']} {r['variant']}"
+    names.append(name + (f" `{r['xla_flags']}`" if r.get("xla_flags") else ""))
+  order = list(rows[0]["parts"]) + sorted({p for r in rows for p in r["parts"]}
+                                          - set(rows[0]["parts"]))
+  lines = ["| part (kernels, GB per step) | " + " | ".join(names) + " |",
+           "|---|" + "---|" * len(rows)]
+  for part in order:
+    cells = []
+    for r in rows:
+      found = r["parts"].get(part)
+      cells.append(f"{int(found['count'])}, {found['bytes'] / 1e9:.2f}" if found else "")
+    lines.append(f"| {part} | " + " | ".join(cells) + " |")
+  totals = [f"{int(sum(p['count'] for p in r['parts'].values()))}, "
+            f"{sum(p['bytes'] for p in r['parts'].values()) / 1e9:.2f}" for r in rows]
+  lines.append("| all | " + " | ".join(totals) + " |")
+  return "\n".join(lines)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True, help="JSON lines, appended as rows finish.")
   parser.add_argument("--target", default="h100")
   parser.add_argument("--rows", default="", help="preset:variant,... (default: all)")
   parser.add_argument("--render", action="store_true", help="Print the markdown table only.")
+  parser.add_argument("--render_parts", action="store_true",
+                      help="Print the kernels and bytes by part of the step only.")
   args = parser.parse_args()
   done = []
   if os.path.exists(args.out):
     with open(args.out, encoding="utf-8") as f:
       done = [json.loads(line) for line in f if line.strip()]
-  if args.render:
-    print(render(done))
+  if args.render or args.render_parts:
+    print(render_parts(done) if args.render_parts else render(done))
     return
   from bert_jax.parallel import gpu_targets  # pylint: disable=g-import-not-at-top
   gpu_targets.find_plugin()

@@ -19,15 +19,18 @@
 #       time by kernel kind and the busiest kernels, `--profile_dir`); the PyTorch peer
 #       (`peer_torch.py`, Hugging Face BertForPreTraining, SDPA) eager and compiled, paper recipe
 #   (b) large 64×512: ours paper-cudnn, profiled; the peer compiled, paper recipe
-#   (e) XLA flags on base paper-cudnn, one process per setting: default; "epilogues" (Triton
+#   (e) XLA flags on base paper-cudnn, one process per setting: default; "pdl" (Hopper's
+#       programmatic dependent launch: a kernel is let in while the one before drains, which
+#       matters for a step of ~1,300 kernels, ~600 of them under 1 MB; off by default in jaxlib
+#       0.11.2); "epilogues" (Triton
 #       GEMM off, so that every GEMM goes through cuBLASLt, whose epilogues take bias adds, and
 #       XLA's dot merger off: on the H200 it joined Q's and V's GEMMs, forward and weight
 #       gradient, 3.6 GB of copies per step); the same with GELU's tanh form
 #       (paper-cudnn-tanh: bias + GELU in the first feed-forward GEMM's epilogue) and the peer
 #       compiled with that GELU (--hidden_act=gelu_new); then Triton GEMM off alone, the dot
 #       merger off alone, command buffers off (empty list), cuDNN LayerNorm on. Each flag is
-#       parsed by jaxlib 0.10.2 and 0.11.2 (an unknown one aborts XLA at start: the abort is
-#       recorded, the sweep goes on)
+#       parsed by jaxlib 0.11.2 (and by 0.10.2, except --xla_gpu_enable_pdl_launch; an unknown
+#       one aborts XLA at start: the abort is recorded, the sweep goes on)
 #   (c) fp8: ours paper-cudnn-fp8 on large 64×512
 #   (d) A/B on base: ours paper-cudnn-f32res, paper-cudnn-bits32 (against (a)'s paper-cudnn)
 #       and paper (the explicit path); ours fast-cudnn on large
@@ -44,11 +47,13 @@
 # base paper-cudnn 34 s, fast-cudnn 24 s, paper 42 s, large paper-cudnn 53 s; torch.compile
 # 47 s base, 73 s large; 2 warm-up + 2 × 10 timed steps):
 #   (checks) 13 s   (a) ours ≈ 80 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 107 s
-#   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 6 × ~50 s + the
-#       peer ≈ 60 s ≈ 385 s
+#   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 8 × ~50 s + the
+#       peer ≈ 60 s ≈ 485 s
 #   (c) ≈ 90 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
-# All of it: ≈ 1,100 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
-# (b) and part of (e); the rest needs another run (SUITE_PARTS="e c d g h f").
+# All of it: ≈ 1,200 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
+# (b) and part of (e); the rest needs another run (SUITE_PARTS="e c d g h f"), which leaves out
+# the labels a run finished with SUITE_SKIP, e.g. SUITE_SKIP="e-default e-pdl" (its
+# summary then has no e-default to compare the other settings with).
 #
 # SUITE_SMOKE=1 runs the same plumbing on the CPU with the tiny preset, one step, the peer eager
 # only (cuDNN variants fail there, which exercises the failure paths). The suite's own settings
@@ -61,6 +66,7 @@ WORK=${SUITE_WORK:-$(mktemp -d /tmp/gpu_suite.XXXXXX)}
 BUDGET_S=${SUITE_BUDGET_S:-565}
 MIN_PART_S=${SUITE_MIN_PART_S:-45}
 PARTS=" ${SUITE_PARTS:-checks a b c d e f g h} "
+SKIP=" ${SUITE_SKIP:-} "
 PY=${PYTHON:-$(command -v python3 || command -v python)}
 mkdir -p "$OUT" "$WORK/hlo"
 LOG=$OUT/suite.log
@@ -77,6 +83,7 @@ export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
 
 BASE=base LARGE=large LARGE_BATCH=64 CHECK_IMPL=cudnn
 EPILOGUES="--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger"
+PDL="--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true"
 OURS_ARGS=(--steps=10 --repeats=2 --warmup=2)
 PEER_ARGS=(--steps=10 --repeats=2 --warmup=3)
 INT8_ARGS=(--batch=256 --length=128 --steps=20 --warmup=3)
@@ -98,6 +105,12 @@ LAST_RC=0
 # its cap (or MIN_PART_S) left: cut mid-compile, it would cost its time and return nothing.
 run() {
   local label=$1 cap=$2; shift 2
+  if [[ $SKIP == *" $label "* ]]; then
+    note "### LEFT OUT $label (SUITE_SKIP)"
+    printf '%s\tskipped\t0\tleft out (SUITE_SKIP)\n' "$label" >> "$WORK/status.tsv"
+    LAST_RC=skipped
+    return 0
+  fi
   local left=$(( BUDGET_S - $(elapsed) )) need=$(( cap * 2 / 3 ))
   (( need < MIN_PART_S )) && need=$MIN_PART_S
   if (( left < need )); then
@@ -338,15 +351,17 @@ if want e; then
       XLA_FLAGS="${XLA_FLAGS:-} $extra" ours "e-$name" 110 "$BASE" "$variant"
     done
   }
-  # The likeliest gains first: GEMMs through cuBLASLt with XLA's dot merger off (epilogues take
-  # the bias adds; no copies out of merged GEMMs), then the same with GELU's tanh form, which
-  # cuBLASLt's epilogue computes inside the first feed-forward GEMM, beside the peer compiled
-  # with that GELU; then each flag alone.
-  sweep "default|paper-cudnn|" "epilogues|paper-cudnn|$EPILOGUES" \
+  # The likeliest gains first: programmatic dependent launch (the gaps between ~1,300 kernels);
+  # GEMMs through cuBLASLt with XLA's dot merger off (epilogues take the bias adds; no copies
+  # out of merged GEMMs), then the same with GELU's tanh form, which cuBLASLt's epilogue
+  # computes inside the first feed-forward GEMM, beside the peer compiled with that GELU; then
+  # everything together, and each other flag alone.
+  sweep "default|paper-cudnn|" "pdl|paper-cudnn|$PDL" "epilogues|paper-cudnn|$EPILOGUES" \
     "epilogues_tanh|paper-cudnn-tanh|$EPILOGUES"
   peer e-peer_tanh 120 --configs="$BASE" --recipes=paper --modes=compile --mlm=full \
     --hidden_act=gelu_new
-  sweep "triton_gemm|paper-cudnn|--xla_gpu_enable_triton_gemm=false" \
+  sweep "epilogues_tanh_pdl|paper-cudnn-tanh|$EPILOGUES $PDL" \
+    "triton_gemm|paper-cudnn|--xla_gpu_enable_triton_gemm=false" \
     "dot_merger|paper-cudnn|--xla_disable_hlo_passes=dot-merger" \
     "command_buffer|paper-cudnn|--xla_gpu_enable_command_buffer=" \
     "cudnn_layer_norm|paper-cudnn|--xla_gpu_enable_cudnn_layer_norm=true"

@@ -370,6 +370,57 @@ def traffic_by_kind(module: Module) -> dict[str, dict[str, float]]:
   return out
 
 
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+# The model's parts, by the module path JAX writes into each instruction's op_name metadata
+# (`jit(train_step)/transpose(jvp(BertForPreTraining))/bert/encoder/layer_3/output/LayerNorm/..`),
+# first match wins: the LayerNorm sites with their residual adds, dropout's bits and masks,
+# attention's core (cuDNN's kernels, or the explicit scores and softmax), the four projections
+# around it, the feed-forward block (its two GEMMs and GELU), the heads with the loss, the
+# embeddings.
+_COMPONENTS = (
+    ("layer norm", re.compile(r"LayerNorm")),
+    ("dropout", re.compile(r"/dropout", re.I)),
+    ("attention", re.compile(r"dot_product_attention|/attention/self/(?!query/|key/|value/)")),
+    ("q, k, v, output projections",
+     re.compile(r"/self/(?:query|key|value)/|/attention/output/dense/")),
+    ("feed-forward", re.compile(r"/intermediate/|/output/dense/")),
+    ("heads and loss", re.compile(r"/cls/|/pooler/|jvp\((?:jit\([\w]+\))?\)")),
+    ("embeddings", re.compile(r"embed")),
+)
+
+
+def op_name(instr: Instruction) -> str:
+  """The op_name metadata of an instruction ("" where XLA kept none)."""
+  match = _OP_NAME.search(instr.rest)
+  return match.group(1) if match else ""
+
+
+def model_part(name: str) -> str:
+  """Which part of a training step an instruction with this op_name serves: "optimizer" for
+  what runs outside the differentiated function (the update, clipping, the schedule), else
+  "forward: <component>" or "backward: <component>" (`_COMPONENTS`, "other" where none
+  matches); "unnamed" without an op_name. Kernels keep the op_name of their fusion's root, so a
+  kernel fusing two parts counts as one."""
+  if not name:
+    return "unnamed"
+  if "jvp(" not in name:
+    return "optimizer"
+  phase = "backward" if "transpose(" in name else "forward"
+  component = next((c for c, pattern in _COMPONENTS if pattern.search(name)), "other")
+  return f"{phase}: {component}"
+
+
+def traffic_by_part(module: Module) -> dict[str, dict[str, float]]:
+  """Per part of the step (`model_part`): instructions run per step ("count") and the HBM
+  bytes they move, largest first."""
+  out: dict[str, dict[str, float]] = {}
+  for comp, instr, moved in instruction_traffic(module):
+    entry = out.setdefault(model_part(op_name(instr)), {"count": 0, "bytes": 0.0})
+    entry["count"] += module.multipliers.get(comp, 1)
+    entry["bytes"] += moved
+  return dict(sorted(out.items(), key=lambda kv: -kv[1]["bytes"]))
+
+
 def _sliced_parameters(module: Module, computation: str
                        ) -> tuple[dict[int, float], list[float | None]]:
   """For a fused computation: {parameter index: bytes read} for parameters that are only

@@ -329,11 +329,19 @@ def test_our_step_profiled_on_the_cpu(tmp_path):
   assert kinds.get("matmul", 0) > 0 and kinds.get("other", 0) > 0, kinds  # matched to the HLO
   assert 0 < profile["busy_ms"] <= sum(kinds.values()) + 1e-6
   assert profile["kernels_per_step"] > 100  # the tiny step's kernels, not a handful of events
+  parts = profile["parts_ms"]  # the same kernel time, split by part of the step
+  assert abs(sum(parts.values()) - sum(kinds.values())) < 1e-6 * max(1.0, sum(kinds.values()))
+  for part in ("forward: layer norm", "backward: layer norm", "forward: feed-forward",
+               "backward: attention", "optimizer"):
+    assert parts.get(part, 0) > 0, (part, parts)
+  assert 0 <= profile["short_ms"] <= sum(kinds.values()) + 1e-6
+  assert 0 <= profile["short_kernels_per_step"] <= profile["kernels_per_step"]
   top = profile["top"]
   assert top and all(t["ms"] > 0 for t in top)
   assert [t["ms"] for t in top] == sorted((t["ms"] for t in top), reverse=True)
   assert any(t["gb_per_s"] for t in top)  # bytes from hlo_costs for the groups it counts
-  assert "PROFILE tiny paper unrolled" in (tmp_path / "o.md").read_text(encoding="utf-8")
+  text = (tmp_path / "o.md").read_text(encoding="utf-8")
+  assert "PROFILE tiny paper unrolled" in text and "by part (ms): " in text
 
 
 def test_bench_batches_from_a_real_corpus(tmp_path):

@@ -5,8 +5,9 @@ reach the GEMMs as FP8, eight GPUs reduce their gradients over NVLink, the low-p
 LayerNorm, GELU recomputed in the backward pass and computed in float32, the gather-free
 masked-LM loss, LayerNorm outputs written once, LayerNorm statistics in one pass, dropout masks
 kept as bits and the key projection without its bias each move fewer bytes than what they
-replace, GELU's tanh form runs in cuBLASLt's GEMM epilogue, a step that cannot fit is refused
-with the fix, and names and errors say what is expected.
+replace, GELU's tanh form runs in cuBLASLt's GEMM epilogue, each kernel is counted in the part
+of the step it serves, a step that cannot fit is refused with the fix, and names and errors
+say what is expected.
 
 The compiles run in one fresh subprocess (JAX registers plugins once, when it starts) and each
 test reads its part of the result.
@@ -40,7 +41,7 @@ SCRIPT = r"""
 import json, os, sys
 sys.path.insert(0, os.path.join(sys.argv[1], "configs"))
 sys.path.insert(0, sys.argv[1])
-from bert_jax.parallel import gpu_targets
+from bert_jax.parallel import gpu_targets, hlo_costs
 gpu_targets.find_plugin()  # before anything starts JAX
 import pretrain as pretrain_configs
 from bert_jax.runs import compile_check
@@ -67,7 +68,7 @@ for name, (machine, overrides) in cases.items():
   text = report.hlo_text
   out[name] = {**report.as_dict(), "lines": report.lines(),
                "f8e4m3fn": text.count("f8e4m3fn"), "f8e5m2": text.count("f8e5m2"),
-               "hlo_bytes": len(text)}
+               "hlo_bytes": len(text), "parts": hlo_costs.traffic_by_part(hlo_costs.parse(text))}
 
 # The same step with one change swapped back at a time (GELU differentiated as it is or with
 # jax.nn.gelu's forward, the loss as log_softmax and a gather, LayerNorm without its barrier or
@@ -178,6 +179,34 @@ def test_the_papers_recipe_runs_attention_dropout_inside_cudnns_kernel(compiled)
   assert fast.get("__cudnn$fmhaSoftmax") == LAYERS and not any("Dropout" in k for k in fast)
   # Without cuDNN the explicit path: no fused attention at all.
   assert not any("cudnn" in k for k in compiled["a100"]["custom_calls"])
+
+
+def test_each_kernel_is_counted_in_the_part_of_the_step_it_serves(compiled):
+  """`hlo_costs.traffic_by_part` on the paper's recipe: every kernel lands in one part, read
+  from the module path in its op_name (LayerNorm sites, dropout, attention, projections,
+  feed-forward, heads, embeddings, forward and backward) or in the optimizer; cuDNN's
+  backward attention kernel, one per layer, is the whole of "backward: attention"."""
+  row = compiled["paper_cudnn"]
+  parts = row["parts"]
+  total = sum(k["bytes"] for k in row["traffic"].values())
+  assert sum(p["bytes"] for p in parts.values()) == pytest.approx(total)
+  assert sum(p["count"] for p in parts.values()) == sum(k["count"]
+                                                        for k in row["traffic"].values())
+  for phase in ("forward", "backward"):
+    for component in ("layer norm", "dropout", "attention", "q, k, v, output projections",
+                      "feed-forward", "heads and loss"):
+      assert parts.get(f"{phase}: {component}", {}).get("bytes", 0) > 0, (phase, component)
+  # The embeddings' gradient is a kernel of its own (their lookup is fused into the first
+  # LayerNorm's kernel, whose root names it).
+  assert parts["backward: embeddings"]["bytes"] > 0
+  assert parts["backward: attention"]["count"] == LAYERS
+  # The update touches each parameter, its gradient and both moments: more than 4 × 4 bytes
+  # per float32 parameter, and a kernel per leaf at least.
+  assert parts["optimizer"]["bytes"] > 16 * row["num_parameters"]
+  assert parts["optimizer"]["count"] >= 16 * LAYERS
+  assert parts.get("unnamed", {}).get("bytes", 0) < 0.01 * total
+  assert parts.get("forward: other", {}).get("bytes", 0) < 0.01 * total
+  assert list(parts) == sorted(parts, key=lambda p: -parts[p]["bytes"])
 
 
 def test_fp8_matmuls_reach_the_gemms_in_fp8(compiled):
