@@ -14,9 +14,10 @@ many kernels touch each LayerNorm site (`accelerator_step.hlo_summary`); rows al
 kernels and bytes by part of the step (`--render_parts`: LayerNorm sites, dropout, attention,
 projections, feed-forward, heads, embeddings, forward and backward, and the optimizer). GEMM
 kernels are the compiler's defaults (no autotuning without a GPU), so matmul bytes are
-indicative; the other kernels are the program's own. Each compile appends a JSON line as it finishes; rows already in
-the file (same step, GPU and XLA_FLAGS) are skipped. `--target=h200` compiles for an H200, whose
-figures (bandwidth above all) change some of the compiler's fusion decisions.
+indicative; the other kernels are the program's own. Each compile appends a JSON line as it
+finishes; rows already in the file (same step, GPU and XLA_FLAGS) are skipped. `--target=h200`
+compiles for an H200, whose figures (bandwidth above all) change some of the compiler's fusion
+decisions.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def compile_row(preset: str, variant: str, target: str) -> dict:
   hlo = accelerator_step.hlo_summary(report.hlo_text, hidden, rows)
   per_site = sorted(hlo["ln_per_site"].values())
   parts = hlo_costs.traffic_by_part(hlo_costs.parse(report.hlo_text))
-  return dict(row, fits=True, parts=parts, seconds=time.perf_counter() - start, hbm_gib=report.hbm_bytes / 2**30,
+  return dict(row, fits=True, parts=parts, seconds=time.perf_counter() - start,
+              hbm_gib=report.hbm_bytes / 2**30,
               traffic=report.traffic, other_ms=report.other_seconds * 1e3,
               matmul_ms=report.compute_seconds * 1e3, custom_calls=report.custom_calls,
               kernels=hlo["kernels"], ln_sites=len(per_site),

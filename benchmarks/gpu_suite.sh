@@ -22,13 +22,13 @@
 #   (e) XLA flags on base paper-cudnn, one process per setting: default; "pdl" (Hopper's
 #       programmatic dependent launch: a kernel is let in while the one before drains, which
 #       matters for a step of ~1,300 kernels, ~600 of them under 1 MB; off by default in jaxlib
-#       0.11.2); "epilogues" (Triton
-#       GEMM off, so that every GEMM goes through cuBLASLt, whose epilogues take bias adds, and
-#       XLA's dot merger off: on the H200 it joined Q's and V's GEMMs, forward and weight
-#       gradient, 3.6 GB of copies per step); the same with GELU's tanh form
-#       (paper-cudnn-tanh: bias + GELU in the first feed-forward GEMM's epilogue) and the peer
-#       compiled with that GELU (--hidden_act=gelu_new); then Triton GEMM off alone, the dot
-#       merger off alone, command buffers off (empty list), cuDNN LayerNorm on. Each flag is
+#       0.11.2); "epilogues" (Triton GEMM off, so that every GEMM goes through cuBLASLt, whose
+#       epilogues take bias adds, and XLA's dot merger off: on the H200 it joined Q's and V's
+#       GEMMs, forward and weight gradient, 3.6 GB of copies per step); the same with GELU's
+#       tanh form (paper-cudnn-tanh: bias + GELU in the first feed-forward GEMM's epilogue) and
+#       the peer compiled with that GELU (--hidden_act=gelu_new); all of these together
+#       ("epilogues_tanh_pdl"); then Triton GEMM off alone, the dot merger off alone, command
+#       buffers off (empty list), cuDNN LayerNorm on. Each flag is
 #       parsed by jaxlib 0.11.2 (and by 0.10.2, except --xla_gpu_enable_pdl_launch; an unknown
 #       one aborts XLA at start: the abort is recorded, the sweep goes on)
 #   (c) fp8: ours paper-cudnn-fp8 on large 64×512
