@@ -387,9 +387,9 @@ def device_time(trace_dir: str, steps: int, step_s: float, hlo_text: str | None 
   Kernels are the events of the device planes: on a GPU those of its stream lines (named by
   the HLO instruction they run, `hlo_op`, where the trace records it, else by the kernel's own
   name; no derived line counts a kernel twice), on a TPU those of its "XLA Ops" line, on a CPU
-  the events of XLA's threads that name an HLO instruction. By default XLA runs without command
-  buffers while it is profiled (`--xla_enable_command_buffers_during_profiling`): kernel times
-  are each kernel's own, and the traced steps wait longer between kernels than the timed ones.
+  the events of XLA's threads that name an HLO instruction. The traced steps run without command
+  buffers (`profile_without_command_buffers`, set by `--profile_dir`): kernel times are each
+  kernel's own, and the traced steps wait longer between kernels than the timed ones.
 
   Per step: the time kernels run (`busy_ms`: the union of their intervals, so overlapping
   streams count once) against the timed step's wall time, the rest being time the device
@@ -549,9 +549,23 @@ def _write(results: list[dict], failures: list[str]) -> None:
                 indent=1)
 
 
+# Profiled steps run without command buffers: inside one, JAX 0.11.2's trace reports the
+# kernels under the command buffer's name instead of their HLO instructions.
+PROFILE_FLAG = "--xla_enable_command_buffers_during_profiling"
+
+
+def profile_without_command_buffers(environ=os.environ) -> None:
+  """Adds `PROFILE_FLAG`=false to XLA_FLAGS unless they set it (before JAX starts)."""
+  flags_now = environ.get("XLA_FLAGS", "")
+  if not any(t.startswith(PROFILE_FLAG + "=") for t in flags_now.split()):
+    environ["XLA_FLAGS"] = f"{flags_now} {PROFILE_FLAG}=false".strip()
+
+
 def main(argv):
   del argv
   cudnn_runtime.prepare()  # before JAX starts its backends
+  if _PROFILE.value:
+    profile_without_command_buffers()
   if _PRNG.value:
     jax.config.update("jax_default_prng_impl", _PRNG.value)
   batch_override = dict(item.split("=") for item in _BATCH.value)

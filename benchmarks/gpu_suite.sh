@@ -18,7 +18,8 @@
 #   (a) base 256×128: ours paper-cudnn, fast-cudnn, each with 5 more steps profiled (device
 #       time by kernel kind and the busiest kernels, `--profile_dir`); the PyTorch peer
 #       (`peer_torch.py`, Hugging Face BertForPreTraining, SDPA) eager and compiled, paper recipe
-#   (b) large 64×512: ours paper-cudnn, profiled; the peer compiled, paper recipe
+#   (b) large 64×512: ours paper-cudnn, not profiled (profiled, it printed nothing within its
+#       140 s on the H200); the peer compiled, paper recipe
 #   (e) XLA flags on base paper-cudnn, one process per setting: default; "pdl" (Hopper's
 #       programmatic dependent launch: a kernel is let in while the one before drains, which
 #       matters for a step of ~1,300 kernels, ~600 of them under 1 MB; off by default in jaxlib
@@ -46,7 +47,7 @@
 # Times seen on one H200 (jax 0.11.2, torch 2.11; a JAX process starts in ~10 s; compiles:
 # base paper-cudnn 34 s, fast-cudnn 24 s, paper 42 s, large paper-cudnn 53 s; torch.compile
 # 47 s base, 73 s large; 2 warm-up + 2 × 10 timed steps):
-#   (checks) 13 s   (a) ours ≈ 80 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 107 s
+#   (checks) 13 s   (a) ours ≈ 150 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 95 s
 #   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 8 × ~50 s + the
 #       peer ≈ 60 s ≈ 485 s
 #   (c) ≈ 90 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
@@ -74,6 +75,10 @@ START=$(date +%s)
 : > "$WORK/status.tsv"
 
 export PYTHONUNBUFFERED=1
+# What `accelerator_step.py --profile_dir` adds (profiled steps without command buffers, so that
+# the trace names each kernel's HLO instruction), for every process: XLA_FLAGS are part of the
+# compilation cache's key, and (e)'s default run keeps (a)'s compile.
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_enable_command_buffers_during_profiling=false"
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-1}
 # Compiles are the suite's largest cost; the cache serves (e)'s default run from (a)'s
 # paper-cudnn (XLA_FLAGS are part of the key, so the other settings compile afresh).
@@ -336,7 +341,7 @@ if want a; then
   peer a-peer 160 --configs="$BASE" --recipes=paper --modes=eager,compile --mlm=full
 fi
 if want b; then
-  ours b-ours 140 "$LARGE" paper-cudnn --batch="$LARGE=$LARGE_BATCH" --profile_dir="$WORK/profile"
+  ours b-ours 140 "$LARGE" paper-cudnn --batch="$LARGE=$LARGE_BATCH"
   peer b-peer 200 --configs="$LARGE" --batch="$LARGE=$LARGE_BATCH" --recipes=paper \
     --modes=compile --mlm=full
 fi

@@ -229,6 +229,23 @@ def test_hlo_summary_counts(tmp_path):
 
 
 @pytest.mark.e2e
+def test_profiled_steps_run_without_command_buffers_unless_told():
+  """`--profile_dir` adds the flag that keeps command buffers off while profiling, once, after
+  the flags there are; a setting of the user's stands."""
+  code = ("from benchmarks import accelerator_step as a\n"
+          "for flags in ('--xla_foo=1', '', a.PROFILE_FLAG + '=true'):\n"
+          "  env = {'XLA_FLAGS': flags}\n"
+          "  a.profile_without_command_buffers(env); a.profile_without_command_buffers(env)\n"
+          "  print(env['XLA_FLAGS'])")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300, check=False, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  flag = "--xla_enable_command_buffers_during_profiling"
+  assert proc.stdout.strip().splitlines()[-3:] == [
+      f"--xla_foo=1 {flag}=false", f"{flag}=false", f"{flag}=true"]
+
+
+@pytest.mark.e2e
 def test_gpu_suite_parses():
   proc = subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", "gpu_suite.sh")],
                         capture_output=True, text=True, check=False)
