@@ -60,6 +60,7 @@ import numpy as np
 from bert_jax.model import configuration
 from bert_jax.model import cudnn_runtime
 from bert_jax.objectives import mlm_nsp
+from bert_jax.parallel import hlo_costs
 from bert_jax.parallel import sharding
 from bert_jax.text import features
 from bert_jax.training import optimizer
@@ -165,7 +166,6 @@ _HLO_TARGET = re.compile(r'custom_call_target="([^"]+)"')
 # The first operand of a reduce: its shape printed inline, or its name.
 _HLO_REDUCE = re.compile(r"\sreduce\(\(?(?:\w+\[([\d,]*)\]\S*\s+)?%?([\w.\-]+)")
 _HLO_DIMENSIONS = re.compile(r"dimensions=\{([\d,]*)\}")
-_HLO_OP_NAME = re.compile(r'op_name="([^"]*)"')
 _LAYER_NORM = re.compile(r"layer_?norm", re.IGNORECASE)
 
 
@@ -260,7 +260,7 @@ def hlo_summary(text: str, hidden: int, rows: set[int]) -> dict:
       inner = [line] + (body(calls.group(1), {calls.group(1)}) if calls else [])
       ln_reduce += any(" reduce(" in l and reduces_hidden(l) for l in inner)
       ln_rsqrt += any(" rsqrt(" in l for l in inner)
-      sites = {layer_norm_site(m) for l in inner for m in _HLO_OP_NAME.findall(l)} - {None}
+      sites = {layer_norm_site(m) for l in inner for m in hlo_costs.OP_NAME.findall(l)} - {None}
       ln_named += bool(sites)
       for site in sites:
         per_site[site] = per_site.get(site, 0) + 1
@@ -388,8 +388,8 @@ def device_time(trace_dir: str, steps: int, step_s: float, hlo_text: str | None 
   the HLO instruction they run, `hlo_op`, where the trace records it, else by the kernel's own
   name; no derived line counts a kernel twice), on a TPU those of its "XLA Ops" line, on a CPU
   the events of XLA's threads that name an HLO instruction. The traced steps run without command
-  buffers (`profile_without_command_buffers`, set by `--profile_dir`): kernel times are each
-  kernel's own, and the traced steps wait longer between kernels than the timed ones.
+  buffers (`profile_without_command_buffers`): kernel times are each kernel's own, and the
+  traced steps wait longer between kernels than the timed ones.
 
   Per step: the time kernels run (`busy_ms`: the union of their intervals, so overlapping
   streams count once) against the timed step's wall time, the rest being time the device
@@ -403,7 +403,6 @@ def device_time(trace_dir: str, steps: int, step_s: float, hlo_text: str | None 
   import collections  # pylint: disable=g-import-not-at-top
   import glob  # pylint: disable=g-import-not-at-top
   import re  # pylint: disable=g-import-not-at-top
-  from bert_jax.parallel import hlo_costs  # pylint: disable=g-import-not-at-top
   paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
   if not paths:
     return {"error": f"no .xplane.pb under {trace_dir}"}
@@ -555,17 +554,16 @@ PROFILE_FLAG = "--xla_enable_command_buffers_during_profiling"
 
 
 def profile_without_command_buffers(environ=os.environ) -> None:
-  """Adds `PROFILE_FLAG`=false to XLA_FLAGS unless they set it (before JAX starts)."""
-  flags_now = environ.get("XLA_FLAGS", "")
-  if not any(t.startswith(PROFILE_FLAG + "=") for t in flags_now.split()):
-    environ["XLA_FLAGS"] = f"{flags_now} {PROFILE_FLAG}=false".strip()
+  """Adds `PROFILE_FLAG`=false to XLA_FLAGS unless they set it (before JAX starts). Every run
+  sets it, profiled or not (it acts only while profiling): XLA_FLAGS are part of the
+  compilation cache's key, so a profiled and a timed run of one step share their compile."""
+  cudnn_runtime.default_xla_flag(PROFILE_FLAG, "false", environ)
 
 
 def main(argv):
   del argv
   cudnn_runtime.prepare()  # before JAX starts its backends
-  if _PROFILE.value:
-    profile_without_command_buffers()
+  profile_without_command_buffers()
   if _PRNG.value:
     jax.config.update("jax_default_prng_impl", _PRNG.value)
   batch_override = dict(item.split("=") for item in _BATCH.value)

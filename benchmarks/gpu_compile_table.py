@@ -73,7 +73,6 @@ def _key(row: dict) -> tuple:
 
 def compile_row(preset: str, variant: str, target: str) -> dict:
   import accelerator_step  # pylint: disable=g-import-not-at-top
-  from bert_jax.parallel import hlo_costs  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import compile_check  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import pretraining  # pylint: disable=g-import-not-at-top
   config = config_for(preset, variant)
@@ -87,8 +86,7 @@ def compile_row(preset: str, variant: str, target: str) -> dict:
   hidden = pretraining.bert_config_from(config).hidden_size
   hlo = accelerator_step.hlo_summary(report.hlo_text, hidden, rows)
   per_site = sorted(hlo["ln_per_site"].values())
-  parts = hlo_costs.traffic_by_part(hlo_costs.parse(report.hlo_text))
-  return dict(row, fits=True, parts=parts, seconds=time.perf_counter() - start,
+  return dict(row, fits=True, parts=report.parts, seconds=time.perf_counter() - start,
               hbm_gib=report.hbm_bytes / 2**30,
               traffic=report.traffic, other_ms=report.other_seconds * 1e3,
               matmul_ms=report.compute_seconds * 1e3, custom_calls=report.custom_calls,

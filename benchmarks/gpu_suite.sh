@@ -75,10 +75,6 @@ START=$(date +%s)
 : > "$WORK/status.tsv"
 
 export PYTHONUNBUFFERED=1
-# What `accelerator_step.py --profile_dir` adds (profiled steps without command buffers, so that
-# the trace names each kernel's HLO instruction), for every process: XLA_FLAGS are part of the
-# compilation cache's key, and (e)'s default run keeps (a)'s compile.
-export XLA_FLAGS="${XLA_FLAGS:-} --xla_enable_command_buffers_during_profiling=false"
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-1}
 # Compiles are the suite's largest cost; the cache serves (e)'s default run from (a)'s
 # paper-cudnn (XLA_FLAGS are part of the key, so the other settings compile afresh).

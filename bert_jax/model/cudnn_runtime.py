@@ -21,17 +21,27 @@ import os
 from typing import MutableMapping
 
 COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer"
-CUDNN_OUTSIDE_COMMAND_BUFFERS = COMMAND_BUFFER_FLAG + "=-CUDNN"
+_ALL_BUT_CUDNN = "-CUDNN"  # the default kinds, less cuDNN's
+CUDNN_OUTSIDE_COMMAND_BUFFERS = f"{COMMAND_BUFFER_FLAG}={_ALL_BUT_CUDNN}"
 
 
-def _command_buffer_kinds(xla_flags: str) -> str | None:
-  """The value XLA_FLAGS `xla_flags` give the command-buffer flag (its last occurrence decides),
-  or None where they do not set it."""
+def xla_flag_value(xla_flags: str, flag: str) -> str | None:
+  """The value XLA_FLAGS `xla_flags` give `flag` ("--xla_..."; its last occurrence decides), or
+  None where they do not set it."""
   value = None
   for token in xla_flags.split():
-    if token.startswith(COMMAND_BUFFER_FLAG + "="):
+    if token.startswith(flag + "="):
       value = token.split("=", 1)[1].strip("'\"")
   return value
+
+
+def default_xla_flag(flag: str, value: str,
+                     environ: MutableMapping[str, str] = os.environ) -> None:
+  """Appends `flag=value` to XLA_FLAGS unless they set `flag` already (the user's choice
+  stands). Effective only before JAX starts its backends."""
+  flags = environ.get("XLA_FLAGS", "")
+  if xla_flag_value(flags, flag) is None:
+    environ["XLA_FLAGS"] = f"{flags} {flag}={value}".strip()
 
 
 def cudnn_in_command_buffers(xla_flags: str) -> bool:
@@ -39,7 +49,7 @@ def cudnn_in_command_buffers(xla_flags: str) -> bool:
   does. The flag's value is a list of command kinds: either the kinds themselves (CUDNN among
   them or not; empty: no command buffers at all), or changes to the default list (`+KIND`,
   `-KIND`), applied in order."""
-  value = _command_buffer_kinds(xla_flags)
+  value = xla_flag_value(xla_flags, COMMAND_BUFFER_FLAG)
   if value is None:
     return True
   kinds = [kind.strip().upper() for kind in value.split(",") if kind.strip()]
@@ -57,9 +67,7 @@ def prepare(environ: MutableMapping[str, str] = os.environ) -> None:
   command buffers' kinds (the user's choice stands; `check_cudnn_dropout` still guards it).
   Effective only before JAX starts its backends; harmless off GPUs, whose compilers ignore
   GPU flags."""
-  flags = environ.get("XLA_FLAGS", "")
-  if _command_buffer_kinds(flags) is None:
-    environ["XLA_FLAGS"] = f"{flags} {CUDNN_OUTSIDE_COMMAND_BUFFERS}".strip()
+  default_xla_flag(COMMAND_BUFFER_FLAG, _ALL_BUT_CUDNN, environ)
 
 
 def check_cudnn_dropout(platform: str,

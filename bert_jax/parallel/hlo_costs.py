@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Iterable
+from typing import Callable, Iterable
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -360,17 +360,26 @@ def custom_calls(module: Module) -> dict[str, int]:
   return out
 
 
-def traffic_by_kind(module: Module) -> dict[str, dict[str, float]]:
-  """Per kernel kind: instructions run per step ("count") and the HBM bytes they move."""
-  out = {k: {"count": 0, "bytes": 0.0} for k in ("matmul", "attention", "collective", "other")}
+def _traffic_by(module: Module, key: Callable[[Instruction], str],
+                keys: Iterable[str] = ()) -> dict[str, dict[str, float]]:
+  """Per `key` of the instructions the program runs (`keys` listed even where none has it):
+  instructions run per step ("count") and the HBM bytes they move."""
+  out = {k: {"count": 0, "bytes": 0.0} for k in keys}
   for comp, instr, moved in instruction_traffic(module):
-    entry = out[kernel_kind(module, instr)]
+    entry = out.setdefault(key(instr), {"count": 0, "bytes": 0.0})
     entry["count"] += module.multipliers.get(comp, 1)
     entry["bytes"] += moved
   return out
 
 
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
+def traffic_by_kind(module: Module) -> dict[str, dict[str, float]]:
+  """Per kernel kind: instructions run per step ("count") and the HBM bytes they move."""
+  return _traffic_by(module, lambda instr: kernel_kind(module, instr),
+                     ("matmul", "attention", "collective", "other"))
+
+
+# The op_name metadata of an instruction's line: the traced function's path.
+OP_NAME = re.compile(r'op_name="([^"]*)"')
 # The model's parts, by the module path JAX writes into each instruction's op_name metadata
 # (`jit(train_step)/transpose(jvp(BertForPreTraining))/bert/encoder/layer_3/output/LayerNorm/..`),
 # first match wins: the LayerNorm sites with their residual adds, dropout's bits and masks,
@@ -391,7 +400,7 @@ _COMPONENTS = (
 
 def op_name(instr: Instruction) -> str:
   """The op_name metadata of an instruction ("" where XLA kept none)."""
-  match = _OP_NAME.search(instr.rest)
+  match = OP_NAME.search(instr.rest)
   return match.group(1) if match else ""
 
 
@@ -413,11 +422,7 @@ def model_part(name: str) -> str:
 def traffic_by_part(module: Module) -> dict[str, dict[str, float]]:
   """Per part of the step (`model_part`): instructions run per step ("count") and the HBM
   bytes they move, largest first."""
-  out: dict[str, dict[str, float]] = {}
-  for comp, instr, moved in instruction_traffic(module):
-    entry = out.setdefault(model_part(op_name(instr)), {"count": 0, "bytes": 0.0})
-    entry["count"] += module.multipliers.get(comp, 1)
-    entry["bytes"] += moved
+  out = _traffic_by(module, lambda instr: model_part(op_name(instr)))
   return dict(sorted(out.items(), key=lambda kv: -kv[1]["bytes"]))
 
 

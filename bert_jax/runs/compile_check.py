@@ -10,8 +10,9 @@ plugin, `parallel/gpu_targets`) and the executable is read.
 prints per-device HBM use against what the compiler lets a program use (and refuses, with the
 fix, when the step does not fit), the step's matmul FLOPs beside the analytic count and XLA's
 own, each collective per step with its bytes, the HBM traffic of its kernels by kind (matmuls,
-fused attention, collectives, and the elementwise and reduction kernels around them), and a
-roofline projection of step time, MFU, days and cost to train the recipe.
+fused attention, collectives, and the elementwise and reduction kernels around them; by part
+of the step in the report's `parts`), and a roofline projection of step time, MFU, days and
+cost to train the recipe.
 
 The roofline is a bound on speed, not a prediction: the step's matmul FLOPs at the chip's peak
 bf16 FLOP/s plus its collectives at the chip's full ICI (a GPU's: NVLink) bandwidth, nothing
@@ -69,6 +70,7 @@ class Report:
   steps: int
   compile_seconds: float
   traffic: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+  parts: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # by step part
   custom_calls: dict[str, int] = dataclasses.field(default_factory=dict)  # per target, per step
   hlo_text: str = dataclasses.field(default="", repr=False)  # the program; not in as_dict
 
@@ -321,7 +323,7 @@ def check(config: ml_collections.ConfigDict, accelerator: str, config_name: str 
       collectives=hlo_costs.summarize(hlo_costs.collectives(module, slice_.devices)),
       steps=int(config.train_until_step if steps is None else steps),
       compile_seconds=seconds,
-      traffic=hlo_costs.traffic_by_kind(module),
+      traffic=hlo_costs.traffic_by_kind(module), parts=hlo_costs.traffic_by_part(module),
       custom_calls=hlo_costs.custom_calls(module), hlo_text=text)
   if not report.fits:
     raise DoesNotFit(

@@ -230,8 +230,8 @@ def test_hlo_summary_counts(tmp_path):
 
 @pytest.mark.e2e
 def test_profiled_steps_run_without_command_buffers_unless_told():
-  """`--profile_dir` adds the flag that keeps command buffers off while profiling, once, after
-  the flags there are; a setting of the user's stands."""
+  """Every run adds the flag that keeps command buffers off while profiling, once, after the
+  flags there are; a setting of the user's stands."""
   code = ("from benchmarks import accelerator_step as a\n"
           "for flags in ('--xla_foo=1', '', a.PROFILE_FLAG + '=true'):\n"
           "  env = {'XLA_FLAGS': flags}\n"

@@ -41,7 +41,7 @@ SCRIPT = r"""
 import json, os, sys
 sys.path.insert(0, os.path.join(sys.argv[1], "configs"))
 sys.path.insert(0, sys.argv[1])
-from bert_jax.parallel import gpu_targets, hlo_costs
+from bert_jax.parallel import gpu_targets
 gpu_targets.find_plugin()  # before anything starts JAX
 import pretrain as pretrain_configs
 from bert_jax.runs import compile_check
@@ -68,7 +68,7 @@ for name, (machine, overrides) in cases.items():
   text = report.hlo_text
   out[name] = {**report.as_dict(), "lines": report.lines(),
                "f8e4m3fn": text.count("f8e4m3fn"), "f8e5m2": text.count("f8e5m2"),
-               "hlo_bytes": len(text), "parts": hlo_costs.traffic_by_part(hlo_costs.parse(text))}
+               "hlo_bytes": len(text)}
 
 # The same step with one change swapped back at a time (GELU differentiated as it is or with
 # jax.nn.gelu's forward, the loss as log_softmax and a gather, LayerNorm without its barrier or
