@@ -16,7 +16,8 @@ compute with float32 parameters, for each attention variant:
   its A/B twins `-f32res` (float32 residual stream and LayerNorm at every site), `-bits32` (one
   random word per dropout decision instead of 16 bits) and `-fp8` (fp8 matmuls).
 
-`--layers` picks unrolled layers, `nn.scan` over layers, or both. Shapes per preset (`SHAPES`) are
+`--layers` picks unrolled layers, `nn.scan` over layers, stacked parameters run unrolled, or
+several (`LAYOUTS`). Shapes per preset (`SHAPES`) are
 the paper's sequence lengths; the batch is random ids at full length (every row is real tokens,
 so hardware MFU and useful-token MFU coincide). MFU = the analytic matmul FLOPs of the step
 (`MaskedLmNextSentence.flops_per_step`, the count the training loop prints) / step time / the
@@ -72,7 +73,8 @@ from bert_jax.training import step as step_lib
 _CONFIGS = flags.DEFINE_list("configs", ["base", "large"], "Presets, in order.")
 _VARIANTS = flags.DEFINE_list("variants", ["paper", "fast-xla", "fast-cudnn"],
                               "Attention variants (see the module docstring).")
-_LAYERS = flags.DEFINE_list("layers", ["unrolled"], "unrolled and/or scanned.")
+_LAYERS = flags.DEFINE_list("layers", ["unrolled"], "unrolled, scanned and/or stacked "
+                            "(`LAYOUTS`).")
 _BATCH = flags.DEFINE_list("batch", [], "Per-config batch size overrides, e.g. base=256.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Steps per timed repeat.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats (median reported).")
@@ -121,6 +123,15 @@ VARIANTS = {
     # the bias add inside the first feed-forward GEMM where XLA routes that GEMM to cuBLASLt.
     "paper-cudnn-tanh": dict(attention_probs_dropout_prob=0.1, attention_implementation="cudnn",
                              hidden_act="gelu_new"),
+}
+
+# `--layers`: how the layers run and where their parameters live. "stacked": the scanned
+# layout's stacked parameters and optimizer state, the layers run unrolled
+# (`BertConfig.stack_unrolled`): one optimizer kernel per stacked leaf, not one per layer's leaf.
+LAYOUTS = {
+    "unrolled": dict(scan_layers=False),
+    "scanned": dict(scan_layers=True),
+    "stacked": dict(scan_layers=True, stack_unrolled=True),
 }
 
 
@@ -305,7 +316,7 @@ def _dump_hlo(text: str, name: str, variant: str, layers: str, config, shape: di
 
 def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
   shape = dict(SHAPES[name], batch=batch_size)
-  config = configuration.get_preset(name, dtype=_DTYPE.value, scan_layers=layers == "scanned",
+  config = configuration.get_preset(name, dtype=_DTYPE.value, **LAYOUTS[layers],
                                     **VARIANTS[variant])
   packing = {}
   if _BATCH_FILE.value:
@@ -434,7 +445,7 @@ def device_time(trace_dir: str, steps: int, step_s: float, hlo_text: str | None 
     module = hlo_costs.parse(hlo_text)
     for _, instr, nbytes in hlo_costs.instruction_traffic(module):
       kinds[instr.name] = hlo_costs.kernel_kind(module, instr)
-      parts[instr.name] = hlo_costs.model_part(hlo_costs.op_name(instr))
+      parts[instr.name] = hlo_costs.model_part(hlo_costs.op_name(instr, module))
       moved[instr.name] = moved.get(instr.name, 0.0) + nbytes
   by_kind, by_part, by_group, group_kernels, group_bytes = (
       collections.Counter() for _ in range(5))
@@ -562,6 +573,11 @@ def profile_without_command_buffers(environ=os.environ) -> None:
 
 def main(argv):
   del argv
+  for flag, given, known in (("--variants", _VARIANTS.value, VARIANTS),
+                             ("--layers", _LAYERS.value, LAYOUTS)):
+    if set(given) - set(known):
+      raise app.UsageError(f"{flag}: {', '.join(sorted(set(given) - set(known)))} unknown; "
+                           f"expected some of {', '.join(known)}.")
   cudnn_runtime.prepare()  # before JAX starts its backends
   profile_without_command_buffers()
   if _PRNG.value:

@@ -41,7 +41,7 @@ ROWS = [("base", v) for v in ("paper", "paper-cudnn", "fast-cudnn", "paper-cudnn
 LARGE_BATCH = 64  # the suite's large/512 batch
 
 
-def config_for(preset: str, variant: str):
+def config_for(preset: str, variant: str, layers: str = "unrolled"):
   import accelerator_step  # pylint: disable=g-import-not-at-top
   import pretrain as pretrain_configs  # pylint: disable=g-import-not-at-top
   shape = accelerator_step.SHAPES[preset]
@@ -51,32 +51,41 @@ def config_for(preset: str, variant: str):
   config.data.max_seq_length = shape["length"]
   config.data.max_predictions_per_seq = shape["predictions"]
   config.model.dtype = "bfloat16"
-  for key, value in accelerator_step.VARIANTS[variant].items():
+  for key, value in {**accelerator_step.LAYOUTS[layers],
+                     **accelerator_step.VARIANTS[variant]}.items():
     if value is not None:
       config.model[key] = value
   return config
 
 
-def row_head(preset: str, variant: str, target: str) -> dict:
-  """What names a row: the step, its shape, the GPU, the compiler's flags (XLA_FLAGS, which
-  change the program: Triton or cuBLAS GEMMs, passes turned off) and JAX's version (XLA's)."""
+def row_head(preset: str, variant: str, target: str, layers: str = "unrolled") -> dict:
+  """What names a row: the step (its layers' layout, `accelerator_step.LAYOUTS`), its shape,
+  the GPU, the compiler's flags (XLA_FLAGS, which change the program: Triton or cuBLAS GEMMs,
+  passes turned off) and JAX's version (XLA's)."""
   import jax  # pylint: disable=g-import-not-at-top
-  config = config_for(preset, variant)
-  return {"preset": preset, "variant": variant, "target": target,
+  config = config_for(preset, variant, layers)
+  return {"preset": preset, "variant": variant, "layers": layers, "target": target,
           "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
           "batch": int(config.global_batch_size), "length": int(config.data.max_seq_length)}
 
 
 def _key(row: dict) -> tuple:
-  return row["preset"], row["variant"], row["target"], row.get("xla_flags", "")
+  return (row["preset"], row["variant"], row.get("layers", "unrolled"), row["target"],
+          row.get("xla_flags", ""))
 
 
-def compile_row(preset: str, variant: str, target: str) -> dict:
+def _step_name(row: dict) -> str:
+  """The variant, with its layers' layout where they are not unrolled."""
+  layers = row.get("layers", "unrolled")
+  return row["variant"] + ("" if layers == "unrolled" else f" ({layers} layers)")
+
+
+def compile_row(preset: str, variant: str, target: str, layers: str = "unrolled") -> dict:
   import accelerator_step  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import compile_check  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import pretraining  # pylint: disable=g-import-not-at-top
-  config = config_for(preset, variant)
-  row = row_head(preset, variant, target)
+  config = config_for(preset, variant, layers)
+  row = row_head(preset, variant, target, layers)
   start = time.perf_counter()
   try:
     report = compile_check.check(config, target, config_name=f"{preset} {variant}")
@@ -107,7 +116,7 @@ def render(rows: list[dict]) -> str:
       "TFLOP/s | kernels per LayerNorm site (reduces) |",
       "|---|---|---|---|---|---|---|"]
   for r in rows:
-    name = f"{r['preset']} {r['batch']}×{r['length']} {r['variant']}"
+    name = f"{r['preset']} {r['batch']}×{r['length']} {_step_name(r)}"
     if r.get("xla_flags"):
       name += f" `{r['xla_flags']}`"
     if not r.get("fits"):
@@ -131,7 +140,7 @@ def render_parts(rows: list[dict]) -> str:
     return "(no row has parts)"
   names = []
   for r in rows:
-    name = f"{r['preset']} {r['variant']}"
+    name = f"{r['preset']} {_step_name(r)}"
     names.append(name + (f" `{r['xla_flags']}`" if r.get("xla_flags") else ""))
   order = list(rows[0]["parts"]) + sorted({p for r in rows for p in r["parts"]}
                                           - set(rows[0]["parts"]))
@@ -153,7 +162,8 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True, help="JSON lines, appended as rows finish.")
   parser.add_argument("--target", default="h100")
-  parser.add_argument("--rows", default="", help="preset:variant,... (default: all)")
+  parser.add_argument("--rows", default="", help="preset:variant[:layers],... (layers: "
+                      "accelerator_step.LAYOUTS, default unrolled; default rows: all)")
   parser.add_argument("--render", action="store_true", help="Print the markdown table only.")
   parser.add_argument("--render_parts", action="store_true",
                       help="Print the kernels and bytes by part of the step only.")
@@ -169,15 +179,18 @@ def main() -> None:
   gpu_targets.find_plugin()
   wanted = [tuple(r.split(":")) for r in args.rows.split(",") if r] or ROWS
   have = {_key(r) for r in done}
-  for i, (preset, variant) in enumerate(wanted):
-    if _key(row_head(preset, variant, args.target)) in have:
+  for i, (preset, variant, *layout) in enumerate(wanted):
+    layers = layout[0] if layout else "unrolled"
+    head = row_head(preset, variant, args.target, layers)
+    if _key(head) in have:
       continue
-    print(f"[{i + 1}/{len(wanted)}] compiling {preset} {variant} for {args.target}...", flush=True)
+    print(f"[{i + 1}/{len(wanted)}] compiling {preset} {_step_name(head)} for {args.target}...",
+          flush=True)
     try:
-      row = compile_row(preset, variant, args.target)
+      row = compile_row(preset, variant, args.target, layers)
     except Exception as e:  # pylint: disable=broad-except
       traceback.print_exc()
-      row = dict(row_head(preset, variant, args.target), fits=False,
+      row = dict(head, fits=False,
                  error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
     with open(args.out, "a", encoding="utf-8") as f:
       f.write(json.dumps(row) + "\n")

@@ -20,7 +20,10 @@
 #       (`peer_torch.py`, Hugging Face BertForPreTraining, SDPA) eager and compiled, paper recipe
 #   (b) large 64×512: ours paper-cudnn, not profiled (profiled, it printed nothing within its
 #       140 s on the H200); the peer compiled, paper recipe
-#   (e) XLA flags on base paper-cudnn, one process per setting: default; "pdl" (Hopper's
+#   (e) XLA flags and the layers' layout on base paper-cudnn, one process per setting: default;
+#       "stacked" (the layers' parameters and optimizer state stacked, the layers unrolled:
+#       `--layers=stacked`); "everything" (stacked with the epilogues, the tanh GELU and pdl,
+#       below); "pdl" (Hopper's
 #       programmatic dependent launch: a kernel is let in while the one before drains, which
 #       matters for a step of ~1,300 kernels, ~600 of them under 1 MB; off by default in jaxlib
 #       0.11.2); "epilogues" (Triton GEMM off, so that every GEMM goes through cuBLASLt, whose
@@ -32,7 +35,7 @@
 #       buffers off (empty list), cuDNN LayerNorm on. Each flag is
 #       parsed by jaxlib 0.11.2 (and by 0.10.2, except --xla_gpu_enable_pdl_launch; an unknown
 #       one aborts XLA at start: the abort is recorded, the sweep goes on)
-#   (c) fp8: ours paper-cudnn-fp8 on large 64×512
+#   (c) fp8: ours paper-cudnn-fp8 on large 64×512; ours paper-cudnn with stacked layers there
 #   (d) A/B on base: ours paper-cudnn-f32res, paper-cudnn-bits32 (against (a)'s paper-cudnn)
 #       and paper (the explicit path); ours fast-cudnn on large
 #   (g) the peer with the MLM head gathered at the masked positions (as ours), eager and
@@ -48,10 +51,10 @@
 # base paper-cudnn 34 s, fast-cudnn 24 s, paper 42 s, large paper-cudnn 53 s; torch.compile
 # 47 s base, 73 s large; 2 warm-up + 2 × 10 timed steps):
 #   (checks) 13 s   (a) ours ≈ 150 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 95 s
-#   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 8 × ~50 s + the
-#       peer ≈ 60 s ≈ 485 s
-#   (c) ≈ 90 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
-# All of it: ≈ 1,200 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
+#   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 10 × ~50 s + the
+#       peer ≈ 60 s ≈ 585 s
+#   (c) ≈ 90 + 80 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
+# All of it: ≈ 1,400 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
 # (b) and part of (e); the rest needs another run (SUITE_PARTS="e c d g h f"), which leaves out
 # the labels a run finished with SUITE_SKIP, e.g. SUITE_SKIP="e-default e-pdl" (its
 # summary then has no e-default to compare the other settings with).
@@ -207,7 +210,8 @@ def tokens(r):
 
 def what(r):
   if r["impl"] == "jax":
-    return f"ours {r['variant']}"
+    layers = r.get("layers", "unrolled")
+    return f"ours {r['variant']}" + ("" if layers == "unrolled" else f", {layers} layers")
   return f"peer {r['recipe']} {r['mode']} (MLM head {r['mlm']})"
 
 lines = [f"# GPU suite summary ({elapsed}s of a {budget}s budget)", ""]
@@ -226,7 +230,8 @@ for part_rows in ([r for r in main], [r for r in rows if r["part"].startswith("f
   for key in keys:
     same = [r for r in part_rows if (r["name"], r["shape"]["batch"], r["shape"]["length"],
                                      r["shape"]["packed"], r["shape"]["real"]) == key]
-    o = [r for r in same if r["impl"] == "jax" and r["variant"] == "paper-cudnn"]
+    o = [r for r in same if r["impl"] == "jax" and r["variant"] == "paper-cudnn"
+         and r.get("layers", "unrolled") == "unrolled"]
     p = [r for r in same if r["impl"] == "torch" and r["recipe"] == "paper"
          and r["mode"] == "compile" and r["mlm"] == "full"]
     if not o and not p:
@@ -344,21 +349,26 @@ fi
 if want e; then
   # The commands keep cuDNN's kernels out of command buffers (`cudnn_runtime.prepare`, which
   # leaves an explicit --xla_gpu_enable_command_buffer alone): "default" is that setting.
-  # sweep label|variant|flags-added...: one process of ours per setting.
+  # sweep label|variant|flags-added|layers...: one process of ours per setting (layers:
+  # accelerator_step.LAYOUTS, unrolled where empty).
   sweep() {
-    local setting name variant extra
+    local setting name variant extra layers
     for setting in "$@"; do
-      IFS='|' read -r name variant extra <<< "$setting"
-      XLA_FLAGS="${XLA_FLAGS:-} $extra" ours "e-$name" 110 "$BASE" "$variant"
+      IFS='|' read -r name variant extra layers <<< "$setting"
+      XLA_FLAGS="${XLA_FLAGS:-} $extra" ours "e-$name" 110 "$BASE" "$variant" \
+        --layers="${layers:-unrolled}"
     done
   }
-  # The likeliest gains first: programmatic dependent launch (the gaps between ~1,300 kernels);
+  # The likeliest gains first: the layers' parameters stacked and run unrolled (~450 fewer
+  # optimizer and weight-cast kernels of ~1,300), everything that the compiled program says
+  # saves together, then each alone: programmatic dependent launch (the gaps between kernels);
   # GEMMs through cuBLASLt with XLA's dot merger off (epilogues take the bias adds; no copies
   # out of merged GEMMs), then the same with GELU's tanh form, which cuBLASLt's epilogue
   # computes inside the first feed-forward GEMM, beside the peer compiled with that GELU; then
-  # everything together, and each other flag alone.
-  sweep "default|paper-cudnn|" "pdl|paper-cudnn|$PDL" "epilogues|paper-cudnn|$EPILOGUES" \
-    "epilogues_tanh|paper-cudnn-tanh|$EPILOGUES"
+  # each other flag alone.
+  sweep "default|paper-cudnn||" "stacked|paper-cudnn||stacked" \
+    "everything|paper-cudnn-tanh|$EPILOGUES $PDL|stacked" "pdl|paper-cudnn|$PDL|" \
+    "epilogues|paper-cudnn|$EPILOGUES|" "epilogues_tanh|paper-cudnn-tanh|$EPILOGUES|"
   peer e-peer_tanh 120 --configs="$BASE" --recipes=paper --modes=compile --mlm=full \
     --hidden_act=gelu_new
   sweep "epilogues_tanh_pdl|paper-cudnn-tanh|$EPILOGUES $PDL" \
@@ -369,6 +379,8 @@ if want e; then
 fi
 if want c; then
   ours c-fp8 130 "$LARGE" paper-cudnn-fp8 --batch="$LARGE=$LARGE_BATCH"
+  # At large the stacked layout saves twice the kernels (24 layers): against (b)'s paper-cudnn.
+  ours c-large-stacked 140 "$LARGE" paper-cudnn --layers=stacked --batch="$LARGE=$LARGE_BATCH"
 fi
 if want d; then
   ours d-ab 150 "$BASE" paper-cudnn-f32res,paper-cudnn-bits32,paper

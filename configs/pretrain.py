@@ -102,6 +102,9 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
       # scanned step measured 1.05-1.10x (CPU) and 1.45x (H100) slower: see
       # runs/pretraining.default_scan_layers. Checkpoints load into either layout.
       "scan_layers": placeholder(bool),
+      # With scan_layers: the stacked layout run unrolled (one optimizer kernel per stacked
+      # leaf; BertConfig.stack_unrolled). None: False.
+      "stack_unrolled": placeholder(bool),
       "remat_policy": "none",
       "attention_implementation": placeholder(str),
       # Bits per dropout decision (16: two per random word) and the bfloat16 residual stream

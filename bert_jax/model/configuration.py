@@ -52,7 +52,8 @@ class BertConfig:
   """Shape of a BERT encoder plus how to compute it.
 
   Shape fields (legacy names, exported): everything from `vocab_size` to `layer_norm_eps`.
-  Compute fields (ours, not exported): `dtype`, `param_dtype`, `scan_layers`, `remat_policy`,
+  Compute fields (ours, not exported): `dtype`, `param_dtype`, `scan_layers`, `stack_unrolled`,
+  `remat_policy`,
   `attention_implementation`, `dropout_bits`, `low_precision_layer_norm`, `quantization`
   (written only as "int8", whose parameters are int8).
   """
@@ -101,6 +102,11 @@ class BertConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   scan_layers: bool = False  # nn.scan over layers: one compiled layer, stacked parameters
+  # With scan_layers: keep the stacked parameters (the scanned layout, its checkpoints and
+  # optimizer state) but run the layers unrolled, each its own code as with scan_layers=False.
+  # The optimizer then updates each stacked leaf in one kernel instead of one per layer: XLA
+  # fuses no independent kernels side by side on GPUs, where every kernel is launched.
+  stack_unrolled: bool = False
   remat_policy: str = "none"  # none | full | dots | dots_no_batch (see modeling._remat_policy)
   # The attention kernel: "cudnn" (GPU) and "pallas" (TPU; sequence length a multiple of 128)
   # are fused with attention-probability dropout inside the kernel; None lets JAX pick and
@@ -185,8 +191,11 @@ class BertConfig:
         if value is not None and int(value) <= 0:
           raise ValueError(f"BertConfig: {name}={value} must be positive.")
       self.generator_config()  # its own checks (head count divides the width)
+    if self.stack_unrolled and not self.scan_layers:
+      raise ValueError("BertConfig: stack_unrolled=True runs the scanned layout's stacked "
+                       "layers unrolled; it needs scan_layers=True.")
     if (self.attention_implementation == "cudnn" and self.attention_probs_dropout_prob > 0
-        and (self.scan_layers or self.share_parameters != "none")):
+        and (self.scanned_loop or self.share_parameters != "none")):
       # cuDNN's dropout counter advances per execution of a kernel call site: a scanned or
       # shared layer runs one site for several layers, forwards then backwards in reverse, so
       # its backward masks would not be its forward's (modeling._cudnn_attention).
@@ -194,8 +203,8 @@ class BertConfig:
           f"BertConfig: attention_implementation='cudnn' with attention_probs_dropout_prob="
           f"{self.attention_probs_dropout_prob:g} needs unrolled, unshared layers (got "
           f"scan_layers={self.scan_layers}, share_parameters={self.share_parameters!r}): set "
-          "scan_layers=False, or attention_implementation=None (the explicit path), or "
-          "attention_probs_dropout_prob=0.")
+          "scan_layers=False (or stack_unrolled=True), or attention_implementation=None (the "
+          "explicit path), or attention_probs_dropout_prob=0.")
     if self.quantization not in QUANTIZATIONS:
       raise ValueError(f"BertConfig: quantization={self.quantization!r}; expected one of "
                        f"{', '.join(QUANTIZATIONS)}.")
@@ -249,6 +258,11 @@ class BertConfig:
           f"{self.scan_layers}, share_parameters={self.share_parameters!r}): each layer keeps "
           "its own number of heads.")
     return tuple(out)
+
+  @property
+  def scanned_loop(self) -> bool:
+    """The layers run as one scanned layer (`scan_layers` without `stack_unrolled`)."""
+    return self.scan_layers and not self.stack_unrolled
 
   @property
   def head_dim(self) -> int:

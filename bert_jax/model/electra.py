@@ -52,8 +52,8 @@ class GeneratorEncoder(nn.Module):
 
   @nn.compact
   def __call__(self, embedded, input_mask, deterministic: bool, sequence_ids=None):
-    out, _ = modeling.BertEncoder(self.config, name="encoder")(embedded, input_mask,
-                                                                deterministic, sequence_ids)
+    encoder = modeling.encoder_class(self.config)(self.config, name="encoder")
+    out, _ = encoder(embedded, input_mask, deterministic, sequence_ids)
     return out
 
 

@@ -801,13 +801,13 @@ class BertEncoder(nn.Module):
     if cfg.remat_policy != "none":
       # Argument 0 is the module itself, so `deterministic` is argument 3.
       layer_cls = nn.remat(BertLayer, policy=_REMAT_POLICIES[cfg.remat_policy],
-                           prevent_cse=not cfg.scan_layers, static_argnums=(3,))
+                           prevent_cse=not cfg.scanned_loop, static_argnums=(3,))
     if cfg.share_parameters == "all":
       return self._shared(layer_cls, x, input_mask, deterministic, sequence_ids)
     shared = None
     if cfg.share_parameters in ("attention", "ffn"):
       shared = SharedLayerParts(cfg, (cfg.share_parameters,), name="shared_layer")
-    if cfg.scan_layers:
+    if cfg.scanned_loop:
       stack = nn.scan(layer_cls, variable_axes={"params": 0},
                       split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
@@ -829,7 +829,7 @@ class BertEncoder(nn.Module):
     """One block (`shared_layer`) applied num_hidden_layers times; its gradient is the sum of
     every application's, as in ALBERT."""
     cfg = self.config
-    if cfg.scan_layers:
+    if cfg.scanned_loop:
       stack = nn.scan(layer_cls, variable_broadcast="params",
                       split_rngs={"params": False, "dropout": True},
                       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
@@ -845,6 +845,67 @@ class BertEncoder(nn.Module):
       x = layer(x, input_mask, deterministic, sequence_ids)
       hidden_states.append(x)
     return x, (tuple(hidden_states) if self.collect_hidden_states else ())
+
+
+_LAYERS_AXIS = {nn.PARTITION_NAME: "layers"}  # the stacked layout's leading axis (nn.scan's)
+
+
+def _stacked(*layers):
+  """One leaf of the stacked layout from the same leaf of every layer (boxed at init)."""
+  if isinstance(layers[0], nn.meta.AxisMetadata):
+    value = jnp.stack([layer.unbox(apply_constraint=False) for layer in layers])
+    return layers[0].replace_boxed(value).add_axis(0, _LAYERS_AXIS)
+  return jnp.stack(layers)
+
+
+def _split(stacked, count: int) -> list:
+  """A stacked leaf's layers. `jnp.split` (not indexing): its gradient is one concatenation,
+  which XLA reads inside the optimizer's kernels, where an index's gradient pads every layer's
+  gradient to the whole stack."""
+  if isinstance(stacked, nn.meta.AxisMetadata):
+    box = stacked.remove_axis(0, _LAYERS_AXIS)
+    return [box.replace_boxed(part)
+            for part in _split(stacked.unbox(apply_constraint=False), count)]
+  return [jnp.squeeze(part, 0) for part in jnp.split(stacked, count)]
+
+
+def _layers_unrolled(params: dict) -> dict:
+  """The encoder's parameters as its unrolled code reads them: `layer/...` (stacked) →
+  `layer_{i}/...` (`stack_unrolled`)."""
+  if "layer" not in params:
+    return params
+  out = {k: v for k, v in params.items() if k != "layer"}
+  is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)
+  leaves, tree = jax.tree.flatten(params["layer"], is_leaf=is_box)
+  count = (leaves[0].unbox(apply_constraint=False) if is_box(leaves[0]) else leaves[0]).shape[0]
+  parts = [_split(leaf, count) for leaf in leaves]
+  for i in range(count):
+    out[f"layer_{i}"] = jax.tree.unflatten(tree, [p[i] for p in parts])
+  return out
+
+
+def _layers_stacked(params: dict) -> dict:
+  """The inverse of `_layers_unrolled`: what the unrolled code created, stored stacked."""
+  count = sum(1 for k in params if k.startswith("layer_"))
+  if not count:
+    return params
+  out = {k: v for k, v in params.items() if not k.startswith("layer_")}
+  out["layer"] = jax.tree.map(_stacked, *(params[f"layer_{i}"] for i in range(count)),
+                              is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  return out
+
+
+def encoder_class(config: BertConfig) -> type[nn.Module]:
+  """`BertEncoder`, or with `config.stack_unrolled` the same unrolled encoder whose layer
+  parameters are stored stacked, as `scan_layers` stores them: each layer reads its slice of
+  every stacked leaf, and the gradient of a stacked leaf is its layers' gradients joined.
+  Module paths, and so dropout's keys, are the unrolled encoder's: the two compute the same
+  values from the same weights."""
+  if not config.stack_unrolled:
+    return BertEncoder
+  each = lambda fn: lambda collections: {name: fn(tree) for name, tree in collections.items()}
+  return nn.map_variables(BertEncoder, "params", trans_in_fn=each(_layers_unrolled),
+                          trans_out_fn=each(_layers_stacked), init=True)
 
 
 class BertPooler(nn.Module):
@@ -891,7 +952,8 @@ class BertModel(nn.Module):
 
   def setup(self):
     self.embeddings = BertEmbeddings(self.config)
-    self.encoder = BertEncoder(self.config, collect_hidden_states=self.collect_hidden_states)
+    self.encoder = encoder_class(self.config)(self.config,
+                                              collect_hidden_states=self.collect_hidden_states)
     if self.add_pooling_layer:
       self.pooler = BertPooler(self.config)
 
@@ -958,15 +1020,6 @@ def stack_layers(params: dict, num_layers: int) -> dict:
   def visit(tree):
     if not isinstance(tree, dict):
       return tree
-    out = {}
-    for k, v in tree.items():
-      if k == "encoder" and isinstance(v, dict) and "layer_0" in v:
-        enc = {kk: vv for kk, vv in v.items() if not kk.startswith("layer_")}
-        count = sum(1 for kk in v if kk.startswith("layer_"))
-        layers = [v[f"layer_{i}"] for i in range(count)]
-        enc["layer"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
-        out[k] = enc
-      else:
-        out[k] = visit(v)
-    return out
+    return {k: (_layers_stacked(v) if k == "encoder" and isinstance(v, dict) and "layer_0" in v
+                else visit(v)) for k, v in tree.items()}
   return visit(dict(params))

@@ -289,8 +289,8 @@ def instruction_traffic(module: Module):
         yield comp, i, (read + _hbm_array_bytes(result)) * times
         continue
       sizes = [_hbm_array_bytes(shapes.get(o, "")) for o in operands]
-      written = _hbm_array_bytes(result)
       fused = _callees(i.rest)[:1] if i.op == "fusion" else []
+      written = _hbm_array_bytes(_without_gemm_workspace(module, i, result))
       if fused and fused[0] in module.computations:
         if fused[0] not in touched:
           touched[fused[0]] = _sliced_parameters(module, fused[0])
@@ -302,6 +302,18 @@ def instruction_traffic(module: Module):
                         min(update, _hbm_array_bytes(out))
                         for out, update in zip(outputs, updates))
       yield comp, i, (written + sum(sizes)) * times
+
+
+def _without_gemm_workspace(module: Module, instr: Instruction, result: str) -> str:
+  """A result's shape without the scratch a library GEMM returns beside its output (the
+  trailing `s8[n]` of its tuple, which cuBLAS uses as it needs, not an array it writes): a GEMM
+  call, or a fusion of one with the slices of its operands, whose scratch XLA sizes 8x."""
+  parts = _top_level(result)
+  gemm = (instr.op == "custom-call" and _GEMM_TARGET.search(instr.rest)) or (
+      instr.op == "fusion" and _computation_does(module, (_callees(instr.rest) or [""])[0], ()))
+  if gemm and len(parts) > 1 and parts[-1].startswith("s8["):
+    return ", ".join(parts[:-1])
+  return result
 
 
 # What a kernel is, for `traffic_by_kind`: matrix multiplications (dots, convolutions, library
@@ -323,8 +335,10 @@ _CUDNN_FUSION = re.compile(r'"kind":"__cudnn\$fusion"')
 
 
 def _computation_does(module: Module, name: str, ops: tuple[str, ...], depth: int = 0) -> bool:
+  """Whether computation `name`, or a fusion nested in it, runs one of `ops` or calls a library
+  GEMM (a GEMM XLA fused with the slices of its operands: `dynamic_slice_fusion`)."""
   for i in module.computations.get(name, []):
-    if i.op in ops:
+    if i.op in ops or (i.op == "custom-call" and _GEMM_TARGET.search(i.rest)):
       return True
     if i.op == "fusion" and depth < 8 and any(
         _computation_does(module, c, ops, depth + 1) for c in _callees(i.rest)[:1]):
@@ -398,10 +412,14 @@ _COMPONENTS = (
 )
 
 
-def op_name(instr: Instruction) -> str:
-  """The op_name metadata of an instruction ("" where XLA kept none)."""
+def op_name(instr: Instruction, module: Module | None = None) -> str:
+  """The op_name metadata of an instruction ("" where XLA kept none). With `module`, a fusion
+  that XLA made without one (a GEMM fused with its operands' slices) takes its root's."""
   match = OP_NAME.search(instr.rest)
-  return match.group(1) if match else ""
+  if match or module is None or instr.op != "fusion":
+    return match.group(1) if match else ""
+  called = module.computations.get((_callees(instr.rest) or [""])[0], [])
+  return op_name(called[-1], module) if called else ""
 
 
 def model_part(name: str) -> str:
@@ -422,7 +440,7 @@ def model_part(name: str) -> str:
 def traffic_by_part(module: Module) -> dict[str, dict[str, float]]:
   """Per part of the step (`model_part`): instructions run per step ("count") and the HBM
   bytes they move, largest first."""
-  out = _traffic_by(module, lambda instr: model_part(op_name(instr)))
+  out = _traffic_by(module, lambda instr: model_part(op_name(instr, module)))
   return dict(sorted(out.items(), key=lambda kv: -kv[1]["bytes"]))
 
 

@@ -42,9 +42,11 @@ def default_scan_layers(platform: str | None = None) -> bool:
 def bert_config_from(config: ml_collections.ConfigDict,
                      platform: str | None = None) -> configuration.BertConfig:
   """The model section of a run config → BertConfig (preset, then the non-None fields;
-  `scan_layers` unset: `default_scan_layers` of the platform)."""
+  `scan_layers` unset: the stacked layout where `stack_unrolled` asks for it, else
+  `default_scan_layers` of the platform)."""
   fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
-  fields.setdefault("scan_layers", default_scan_layers(platform))
+  fields.setdefault("scan_layers", bool(fields.get("stack_unrolled"))
+                    or default_scan_layers(platform))
   return configuration.get_preset(config.model.preset, **fields)
 
 

@@ -125,29 +125,39 @@ def test_peer_packed_rows(tmp_path):
   assert "| tiny | 2 × 128 (20) packed, 97% real |" in markdown
 
 
-def _variants() -> dict[str, dict]:
-  """`accelerator_step.VARIANTS`, read from the source (no JAX, no absl flags imported)."""
+def _settings(name: str = "VARIANTS") -> dict[str, dict]:
+  """`accelerator_step.VARIANTS` (or `LAYOUTS`), read from the source (no JAX, no absl flags
+  imported)."""
   path = os.path.join(ROOT, "benchmarks", "accelerator_step.py")
   with open(path, encoding="utf-8") as f:
     tree = ast.parse(f.read())
   for node in tree.body:
     if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-        and node.targets[0].id == "VARIANTS"):
+        and node.targets[0].id == name):
       return {ast.literal_eval(k): {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
               for k, v in zip(node.value.keys, node.value.values)}
-  raise AssertionError("no VARIANTS in accelerator_step.py")
+  raise AssertionError(f"no {name} in accelerator_step.py")
 
 
 def test_variants_name_only_config_fields():
   """Each variant's overrides are `BertConfig` fields with values it accepts (the fields come
   from the model's side: this fails until they exist)."""
-  variants = _variants()
+  variants = _settings()
   assert {"paper", "fast-xla", "fast-cudnn", "nodrop-cudnn", "paper-cudnn",
           "paper-cudnn-f32res", "paper-cudnn-bits32", "paper-cudnn-fp8"} <= set(variants)
   fields = {f.name for f in dataclasses.fields(configuration.BertConfig)}
   for name, overrides in variants.items():
     assert set(overrides) <= fields, (name, sorted(set(overrides) - fields))
     configuration.get_preset("base", dtype="bfloat16", **overrides)
+  # `--layers`: the stacked layout run unrolled takes the paper's recipe through cuDNN, whose
+  # dropout needs a call site per layer; the scanned loop does not.
+  layouts = _settings("LAYOUTS")
+  assert set(layouts) == {"unrolled", "scanned", "stacked"}
+  for overrides in layouts.values():
+    assert set(overrides) <= fields
+  configuration.get_preset("base", **layouts["stacked"], **variants["paper-cudnn"])
+  with pytest.raises(ValueError, match="needs unrolled, unshared layers"):
+    configuration.get_preset("base", **layouts["scanned"], **variants["paper-cudnn"])
 
 
 # A small optimized module in the form `compiled.as_text()` prints (a backslash continues a long

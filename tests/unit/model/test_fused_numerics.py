@@ -359,3 +359,7 @@ def test_cudnn_attention_dropout_refuses_layouts_that_reuse_one_call_site(fields
   # Without attention dropout any layout may use the kernel.
   configuration.get_preset("test", attention_implementation="cudnn",
                            attention_probs_dropout_prob=0.0, **fields)
+  # The stacked layout run unrolled keeps a call site per layer.
+  configuration.get_preset("test", attention_implementation="cudnn",
+                           attention_probs_dropout_prob=0.1, scan_layers=True,
+                           stack_unrolled=True)

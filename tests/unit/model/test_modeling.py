@@ -145,6 +145,34 @@ def test_scan_and_remat_compute_the_same_function(batch, scan, remat):
   assert _max_diff(grads, other_grads) <= 1e-5
 
 
+def test_stacked_layers_run_unrolled_are_the_unrolled_model(batch):
+  """`stack_unrolled`: the scanned layout's stacked parameters, the unrolled model's code. Its
+  initial parameters are the unrolled model's stacked, and with dropout on (the same module
+  paths, so the same masks) its loss and gradients are the unrolled model's, bit for bit."""
+  cfg = configuration.get_preset("test")
+  model, params = _init(cfg, batch)
+  stacked_cfg = cfg.replace(scan_layers=True, stack_unrolled=True)
+  stacked_model, stacked = _init(stacked_cfg, batch)
+  _, scanned = _init(cfg.replace(scan_layers=True), batch)
+  assert jax.tree.structure(stacked) == jax.tree.structure(scanned)
+  assert _max_diff(modeling.stack_layers(params, 2), stacked) == 0.0
+  loss, grads = jax.jit(jax.value_and_grad(
+      _loss_fn(model, batch, deterministic=False, dropout_seed=5)))(params)
+  stacked_loss, stacked_grads = jax.jit(jax.value_and_grad(
+      _loss_fn(stacked_model, batch, deterministic=False, dropout_seed=5)))(stacked)
+  assert float(loss) == float(stacked_loss)
+  assert float(loss) != float(_loss_fn(model, batch)(params))  # dropout was on
+  assert _max_diff(modeling.stack_layers(grads, 2), stacked_grads) == 0.0
+  # Each layer reads its own row: scaling row 1 of a stacked leaf changes the output.
+  moved = jax.tree.map(lambda x: x, stacked)
+  kernel = moved["bert"]["encoder"]["layer"]["output"]["dense"]["kernel"]
+  moved["bert"]["encoder"]["layer"]["output"]["dense"]["kernel"] = kernel.at[1].multiply(3.0)
+  assert float(_loss_fn(stacked_model, batch)(moved)) != float(_loss_fn(stacked_model,
+                                                                         batch)(stacked))
+  with pytest.raises(ValueError, match="stack_unrolled=True .* needs scan_layers=True"):
+    cfg.replace(stack_unrolled=True)
+
+
 def test_dropout_is_active_in_training_and_reproducible(batch):
   cfg = configuration.get_preset("test")
   model, params = _init(cfg, batch)

@@ -137,15 +137,17 @@ def test_hf_electra_pair_loads_with_the_reference_logits_and_losses_and_exports_
   np.testing.assert_allclose(float(mlm["loss_sum"] / mlm["weight_sum"]), ref.loss.item(),
                              rtol=1e-5)
 
-  # Scanned layers (the TPU default): both encoders stacked, each with its own depth.
+  # Scanned layers (the TPU default): both encoders stacked, each with its own depth; the same
+  # stacked weights run unrolled too (`stack_unrolled`).
   scanned_config, scanned, _ = hf_io.load_hf_checkpoint(directory, scan_layers=True)
   assert scanned["generator"]["encoder"]["layer"]["output"]["dense"]["kernel"].shape[0] == 3
-  np.testing.assert_allclose(
-      _apply(scanned_config, scanned, "generate", ids, mask, segments, positions), ours,
-      atol=1e-5)
-  np.testing.assert_allclose(
-      _apply(scanned_config, scanned, "discriminate", ids, mask, segments),
-      _apply(config, params, "discriminate", ids, mask, segments), atol=1e-5)
+  for stacked_config in (scanned_config, scanned_config.replace(stack_unrolled=True)):
+    np.testing.assert_allclose(
+        _apply(stacked_config, scanned, "generate", ids, mask, segments, positions), ours,
+        atol=1e-5)
+    np.testing.assert_allclose(
+        _apply(stacked_config, scanned, "discriminate", ids, mask, segments),
+        _apply(config, params, "discriminate", ids, mask, segments), atol=1e-5)
 
   # Exported back: transformers reads both directories, tensor for tensor.
   out = hf_io.save_hf_checkpoint(params, config, str(tmp_path / "exported"))

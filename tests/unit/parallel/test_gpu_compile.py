@@ -1,13 +1,13 @@
 """The production step compiled for NVIDIA GPUs on this CPU machine (XLA's GPU compiler through
 JAX's CUDA plugin, told the GPU's description instead of asking a device): the paper's recipe
-lowers attention with its dropout to cuDNN's fused kernel forward and backward, FP8 matmuls
-reach the GEMMs as FP8, eight GPUs reduce their gradients over NVLink, the low-precision
-LayerNorm, GELU recomputed in the backward pass and computed in float32, the gather-free
-masked-LM loss, LayerNorm outputs written once, LayerNorm statistics in one pass, dropout masks
-kept as bits and the key projection without its bias each move fewer bytes than what they
-replace, GELU's tanh form runs in cuBLASLt's GEMM epilogue, each kernel is counted in the part
-of the step it serves, a step that cannot fit is refused with the fix, and names and errors
-say what is expected.
+lowers attention with its dropout to cuDNN's fused kernel forward and backward, stacked layers
+run unrolled take fewer optimizer kernels, FP8 matmuls reach the GEMMs as FP8, eight GPUs
+reduce their gradients over NVLink, the low-precision LayerNorm, GELU recomputed in the
+backward pass and computed in float32, the gather-free masked-LM loss, LayerNorm outputs
+written once, LayerNorm statistics in one pass, dropout masks kept as bits and the key
+projection without its bias each move fewer bytes than what they replace, GELU's tanh form runs
+in cuBLASLt's GEMM epilogue, each kernel is counted in the part of the step it serves, a step
+that cannot fit is refused with the fix, and names and errors say what is expected.
 
 The compiles run in one fresh subprocess (JAX registers plugins once, when it starts) and each
 test reads its part of the result.
@@ -32,6 +32,13 @@ CASES = {
     "paper_cudnn_f32_layer_norm": ("h100", {"model.attention_implementation": "cudnn",
                                             "model.attention_probs_dropout_prob": 0.1,
                                             "model.low_precision_layer_norm": False}),
+    "paper_cudnn_stacked": ("h100", {"model.attention_implementation": "cudnn",
+                                     "model.attention_probs_dropout_prob": 0.1,
+                                     "model.stack_unrolled": True}),
+    "paper_cudnn_stacked_deeper": ("h100", {"model.attention_implementation": "cudnn",
+                                            "model.attention_probs_dropout_prob": 0.1,
+                                            "model.stack_unrolled": True,
+                                            "model.num_hidden_layers": 2 * LAYERS}),
     "fp8": ("h100", {"model.quantization": "fp8"}),
     "dp8": ("h100x8", {"model.attention_implementation": "cudnn"}),
     "a100": ("a100", {}),
@@ -209,6 +216,27 @@ def test_each_kernel_is_counted_in_the_part_of_the_step_it_serves(compiled):
   assert list(parts) == sorted(parts, key=lambda p: -parts[p]["bytes"])
 
 
+def test_stacked_layers_take_fewer_optimizer_kernels_for_the_same_bytes(compiled):
+  """The layers' parameters stacked and run unrolled (`stack_unrolled`): the same step (cuDNN's
+  attention with its dropout, one call site per layer), with each stacked leaf updated and
+  normed in its kernels once instead of once per layer, moving about the same bytes."""
+  unrolled, stacked = compiled["paper_cudnn"], compiled["paper_cudnn_stacked"]
+  deeper = compiled["paper_cudnn_stacked_deeper"]
+  assert "error" not in stacked, stacked.get("error")
+  assert stacked["custom_calls"] == unrolled["custom_calls"]
+  assert stacked["num_parameters"] == unrolled["num_parameters"]
+  optimizer = lambda row: row["parts"]["optimizer"]["count"]
+  assert optimizer(stacked) < optimizer(unrolled), (optimizer(stacked), optimizer(unrolled))
+  # Twice the layers, no more optimizer kernels: each stacked leaf takes its layers in the same
+  # kernels (the unrolled step's optimizer takes a kernel or more per leaf of every layer).
+  assert deeper["custom_calls"]["__cudnn$fmhaSoftmaxDropout"] == 2 * LAYERS
+  assert optimizer(deeper) <= optimizer(stacked), (optimizer(deeper), optimizer(stacked))
+  all_kernels = lambda row: sum(k["count"] for k in row["traffic"].values())
+  all_bytes = lambda row: sum(k["bytes"] for k in row["traffic"].values())
+  assert all_kernels(stacked) < all_kernels(unrolled)
+  assert all_bytes(stacked) < 1.03 * all_bytes(unrolled)
+
+
 def test_fp8_matmuls_reach_the_gemms_in_fp8(compiled):
   assert "error" not in compiled["fp8"], compiled["fp8"].get("error")
   # Inputs and kernels in e4m3 forward, the output's gradient in e5m2 backward.
@@ -365,6 +393,41 @@ ENTRY %main (a: bf16[8,16], b: bf16[16,4], q: bf16[2,4,8,16]) -> f32[8,4] {
   assert kinds["other"] == {"count": 1, "bytes": 8 * 4 * 2 + 8 * 4 * 4}
   assert hlo_costs.custom_calls(module) == {"__cudnn$fmhaSoftmax": 1}
   assert sum(k["bytes"] for k in kinds.values()) == hlo_costs.hbm_bytes(module)
+
+
+def test_a_gemm_fused_with_the_slice_of_a_stacked_weight_is_a_matmul_of_its_layer():
+  """cuBLAS's GEMM reading its weight straight out of a stacked leaf (`dynamic_slice_fusion`,
+  which XLA makes without an op_name of its own): a matmul, in the part its GEMM's op_name
+  names, reading one layer's slice of the stack; the scratch beside a GEMM's output (the
+  trailing s8 array, here sized 8x) is no array it writes, in or out of such a fusion."""
+  text = """HloModule m, is_scheduled=true
+
+%dynamic-slice-fusion.1 (p0: bf16[12,16,4], p1: bf16[8,16]) -> (bf16[8,4], s8[4096]) {
+  %p1 = bf16[8,16]{1,0} parameter(1)
+  %p0 = bf16[12,16,4]{2,1,0} parameter(0)
+  %split.1 = bf16[1,16,4]{2,1,0} slice(%p0), slice={[3:4], [0:16], [0:4]}
+  %bitcast.1 = bf16[16,4]{1,0} bitcast(%split.1)
+  ROOT %gemm = (bf16[8,4]{1,0}, s8[4096]{0}) custom-call(%p1, %bitcast.1), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(step)/transpose(jvp(M))/bert/encoder/layer_3/intermediate/dense/dot_general"}
+}
+
+ENTRY %main (w: bf16[12,16,4], x: bf16[8,16]) -> ((bf16[8,4], s8[4096]), (bf16[8,4], s8[512])) {
+  %w = bf16[12,16,4]{2,1,0} parameter(0)
+  %x = bf16[8,16]{1,0} parameter(1)
+  %sliced = (bf16[8,4]{1,0}, s8[4096]{0}) fusion(%w, %x), kind=kCustom, calls=%dynamic-slice-fusion.1, backend_config={"fusion_backend_config":{"kind":"__custom_fusion","custom_fusion_config":{"name":"dynamic_slice_fusion"}}}
+  %plain = (bf16[8,4]{1,0}, s8[512]{0}) custom-call(%x, %x), custom_call_target="__cublas$gemm", metadata={op_name="jit(step)/jvp(M)/bert/encoder/layer_0/attention/self/query/dot_general"}
+  ROOT %out = ((bf16[8,4]{1,0}, s8[4096]{0}), (bf16[8,4]{1,0}, s8[512]{0})) tuple(%sliced, %plain)
+}
+"""
+  module = hlo_costs.parse(text)
+  kinds = hlo_costs.traffic_by_kind(module)
+  layer = 16 * 4 * 2
+  assert kinds["matmul"] == {"count": 2, "bytes": (8 * 16 * 2 + layer + 8 * 4 * 2)
+                             + (2 * 8 * 16 * 2 + 8 * 4 * 2)}
+  assert kinds["other"]["count"] == 0
+  parts = hlo_costs.traffic_by_part(module)
+  assert parts["backward: feed-forward"]["count"] == 1
+  assert parts["forward: q, k, v, output projections"]["count"] == 1
+  assert "unnamed" not in parts
 
 
 def test_a_kernel_that_slices_after_elementwise_work_reads_only_the_slice():

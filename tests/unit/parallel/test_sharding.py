@@ -97,8 +97,10 @@ def test_every_parameter_has_a_partition_spec(setup):
   assert used <= {name for name, _ in sharding.DEFAULT_LOGICAL_AXIS_RULES}
 
 
-def test_scanned_model_shards_the_stacked_layers():
-  cfg = configuration.get_preset("test", scan_layers=True, remat_policy="dots")
+@pytest.mark.parametrize("stack_unrolled", [False, True])
+def test_scanned_model_shards_the_stacked_layers(stack_unrolled):
+  cfg = configuration.get_preset("test", scan_layers=True, stack_unrolled=stack_unrolled,
+                                 remat_policy="dots")
   batch = helpers.random_pretraining_batch(np.random.RandomState(1), 8, 16, 3, cfg.vocab_size)
   model = heads.BertForPreTraining(cfg)
   init_fn = lambda rng: model.init(rng, batch["input_ids"], batch["input_mask"],

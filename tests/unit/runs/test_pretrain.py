@@ -19,7 +19,7 @@ from bert_jax.interop import convert
 from bert_jax.interop import checkpoint_store, checkpoints
 from bert_jax.runs import pretraining
 from bert_jax.data import input_pipeline
-from bert_jax.model import heads
+from bert_jax.model import heads, modeling
 from bert_jax.parallel import sharding
 from bert_jax.objectives import mlm_nsp
 from bert_jax.training import checkpointing, metrics, optimizer
@@ -55,6 +55,10 @@ def test_scan_layers_default_follows_the_platform():
   assert pretraining.bert_config_from(config, platform="gpu").scan_layers
   config.model.scan_layers = False
   assert not pretraining.bert_config_from(config, platform="tpu").scan_layers
+  # The stacked layout run unrolled needs the stacked layout: asked for, it is implied.
+  config.model.scan_layers, config.model.stack_unrolled = None, True
+  stacked = pretraining.bert_config_from(config, platform="gpu")
+  assert stacked.scan_layers and stacked.stack_unrolled and not stacked.scanned_loop
 
 
 def _setup(config):
@@ -102,6 +106,44 @@ def test_sharded_steps_equal_one_device(records, mesh_shape):
                                                jax.tree.leaves(results["one"][1]))]
   assert max(diffs) <= 1e-5
   assert results["one"][0][0] != results["one"][0][2]  # training moved
+
+
+@pytest.mark.mesh
+@pytest.mark.slow
+def test_stacked_layers_run_unrolled_train_as_the_unrolled_layers(records):
+  """3 train steps (dropout on) on a (2, 2, 2) mesh with the layers' parameters and optimizer
+  state stacked but the layers unrolled (`stack_unrolled`) give the unrolled model's losses,
+  gradient norms and parameters: the same dropout masks, the same update per leaf."""
+  batches = _batches(records, 3)
+  mesh = sharding.create_mesh((2, 2, 2))
+  rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
+  batch_sh = sharding.batch_sharding(mesh)
+  results = {}
+  for name, overrides in (("unrolled", {"model.scan_layers": False}),
+                          ("stacked", {"model.stack_unrolled": True})):
+    model, tx, schedule = _setup(ph.run_config(records, **overrides))
+    state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, 0,
+                                                   OBJECTIVE.example_batch(16),
+                                                   OBJECTIVE.input_names)
+    step = step_lib.build_train_step(OBJECTIVE, model, tx, schedule, state_sh, batch_sh, mesh,
+                                     rules)
+    seen = []
+    for b in batches:
+      state, m = step(state, jax.device_put(b, batch_sh))
+      seen.append((float(m["loss"]), float(m["grad_norm"])))
+    results[name] = (seen, jax.device_get(state.params), state_sh.params)
+  np.testing.assert_allclose(results["stacked"][0], results["unrolled"][0], atol=1e-5, rtol=0)
+  stacked = results["stacked"][1]
+  layer = stacked["bert"]["encoder"]["layer"]
+  assert layer["intermediate"]["dense"]["kernel"].shape[0] == 2  # one row per layer
+  unrolled = modeling.stack_layers(results["unrolled"][1], 2)
+  assert jax.tree.structure(unrolled) == jax.tree.structure(stacked)
+  assert max(np.abs(a - b).max() for a, b in zip(jax.tree.leaves(unrolled),
+                                                 jax.tree.leaves(stacked))) <= 1e-5
+  # Sharded as the scanned layout is: the layer axis whole, the rest by the rules.
+  kernel_sharding = results["stacked"][2]["bert"]["encoder"]["layer"]["intermediate"]["dense"][
+      "kernel"]
+  assert kernel_sharding.spec[0] is None and kernel_sharding.spec[1:] == ("fsdp", "model")
 
 
 def test_an_ahead_of_time_compile_counts_the_vocabulary_of_the_records(tmp_path, caplog):
