@@ -208,14 +208,15 @@ class BertConfig:
     if self.quantization not in QUANTIZATIONS:
       raise ValueError(f"BertConfig: quantization={self.quantization!r}; expected one of "
                        f"{', '.join(QUANTIZATIONS)}.")
-    if self.quantization == "fp8" and (self.scan_layers or self.share_parameters != "none"):
+    if self.quantization == "fp8" and (self.scanned_loop or self.share_parameters != "none"):
       # Each FP8 dot's backward pass returns its scales' next values as their gradient, which
       # autodiff sums over every use of a variable: a layer applied several times (shared) would
       # get the sum of its new scales, and a scan would need the scales stacked per layer.
       raise ValueError(
           f"BertConfig: quantization='fp8' needs unrolled, unshared layers (got scan_layers="
           f"{self.scan_layers}, share_parameters={self.share_parameters!r}): set "
-          "scan_layers=False and share_parameters='none', or quantization='none'.")
+          "scan_layers=False (or stack_unrolled=True) and share_parameters='none', or "
+          "quantization='none'.")
     if self.scan_layers and self.share_parameters in ("attention", "ffn"):
       # A scan stacks each layer's parameters; a part shared by every step would have to be
       # broadcast into the loop while the rest is stacked, which the layer does not support.

@@ -70,10 +70,10 @@ def _fp8_ops(model_state):
   return ops
 
 
-def _train(quantization, batches, grad_accum_steps=1, keep=()):
+def _train(quantization, batches, grad_accum_steps=1, keep=(), **overrides):
   """Trains the pre-training model on `batches`; returns losses, grad norms, the states after
   the steps in `keep` (on the host) and the last state."""
-  model = heads.BertForPreTraining(_config(quantization))
+  model = heads.BertForPreTraining(_config(quantization, **overrides))
   mesh = sharding.create_mesh((1, 1, 1), jax.devices()[:1])
   rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
   tx, schedule = optimizer.create_optimizer(ml_collections.ConfigDict(
@@ -188,6 +188,17 @@ def test_fp8_training_tracks_float32(runs):
                          / (np.linalg.norm(u) * np.linalg.norm(fp8_updates[name])))
              for name, u in plain_updates.items()}
   assert min(cosines.values()) >= 0.6, cosines
+
+
+def test_stacked_layers_run_unrolled_train_as_the_unrolled_layers(runs):
+  """FP8 with the layers' parameters stacked and run unrolled (`stack_unrolled`): each layer
+  keeps its own FP8 op and scales, and the run is the unrolled run's."""
+  stacked = _train("fp8", _copy_task_batches(STEPS)[:3], scan_layers=True, stack_unrolled=True)
+  np.testing.assert_allclose(stacked["loss"], runs["fp8"]["loss"][:3], atol=1e-6, rtol=0)
+  assert stacked["last"].params["bert"]["encoder"]["layer"]["output"]["dense"]["kernel"].shape[
+      0] == 2
+  assert _fp8_ops(stacked["last"].model_state).keys() == _fp8_ops(
+      runs["fp8"]["last"].model_state).keys()
 
 
 def test_scales_are_overwritten_by_the_backward_pass_each_step(runs):
