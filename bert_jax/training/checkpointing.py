@@ -83,7 +83,8 @@ class CheckpointManager(CheckpointStore):
                                else [])
       raise NotDamage(ValueError(
           f"Checkpoint {self.directory} step {step} does not fit this model "
-          f"({len(problems)} differences):\n" + "\n".join(shown)))
+          f"({len(problems)} differences):\n" + "\n".join(shown)
+          + _layout_hint(set(stored_shapes), set(wanted))))
 
   # ---------------------------------------------------------------------------- restore
   def restore(self, abstract_state: Any, step: int | None = None, *,
@@ -118,6 +119,25 @@ class CheckpointManager(CheckpointStore):
     state = flax.serialization.from_state_dict(abstract_state, tree)
     logging.info("Restored %s step %d.", self.directory, restored_step)
     return state, data, meta
+
+
+def _layout_hint(stored: set[str], wanted: set[str]) -> str:
+  """The fix, where the two differ in how the layers' parameters are laid out: stacked
+  (`encoder/layer/...`, `scan_layers=True`) or one subtree per layer (`encoder/layer_0/...`)."""
+  stacked = lambda names: any("/encoder/layer/" in n for n in names)
+  unrolled = lambda names: any("/encoder/layer_0/" in n for n in names)
+  if stacked(stored) and unrolled(wanted) and not stacked(wanted):
+    return ("\nThe checkpoint's layers are stacked (scan_layers=True) and this model's are "
+            "not: resume with --config.model.scan_layers=True (on GPUs with "
+            "--config.model.stack_unrolled=True as well, which runs the stacked layers "
+            "unrolled), or start from its weights (a fresh optimizer) with "
+            "--config.init_checkpoint=<it> --config.init_mode=params, which converts the layout.")
+  if unrolled(stored) and stacked(wanted) and not unrolled(wanted):
+    return ("\nThe checkpoint's layers are unrolled (scan_layers=False) and this model's are "
+            "stacked: resume with --config.model.scan_layers=False, or start from its weights "
+            "(a fresh optimizer) with --config.init_checkpoint=<it> --config.init_mode=params, "
+            "which converts the layout.")
+  return ""
 
 
 def run_checkpoints(run_dir: str, *, max_to_keep: int | None = 3, async_save: bool = True

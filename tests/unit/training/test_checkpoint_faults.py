@@ -169,6 +169,15 @@ def test_another_model_still_lists_the_differences_without_fallback(base, tmp_pa
                      r"\(128,\) vs model \(96,\)"):
     manager.restore(abstract)
   assert not manager.skipped
+  # Another layout of the same layers: the differences, and how to resume.
+  stacked = pretraining.build(ph.run_config(base["records"], **{"model.stack_unrolled": True}))
+  abstract, _ = state_lib.abstract_train_state(stacked.model, stacked.tx, stacked.mesh,
+                                               stacked.rules, run.objective.example_batch(16),
+                                               run.objective.input_names)
+  with pytest.raises(ValueError, match=r"(?s)params/bert/encoder/layer/attention.*"
+                     r"The checkpoint's layers are unrolled \(scan_layers=False\) and this "
+                     r"model's are stacked: resume with --config.model.scan_layers=False"):
+    manager.restore(abstract)
   manager.close()
 
 
