@@ -268,10 +268,11 @@ if flag_parts:
     first = r.get("compile_s", r.get("first_step_s"))
     lines.append(f"- {s[0]} ({what(r)}): {ms(r):.1f} ms, MFU {mfu(r)}, compile / first step "
                  f"{first:.0f} s{vs}")
-  tanh, peer_tanh = sweep.get("e-epilogues_tanh"), sweep.get("e-peer_tanh")
-  if tanh and peer_tanh:
-    lines.append(f"- GELU's tanh form on both sides: peer compiled ÷ ours (epilogues_tanh) = "
-                 f"**{ms(peer_tanh) / ms(tanh):.2f}×**")
+  peer_tanh = sweep.get("e-peer_tanh")
+  for label, r in sweep.items():
+    if peer_tanh and r["impl"] == "jax" and r["variant"].endswith("-tanh"):
+      lines.append(f"- GELU's tanh form on both sides: peer compiled ÷ ours ({label[2:]}) = "
+                   f"**{ms(peer_tanh) / ms(r):.2f}×**")
 profiled = [r for r in rows if r.get("profile") and "error" not in r["profile"]]
 if profiled:
   lines += ["", "## Where our device time goes (`--profile_dir`, ms per step)", ""]
