@@ -145,13 +145,15 @@ def test_scan_and_remat_compute_the_same_function(batch, scan, remat):
   assert _max_diff(grads, other_grads) <= 1e-5
 
 
-def test_stacked_layers_run_unrolled_are_the_unrolled_model(batch):
+@pytest.mark.parametrize("remat", ["none", "dots"])
+def test_stacked_layers_run_unrolled_are_the_unrolled_model(batch, remat):
   """`stack_unrolled`: the scanned layout's stacked parameters, the unrolled model's code. Its
   initial parameters are the unrolled model's stacked, and with dropout on (the same module
-  paths, so the same masks) its loss and gradients are the unrolled model's, bit for bit."""
+  paths, so the same masks) its loss and gradients are the unrolled model's, bit for bit, with
+  its layers rematerialised or not."""
   cfg = configuration.get_preset("test")
   model, params = _init(cfg, batch)
-  stacked_cfg = cfg.replace(scan_layers=True, stack_unrolled=True)
+  stacked_cfg = cfg.replace(scan_layers=True, stack_unrolled=True, remat_policy=remat)
   stacked_model, stacked = _init(stacked_cfg, batch)
   _, scanned = _init(cfg.replace(scan_layers=True), batch)
   assert jax.tree.structure(stacked) == jax.tree.structure(scanned)
