@@ -17,11 +17,11 @@ compute with float32 parameters, for each attention variant:
   random word per dropout decision instead of 16 bits) and `-fp8` (fp8 matmuls).
 
 `--layers` picks unrolled layers, `nn.scan` over layers, stacked parameters run unrolled, or
-several (`LAYOUTS`). Shapes per preset (`SHAPES`) are
-the paper's sequence lengths; the batch is random ids at full length (every row is real tokens,
-so hardware MFU and useful-token MFU coincide). MFU = the analytic matmul FLOPs of the step
-(`MaskedLmNextSentence.flops_per_step`, the count the training loop prints) / step time / the
-device's peak dense bf16 rate (`training.perf.PEAK_FLOPS`). XLA's own FLOP count of the compiled
+several (`LAYOUTS`). Shapes per preset (`SHAPES`) are the paper's sequence lengths; the batch is
+random ids at full length (every row is real tokens, so hardware MFU and useful-token MFU
+coincide). MFU = the analytic matmul FLOPs of the step (`MaskedLmNextSentence.flops_per_step`,
+the count the training loop prints) / step time / the device's peak dense bf16 rate
+(`training.perf.PEAK_FLOPS`). XLA's own FLOP count of the compiled
 step is printed beside it as a check of the analytic count.
 
 Steps are dispatched back to back as in training and timed over `--steps` with one sync at the
