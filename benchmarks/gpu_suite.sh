@@ -35,7 +35,8 @@
 #       buffers off (empty list), cuDNN LayerNorm on. Each flag is
 #       parsed by jaxlib 0.11.2 (and by 0.10.2, except --xla_gpu_enable_pdl_launch; an unknown
 #       one aborts XLA at start: the abort is recorded, the sweep goes on)
-#   (c) fp8: ours paper-cudnn-fp8 on large 64×512; ours paper-cudnn with stacked layers there
+#   (c) large 64×512: ours paper-cudnn with unrolled, then stacked layers (one process); ours
+#       paper-cudnn-fp8
 #   (d) A/B on base: ours paper-cudnn-f32res, paper-cudnn-bits32 (against (a)'s paper-cudnn)
 #       and paper (the explicit path); ours fast-cudnn on large
 #   (g) the peer with the MLM head gathered at the masked positions (as ours), eager and
@@ -53,7 +54,7 @@
 #   (checks) 13 s   (a) ours ≈ 150 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 95 s
 #   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 10 × ~50 s + the
 #       peer ≈ 60 s ≈ 585 s
-#   (c) ≈ 90 + 80 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
+#   (c) ≈ 150 + 90 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
 # All of it: ≈ 1,400 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
 # (b) and part of (e); the rest needs another run (SUITE_PARTS="e c d g h f"), which leaves out
 # the labels a run finished with SUITE_SKIP, e.g. SUITE_SKIP="e-default e-pdl" (its
@@ -379,9 +380,11 @@ if want e; then
     "cudnn_layer_norm|paper-cudnn|--xla_gpu_enable_cudnn_layer_norm=true"
 fi
 if want c; then
+  # At large the stacked layout saves twice the kernels (24 layers): both layouts in one
+  # process, so that the pair shares a machine whatever part (b) ran on.
+  ours c-large-layouts 210 "$LARGE" paper-cudnn --layers=unrolled,stacked \
+    --batch="$LARGE=$LARGE_BATCH"
   ours c-fp8 130 "$LARGE" paper-cudnn-fp8 --batch="$LARGE=$LARGE_BATCH"
-  # At large the stacked layout saves twice the kernels (24 layers): against (b)'s paper-cudnn.
-  ours c-large-stacked 140 "$LARGE" paper-cudnn --layers=stacked --batch="$LARGE=$LARGE_BATCH"
 fi
 if want d; then
   ours d-ab 150 "$BASE" paper-cudnn-f32res,paper-cudnn-bits32,paper
