@@ -80,12 +80,13 @@ def _step_name(row: dict) -> str:
   return row["variant"] + ("" if layers == "unrolled" else f" ({layers} layers)")
 
 
-def compile_row(preset: str, variant: str, target: str, layers: str = "unrolled") -> dict:
+def compile_row(row: dict) -> dict:
+  """The step `row_head` named, compiled: `row` with what the compile found."""
   import accelerator_step  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import compile_check  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import pretraining  # pylint: disable=g-import-not-at-top
-  config = config_for(preset, variant, layers)
-  row = row_head(preset, variant, target, layers)
+  preset, variant, target = row["preset"], row["variant"], row["target"]
+  config = config_for(preset, variant, row["layers"])
   start = time.perf_counter()
   try:
     report = compile_check.check(config, target, config_name=f"{preset} {variant}")
@@ -187,7 +188,7 @@ def main() -> None:
     print(f"[{i + 1}/{len(wanted)}] compiling {preset} {_step_name(head)} for {args.target}...",
           flush=True)
     try:
-      row = compile_row(preset, variant, args.target, layers)
+      row = compile_row(head)
     except Exception as e:  # pylint: disable=broad-except
       traceback.print_exc()
       row = dict(head, fits=False,

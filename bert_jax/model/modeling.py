@@ -778,6 +778,9 @@ _REMAT_POLICIES = {
 }
 
 
+_LAYERS_AXIS = {nn.PARTITION_NAME: "layers"}  # the stacked layout's leading axis
+
+
 class BertEncoder(nn.Module):
   """`num_hidden_layers` blocks, unrolled (`layer_{i}`) or scanned (`layer`, stacked params).
 
@@ -812,7 +815,7 @@ class BertEncoder(nn.Module):
                       split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
                       length=cfg.num_hidden_layers,
-                      metadata_params={nn.PARTITION_NAME: "layers"})
+                      metadata_params=_LAYERS_AXIS)
       x, stacked = stack(cfg, scanned=True, collect_hidden_states=self.collect_hidden_states,
                          name="layer")(x, input_mask, deterministic, sequence_ids)
       hidden_states = (tuple(stacked[i] for i in range(cfg.num_hidden_layers))
@@ -847,51 +850,47 @@ class BertEncoder(nn.Module):
     return x, (tuple(hidden_states) if self.collect_hidden_states else ())
 
 
-_LAYERS_AXIS = {nn.PARTITION_NAME: "layers"}  # the stacked layout's leading axis (nn.scan's)
-
-
 def _stacked(*layers):
   """One leaf of the stacked layout from the same leaf of every layer (boxed at init)."""
-  if isinstance(layers[0], nn.meta.AxisMetadata):
+  if nn.meta.is_axis_metadata(layers[0]):
     value = jnp.stack([layer.unbox(apply_constraint=False) for layer in layers])
     return layers[0].replace_boxed(value).add_axis(0, _LAYERS_AXIS)
   return jnp.stack(layers)
 
 
-def _split(stacked, count: int) -> list:
-  """A stacked leaf's layers. `jnp.split` (not indexing): its gradient is one concatenation,
-  which XLA reads inside the optimizer's kernels, where an index's gradient pads every layer's
-  gradient to the whole stack."""
-  if isinstance(stacked, nn.meta.AxisMetadata):
+def _split(stacked) -> list:
+  """A stacked leaf's layers (boxed at init). A JAX array through `jnp.split`, not indexing:
+  its gradient is one concatenation, which XLA reads inside the optimizer's kernels, where an
+  index's gradient pads every layer's gradient to the whole stack. A NumPy array (a checkpoint
+  on the host) stays on the host, a view per layer."""
+  if nn.meta.is_axis_metadata(stacked):
     box = stacked.remove_axis(0, _LAYERS_AXIS)
-    return [box.replace_boxed(part)
-            for part in _split(stacked.unbox(apply_constraint=False), count)]
-  return [jnp.squeeze(part, 0) for part in jnp.split(stacked, count)]
+    return [box.replace_boxed(part) for part in _split(stacked.unbox(apply_constraint=False))]
+  if isinstance(stacked, np.ndarray):
+    return list(stacked)
+  return [jnp.squeeze(part, 0) for part in jnp.split(stacked, stacked.shape[0])]
 
 
-def _layers_unrolled(params: dict) -> dict:
-  """The encoder's parameters as its unrolled code reads them: `layer/...` (stacked) →
-  `layer_{i}/...` (`stack_unrolled`)."""
-  if "layer" not in params:
-    return params
-  out = {k: v for k, v in params.items() if k != "layer"}
-  is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)
-  leaves, tree = jax.tree.flatten(params["layer"], is_leaf=is_box)
-  count = (leaves[0].unbox(apply_constraint=False) if is_box(leaves[0]) else leaves[0]).shape[0]
-  parts = [_split(leaf, count) for leaf in leaves]
-  for i in range(count):
-    out[f"layer_{i}"] = jax.tree.unflatten(tree, [p[i] for p in parts])
+def _layers_unrolled(encoder: dict) -> dict:
+  """An encoder's parameters stacked (`layer/...`, a leading layer axis) → one subtree per
+  layer (`layer_{i}/...`), as the unrolled code reads them; the depth is the arrays' own."""
+  if "layer" not in encoder:
+    return encoder
+  out = {k: v for k, v in encoder.items() if k != "layer"}
+  leaves, tree = jax.tree.flatten(encoder["layer"], is_leaf=nn.meta.is_axis_metadata)
+  for i, layer in enumerate(zip(*(_split(leaf) for leaf in leaves))):
+    out[f"layer_{i}"] = jax.tree.unflatten(tree, layer)
   return out
 
 
-def _layers_stacked(params: dict) -> dict:
-  """The inverse of `_layers_unrolled`: what the unrolled code created, stored stacked."""
-  count = sum(1 for k in params if k.startswith("layer_"))
+def _layers_stacked(encoder: dict) -> dict:
+  """The inverse of `_layers_unrolled`."""
+  count = sum(1 for k in encoder if k.startswith("layer_"))
   if not count:
-    return params
-  out = {k: v for k, v in params.items() if not k.startswith("layer_")}
-  out["layer"] = jax.tree.map(_stacked, *(params[f"layer_{i}"] for i in range(count)),
-                              is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+    return encoder
+  out = {k: v for k, v in encoder.items() if not k.startswith("layer_")}
+  out["layer"] = jax.tree.map(_stacked, *(encoder[f"layer_{i}"] for i in range(count)),
+                              is_leaf=nn.meta.is_axis_metadata)
   return out
 
 
@@ -1001,16 +1000,8 @@ def unstack_layers(params: dict, num_layers: int) -> dict:
   def visit(tree):
     if not isinstance(tree, dict):
       return tree
-    out = {}
-    for k, v in tree.items():
-      if k == "encoder" and isinstance(v, dict) and "layer" in v:
-        enc = {kk: vv for kk, vv in v.items() if kk != "layer"}
-        for i in range(len(jax.tree.leaves(v["layer"])[0])):
-          enc[f"layer_{i}"] = jax.tree.map(lambda a, i=i: a[i], v["layer"])
-        out[k] = enc
-      else:
-        out[k] = visit(v)
-    return out
+    return {k: (_layers_unrolled(v) if k == "encoder" and isinstance(v, dict) and "layer" in v
+                else visit(v)) for k, v in tree.items()}
   return visit(dict(params))
 
 

@@ -309,11 +309,17 @@ def _without_gemm_workspace(module: Module, instr: Instruction, result: str) -> 
   trailing `s8[n]` of its tuple, which cuBLAS uses as it needs, not an array it writes): a GEMM
   call, or a fusion of one with the slices of its operands, whose scratch XLA sizes 8x."""
   parts = _top_level(result)
-  gemm = (instr.op == "custom-call" and _GEMM_TARGET.search(instr.rest)) or (
-      instr.op == "fusion" and _computation_does(module, (_callees(instr.rest) or [""])[0], ()))
-  if gemm and len(parts) > 1 and parts[-1].startswith("s8["):
+  if len(parts) > 1 and parts[-1].startswith("s8[") and _calls_library_gemm(module, instr):
     return ", ".join(parts[:-1])
   return result
+
+
+def _calls_library_gemm(module: Module, instr: Instruction) -> bool:
+  """A library GEMM call (cuBLAS), or a fusion with one inside (XLA's `dynamic_slice_fusion`: a
+  GEMM reading its operands' slices in place)."""
+  if instr.op == "fusion":
+    return _computation_does(module, (_callees(instr.rest) or [""])[0], ())
+  return instr.op == "custom-call" and _GEMM_TARGET.search(instr.rest) is not None
 
 
 # What a kernel is, for `traffic_by_kind`: matrix multiplications (dots, convolutions, library
@@ -336,9 +342,9 @@ _CUDNN_FUSION = re.compile(r'"kind":"__cudnn\$fusion"')
 
 def _computation_does(module: Module, name: str, ops: tuple[str, ...], depth: int = 0) -> bool:
   """Whether computation `name`, or a fusion nested in it, runs one of `ops` or calls a library
-  GEMM (a GEMM XLA fused with the slices of its operands: `dynamic_slice_fusion`)."""
+  GEMM (`_calls_library_gemm`)."""
   for i in module.computations.get(name, []):
-    if i.op in ops or (i.op == "custom-call" and _GEMM_TARGET.search(i.rest)):
+    if i.op in ops or (i.op == "custom-call" and _calls_library_gemm(module, i)):
       return True
     if i.op == "fusion" and depth < 8 and any(
         _computation_does(module, c, ops, depth + 1) for c in _callees(i.rest)[:1]):
@@ -412,11 +418,11 @@ _COMPONENTS = (
 )
 
 
-def op_name(instr: Instruction, module: Module | None = None) -> str:
-  """The op_name metadata of an instruction ("" where XLA kept none). With `module`, a fusion
-  that XLA made without one (a GEMM fused with its operands' slices) takes its root's."""
+def op_name(instr: Instruction, module: Module) -> str:
+  """The op_name metadata of an instruction of `module` ("" where XLA kept none); a fusion that
+  XLA made without one (a GEMM fused with its operands' slices) takes its root's."""
   match = OP_NAME.search(instr.rest)
-  if match or module is None or instr.op != "fusion":
+  if match or instr.op != "fusion":
     return match.group(1) if match else ""
   called = module.computations.get((_callees(instr.rest) or [""])[0], [])
   return op_name(called[-1], module) if called else ""

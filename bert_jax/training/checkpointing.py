@@ -122,22 +122,24 @@ class CheckpointManager(CheckpointStore):
 
 
 def _layout_hint(stored: set[str], wanted: set[str]) -> str:
-  """The fix, where the two differ in how the layers' parameters are laid out: stacked
+  """The fix, where the two differ only in how the layers' parameters are laid out: stacked
   (`encoder/layer/...`, `scan_layers=True`) or one subtree per layer (`encoder/layer_0/...`)."""
-  stacked = lambda names: any("/encoder/layer/" in n for n in names)
-  unrolled = lambda names: any("/encoder/layer_0/" in n for n in names)
-  if stacked(stored) and unrolled(wanted) and not stacked(wanted):
-    return ("\nThe checkpoint's layers are stacked (scan_layers=True) and this model's are "
-            "not: resume with --config.model.scan_layers=True (on GPUs with "
-            "--config.model.stack_unrolled=True as well, which runs the stacked layers "
-            "unrolled), or start from its weights (a fresh optimizer) with "
-            "--config.init_checkpoint=<it> --config.init_mode=params, which converts the layout.")
-  if unrolled(stored) and stacked(wanted) and not unrolled(wanted):
-    return ("\nThe checkpoint's layers are unrolled (scan_layers=False) and this model's are "
-            "stacked: resume with --config.model.scan_layers=False, or start from its weights "
-            "(a fresh optimizer) with --config.init_checkpoint=<it> --config.init_mode=params, "
-            "which converts the layout.")
-  return ""
+  marks = {"stacked": "/encoder/layer/", "unrolled": "/encoder/layer_0/"}
+
+  def layout(names):
+    found = [kind for kind, mark in marks.items() if any(mark in n for n in names)]
+    return found[0] if len(found) == 1 else None
+
+  have, want = layout(stored), layout(wanted)
+  if not have or not want or have == want:
+    return ""
+  resume = ("--config.model.scan_layers=True (on GPUs with --config.model.stack_unrolled=True "
+            "as well, which runs the stacked layers unrolled)" if have == "stacked"
+            else "--config.model.scan_layers=False")
+  return (f"\nThe checkpoint's layers are {have} (scan_layers={have == 'stacked'}) and this "
+          f"model's are {want}: resume with {resume}, or start from its weights (a fresh "
+          "optimizer) with --config.init_checkpoint=<it> --config.init_mode=params, which "
+          "converts the layout.")
 
 
 def run_checkpoints(run_dir: str, *, max_to_keep: int | None = 3, async_save: bool = True
