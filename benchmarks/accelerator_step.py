@@ -123,6 +123,11 @@ VARIANTS = {
     # the bias add inside the first feed-forward GEMM where XLA routes that GEMM to cuBLASLt.
     "paper-cudnn-tanh": dict(attention_probs_dropout_prob=0.1, attention_implementation="cudnn",
                              hidden_act="gelu_new"),
+    # Each block's dropout + residual add + LayerNorm as one kernel forward and one backward
+    # (`model/pallas_layer_norm.py`), the masks drawn in the kernels.
+    "paper-cudnn-fusedln": dict(attention_probs_dropout_prob=0.1,
+                                attention_implementation="cudnn",
+                                layer_norm_implementation="pallas"),
 }
 
 # `--layers`: how the layers run and where their parameters live. "stacked": the scanned

@@ -111,6 +111,9 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
       # with float32 LayerNorm statistics: BertConfig's defaults unless set.
       "dropout_bits": placeholder(int),
       "low_precision_layer_norm": placeholder(bool),
+      # "pallas": each block's dropout + residual add + LayerNorm as one GPU kernel each way
+      # (BertConfig.layer_norm_implementation). None: "xla".
+      "layer_norm_implementation": placeholder(str),
       # "fp8": the dense layers' matmuls in FP8 with delayed scaling (Hopper GPUs; unrolled,
       # unshared layers). None: BertConfig's "none".
       "quantization": placeholder(str),

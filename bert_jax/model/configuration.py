@@ -27,6 +27,10 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 # `jax.nn.dot_product_attention`'s XLA path, "cudnn" cuDNN's flash attention, "pallas" the Pallas
 # TPU kernels; the last two keep attention-probability dropout inside the kernel.
 ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn", "pallas")
+# How a block's dropout + residual add + LayerNorm runs (`modeling.BertResidualOutput`): "xla"
+# lets the compiler fuse it (four kernels each way on GPUs), "pallas" is one GPU kernel each
+# way (`model/pallas_layer_norm.py`; interpreted off GPUs, refused on TPUs).
+LAYER_NORM_IMPLEMENTATIONS = ("xla", "pallas")
 
 # Model families: one encoder, configured. "albert" adds factorized embeddings, shared layers and
 # a sentence-order head; "roberta" one token type and positions counted after the padding index;
@@ -54,8 +58,9 @@ class BertConfig:
   Shape fields (legacy names, exported): everything from `vocab_size` to `layer_norm_eps`.
   Compute fields (ours, not exported): `dtype`, `param_dtype`, `scan_layers`, `stack_unrolled`,
   `remat_policy`,
-  `attention_implementation`, `dropout_bits`, `low_precision_layer_norm`, `quantization`
-  (written only as "int8", whose parameters are int8).
+  `attention_implementation`, `dropout_bits`, `low_precision_layer_norm`,
+  `layer_norm_implementation`, `quantization` (written only as "int8", whose parameters are
+  int8).
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -121,6 +126,10 @@ class BertConfig:
   # LayerNorm per block with its own backward (`modeling.residual_layer_norm`). False keeps the
   # float32 LayerNorm of flax's module at every site (the reference for A/B measurements).
   low_precision_layer_norm: bool = True
+  # "pallas": each block's dropout + residual add + LayerNorm is one GPU kernel forward and one
+  # backward, its dropout mask drawn in the kernel from a hash of the element's position
+  # (`model/pallas_layer_norm.py`); needs `low_precision_layer_norm`. "xla": the compiler's.
+  layer_norm_implementation: str = "xla"
   # "fp8": the dense layers' matmuls in FP8 (`modeling.dense`), for Hopper GPUs. The parameters
   # are those of "none"; the scales and amax histories are the train state's `model_state`.
   # "int8": inference with int8 kernels (`model/int8.py`). Unlike FP8 it changes the parameters
@@ -155,6 +164,13 @@ class BertConfig:
     if self.attention_implementation not in ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"BertConfig: attention_implementation={self.attention_implementation!r}; "
                        f"expected one of {ATTENTION_IMPLEMENTATIONS}.")
+    if self.layer_norm_implementation not in LAYER_NORM_IMPLEMENTATIONS:
+      raise ValueError(f"BertConfig: layer_norm_implementation="
+                       f"{self.layer_norm_implementation!r}; expected one of "
+                       f"{', '.join(LAYER_NORM_IMPLEMENTATIONS)}.")
+    if self.layer_norm_implementation == "pallas" and not self.low_precision_layer_norm:
+      raise ValueError("BertConfig: layer_norm_implementation='pallas' is the fused form of "
+                       "the low-precision LayerNorm; it needs low_precision_layer_norm=True.")
     if self.dropout_bits not in (8, 16, 32):
       raise ValueError(f"BertConfig: dropout_bits={self.dropout_bits}; expected 8, 16 or 32.")
     if self.remat_policy not in REMAT_POLICIES:

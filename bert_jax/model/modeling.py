@@ -295,15 +295,87 @@ class LayerNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, residual: jax.Array | None = None) -> jax.Array:
-    width = x.shape[-1]
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(),
-                                                             ("norm",)), (width,),
-                       self.param_dtype)
-    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
-                                                           ("norm",)), (width,), self.param_dtype)
+    scale, bias = _norm_parameters(self, x.shape[-1], self.param_dtype)
     y = residual_layer_norm(x, residual, scale, bias, self.epsilon, jnp.dtype(self.out_dtype),
                             self.gpu)
     return _materialized(y) if self.gpu else y
+
+
+def _norm_parameters(module: nn.Module, width: int, dtype) -> tuple[jax.Array, jax.Array]:
+  """A LayerNorm's `scale` (ones) and `bias` (zeros), named and partitioned as flax's."""
+  scale = module.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                                             ("norm",)), (width,), dtype)
+  bias = module.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                           ("norm",)), (width,), dtype)
+  return scale, bias
+
+
+class DropoutResidualLayerNorm(nn.Module):
+  """LayerNorm(dropout(x + dense_bias) + residual) in one kernel each way
+  (`pallas_layer_norm`), with the parameters of `LayerNorm` (so checkpoints read the same).
+  `x` is a dense layer's output before its bias, which the kernels add (and whose gradient
+  they sum). The dropout seed is the module's "dropout" key itself (its two words), which
+  differs for every site and step; a resumed run draws the same.
+
+  Under a mesh the kernel runs in `shard_map` on each device's rows (XLA cannot partition a
+  custom kernel): the batch and length axes split as the rules split the activations, the
+  width whole; each shard folds its index into the seed."""
+  rate: float
+  bits: int = 16
+  epsilon: float = 1e-12
+  param_dtype: Any = jnp.float32
+  out_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, dense_bias: jax.Array, residual: jax.Array,
+               deterministic: bool) -> jax.Array:
+    from bert_jax.model import pallas_layer_norm
+    scale, bias = _norm_parameters(self, x.shape[-1], self.param_dtype)
+    rate = 0.0 if deterministic else self.rate
+    seed = (_key_words(self.make_rng("dropout")) if rate > 0.0
+            else jnp.zeros((2,), jnp.uint32))
+
+    def kernel(x, dense_bias, residual, scale, bias, seed, shard=None):
+      if shard is not None:
+        seed = pallas_layer_norm.shard_seed(seed, shard)
+      return pallas_layer_norm.dropout_residual_layer_norm(
+          x, dense_bias, residual, scale, bias, rate=rate, seed=seed, epsilon=self.epsilon,
+          out_dtype=self.out_dtype, bits=self.bits)
+
+    operands = (x, dense_bias, residual, scale, bias, seed)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+      return kernel(*operands)
+    axes = _dividing_mesh_axes(mesh, x.shape, (BATCH, LENGTH, None))
+    spec, whole = jax.sharding.PartitionSpec(*axes), jax.sharding.PartitionSpec()
+    split = tuple(n for names in axes if names for n in names)
+
+    def sharded(*operands):
+      return kernel(*operands, jax.lax.axis_index(split) if split else None)
+
+    return jax.shard_map(sharded, mesh=mesh, in_specs=(spec, whole, spec, whole, whole, whole),
+                         out_specs=spec, check_vma=False)(*operands)
+
+
+def _key_words(key: jax.Array) -> jax.Array:
+  """Two uint32 words of a PRNG key, whatever its implementation (threefry's key is two words;
+  longer keys are folded pairwise with xor)."""
+  words = jax.random.key_data(key).reshape(-1).astype(jnp.uint32)
+  if words.shape[0] % 2:
+    words = jnp.concatenate([words, jnp.zeros((1,), jnp.uint32)])
+  return jax.lax.reduce(words.reshape(-1, 2), np.uint32(0), jax.lax.bitwise_xor, (0,))
+
+
+def _dividing_mesh_axes(mesh, shape: tuple[int, ...], logical: tuple[str | None, ...]
+                        ) -> list[tuple[str, ...] | None]:
+  """Per axis of an activation of `shape`, the mesh axes its logical name maps to under the
+  rules in context where they divide it, else None (kept whole): a kernel's `shard_map` specs."""
+  axes = []
+  for size, names in zip(shape, nn.logical_to_mesh_axes(logical)):
+    names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
+    ways = math.prod(mesh.shape[n] for n in names)
+    axes.append(names if names and size % ways == 0 else None)
+  return axes
 
 
 def _materialized(x: jax.Array) -> jax.Array:
@@ -403,11 +475,7 @@ def _pallas_attention(query, key, value, input_mask, sequence_ids, dropout_rate,
     return kernel(query, key, value, ids, seed)
   # Batch and heads split as the rules split these activations (where they divide); every
   # device keeps whole sequences, which attention needs.
-  axes = []
-  for size, names in zip(query.shape, nn.logical_to_mesh_axes((BATCH, None, HEADS, None))):
-    names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
-    ways = math.prod(mesh.shape[n] for n in names)
-    axes.append(names if names and size % ways == 0 else None)
+  axes = _dividing_mesh_axes(mesh, query.shape, (BATCH, None, HEADS, None))
   spec = jax.sharding.PartitionSpec(*axes)
   ids_spec = jax.sharding.PartitionSpec(*axes[:2])
   split = tuple(n for names in (axes[0], axes[2]) if names for n in names)
@@ -668,6 +736,14 @@ class BertResidualOutput(nn.Module):
   @nn.compact
   def __call__(self, x, residual, deterministic: bool):
     cfg = self.config
+    if cfg.layer_norm_implementation == "pallas":
+      # The dense layer's bias, dropout, the add and the LayerNorm in one kernel each way.
+      y, dense_bias = _dense_and_bias(cfg, self.in_axis, x, residual)
+      y = DropoutResidualLayerNorm(cfg.hidden_dropout_prob, cfg.dropout_bits,
+                                   cfg.layer_norm_eps, _dtype(cfg.param_dtype),
+                                   _dtype(cfg.dtype), name="LayerNorm")(
+                                       y, dense_bias, residual.astype(y.dtype), deterministic)
+      return nn.with_logical_constraint(y, (BATCH, LENGTH, EMBED))
     if x.shape[-1]:
       y = dense(cfg, cfg.hidden_size, (self.in_axis, "embed"), "dense")(x)
     else:  # a layer whose every head was pruned: the projection of nothing is its bias
@@ -680,6 +756,22 @@ class BertResidualOutput(nn.Module):
     else:
       y = layer_norm(cfg)(y.astype(jnp.float32) + residual.astype(jnp.float32))
     return nn.with_logical_constraint(y.astype(_dtype(cfg.dtype)), (BATCH, LENGTH, EMBED))
+
+
+def _dense_and_bias(cfg: BertConfig, in_axis: str, x, residual
+                    ) -> tuple[jax.Array, jax.Array | None]:
+  """(a block's output projection of `x` without its bias, that bias), for the fused kernel,
+  which adds it; int8's layer adds its own (None). Called inside the block's `__call__`, so the
+  layer is its child `dense`, as on the other path (a method would add its name to the op
+  names that tell the step's parts apart)."""
+  if not x.shape[-1]:  # every head pruned: nothing projected, the bias alone
+    return (jnp.zeros(residual.shape, _dtype(cfg.dtype)),
+            _Bias(cfg, name="dense")(residual.shape[-1:]))
+  if cfg.quantization == "int8":
+    return dense(cfg, cfg.hidden_size, (in_axis, "embed"), "dense")(x), None
+  layer = dense(cfg, cfg.hidden_size, (in_axis, "embed"), "dense", add_bias=False)
+  y = layer(x)
+  return y, nn.meta.unbox(layer.variables["params"]["bias"])
 
 
 class _Bias(nn.Module):

@@ -52,7 +52,8 @@ STUDENT_INITS = ("scratch", "teacher_every_other_layer")
 # How to compute (not the shape): a teacher runs as the student does, whatever its checkpoint
 # recorded.
 _COMPUTE_FIELDS = ("dtype", "param_dtype", "scan_layers", "stack_unrolled", "remat_policy",
-                   "attention_implementation", "dropout_bits", "low_precision_layer_norm")
+                   "attention_implementation", "dropout_bits", "low_precision_layer_norm",
+                   "layer_norm_implementation")
 
 
 # -------------------------------------------------------------------------------- the models

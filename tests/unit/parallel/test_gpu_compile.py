@@ -1,7 +1,8 @@
 """The production step compiled for NVIDIA GPUs on this CPU machine (XLA's GPU compiler through
 JAX's CUDA plugin, told the GPU's description instead of asking a device): the paper's recipe
 lowers attention with its dropout to cuDNN's fused kernel forward and backward, stacked layers
-run unrolled take fewer optimizer kernels, FP8 matmuls reach the GEMMs as FP8, eight GPUs
+run unrolled take fewer optimizer kernels, the fused dropout + residual + LayerNorm kernels
+replace XLA's at every block, FP8 matmuls reach the GEMMs as FP8, eight GPUs
 reduce their gradients over NVLink, the low-precision LayerNorm, GELU recomputed in the
 backward pass and computed in float32, the gather-free masked-LM loss, LayerNorm outputs
 written once, LayerNorm statistics in one pass, dropout masks kept as bits and the key
@@ -39,6 +40,9 @@ CASES = {
                                             "model.attention_probs_dropout_prob": 0.1,
                                             "model.stack_unrolled": True,
                                             "model.num_hidden_layers": 2 * LAYERS}),
+    "paper_cudnn_fused_ln": ("h100", {"model.attention_implementation": "cudnn",
+                                      "model.attention_probs_dropout_prob": 0.1,
+                                      "model.layer_norm_implementation": "pallas"}),
     "fp8": ("h100", {"model.quantization": "fp8"}),
     "dp8": ("h100x8", {"model.attention_implementation": "cudnn"}),
     "a100": ("a100", {}),
@@ -235,6 +239,27 @@ def test_stacked_layers_take_fewer_optimizer_kernels_for_the_same_bytes(compiled
   all_bytes = lambda row: sum(k["bytes"] for k in row["traffic"].values())
   assert all_kernels(stacked) < all_kernels(unrolled)
   assert all_bytes(stacked) < 1.03 * all_bytes(unrolled)
+
+
+def test_fused_layer_norm_sites_are_one_kernel_each_way_and_move_fewer_bytes(compiled):
+  """`layer_norm_implementation="pallas"`: each block's two sites (attention output, feed-
+  forward output) are one Triton kernel forward and one backward, and the step's dropout and
+  LayerNorm kernels, and its bytes outside the matmuls, fall."""
+  xla, fused = compiled["paper_cudnn"], compiled["paper_cudnn_fused_ln"]
+  assert "error" not in fused, fused.get("error")
+  assert fused["custom_calls"]["__gpu$xla.gpu.triton"] == 2 * 2 * LAYERS
+  assert "__gpu$xla.gpu.triton" not in xla["custom_calls"]
+  parts = ("forward: layer norm", "backward: layer norm", "forward: dropout",
+           "backward: dropout")
+  kernels = lambda row: sum(row["parts"].get(p, {}).get("count", 0) for p in parts)
+  moved = lambda row: sum(row["parts"].get(p, {}).get("bytes", 0) for p in parts)
+  assert kernels(fused) < 0.8 * kernels(xla), (kernels(fused), kernels(xla))
+  assert moved(fused) < 0.85 * moved(xla), (moved(fused), moved(xla))
+  other = lambda row: row["traffic"]["other"]
+  assert other(fused)["count"] < other(xla)["count"]
+  assert other(fused)["bytes"] < other(xla)["bytes"]
+  # The matmuls are the same (the dense layers' biases moved into the kernels).
+  assert fused["traffic"]["matmul"]["count"] == xla["traffic"]["matmul"]["count"]
 
 
 def test_fp8_matmuls_reach_the_gemms_in_fp8(compiled):

@@ -1,0 +1,293 @@
+"""Dropout, residual add and LayerNorm of a post-LN block in one GPU kernel each way.
+
+Every BERT block ends twice with `LayerNorm(dropout(dense output) + block input)`. XLA's GPU
+compiler lowers that site to four kernels forward and four backward, plus the dropout mask's own
+kernels (the H200 program of BERT-base/128: 207 LayerNorm and 89 dropout kernels per step,
+18.5 GB of the 91 GB it moves; `benchmarks/RESULTS.md`), because it does not normalise a row in
+the kernel that sums it. Here each site is one kernel forward and one backward (Pallas' Triton
+backend, `jax.experimental.pallas.triton`):
+
+- forward: reads the dense output and the block input once; writes the normalised output, the
+  sum (in the inputs' dtype, kept for the backward pass, as `modeling.residual_layer_norm`
+  keeps it) and two float32 numbers per row (mean, 1/std);
+- backward: reads the output's gradient and the saved sum; writes the gradients of both inputs
+  and, per program, partial column sums for the scale and bias gradients (XLA adds those up).
+
+A row of the residual stream (768 or 1024 values) stays in registers between the two row
+reductions, so the statistics are two-pass (mean, then the variance of the centred values) at
+no extra traffic.
+
+The dropout mask is never stored. Both kernels draw it again from a counter-based hash of
+(seed, row, column) (`hash_bits`: two rounds of MurmurHash3's 32-bit finaliser, the seed's two
+words mixed in), keep/drop decided on the hash's top `bits` bits against
+`dropout.threshold(rate, bits)`, the same quantised rate and exact rescaling as
+`model/dropout.py`. Its masks are not the XLA path's (those come from `jax.random`); their
+statistics are (tests). The seed comes from the layer's "dropout" RNG stream, so every layer and
+step gets its own masks and a resumed run draws the same ones.
+
+Compiled for GPUs; interpreted elsewhere (CPU tests). TPUs are refused: this is Triton.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from bert_jax.model import dropout
+
+__all__ = ["dropout_residual_layer_norm", "hash_bits", "keep_mask"]
+
+# Elements one program holds per array (rows of the padded width): 4 rows of 1024 at BERT's
+# widths, 32 values per thread at 4 warps.
+_BLOCK_ELEMENTS = 4096
+_NUM_WARPS = 4
+# The backward grid: programs that each loop over every `BACKWARD_PROGRAMS`-th block of rows,
+# accumulating the scale and bias gradients in registers. Their partial sums (this many rows of
+# 3 x width float32) are what XLA adds up afterwards: 9 MB at width 768.
+BACKWARD_PROGRAMS = 1024
+_GOLDEN = 0x9E3779B9  # 2^32 / golden ratio: spreads column indices over the word
+_SHARD_SPREAD = 0x9E3779B1
+
+
+def _fmix32(h: jax.Array) -> jax.Array:
+  """MurmurHash3's 32-bit finaliser: a bijection of uint32 in which every input bit flips every
+  output bit with probability about 1/2."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def hash_bits(key0: jax.Array, key1: jax.Array, rows: jax.Array, cols: jax.Array
+              ) -> jax.Array:
+  """The 32 random bits of element (row, col) under the seed (key0, key1), as uint32.
+
+  A pure function of its arguments, written in operations both Triton and XLA lower, so the
+  kernels and the reference (`keep_mask`) compute the same bits. Distinct (row, col) under one
+  seed give distinct inputs to the last bijective round (the row's hash is xored with the
+  column times an odd constant), and the seed enters both rounds."""
+  row_hash = _fmix32(rows.astype(jnp.uint32) ^ key0.astype(jnp.uint32))
+  return _fmix32((row_hash ^ (cols.astype(jnp.uint32) * jnp.uint32(_GOLDEN)))
+                 + key1.astype(jnp.uint32))
+
+
+def _keep(h: jax.Array, cut: int, bits: int) -> jax.Array:
+  """Keep where the top `bits` bits of `h`, as an unsigned number, are at least `cut`."""
+  draw = h >> (32 - bits) if bits < 32 else h
+  return draw >= jnp.uint32(cut)
+
+
+def keep_mask(seed: jax.Array, shape: tuple[int, int], rate: float, bits: int = 16
+              ) -> tuple[jax.Array, float]:
+  """(mask, keep probability) of a (rows, width) site under `seed` (two uint32 words): what
+  the kernels draw."""
+  cut, keep_prob = dropout.threshold(rate, bits)
+  rows = jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+  cols = jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+  seed = jnp.asarray(seed, jnp.uint32)
+  return _keep(hash_bits(seed[0], seed[1], rows, cols), cut, bits), keep_prob
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  """What the kernels are specialised on (hashable: a `custom_vjp` static argument)."""
+  width: int
+  padded: int  # the width rounded up to a power of two (Triton's blocks are powers of two)
+  block_rows: int
+  cut: int  # drop where the draw is below this; 0: no dropout (no bits drawn)
+  bits: int
+  inv_keep: float
+  epsilon: float
+  out_dtype: jnp.dtype
+  interpret: bool
+  backward_programs: int
+
+
+def _block(static: _Static, block, num_rows):
+  """(rows, cols, row mask, column mask, 2D mask, 2D index) of row block `block`."""
+  rows = block * static.block_rows + jnp.arange(static.block_rows)
+  cols = jnp.arange(static.padded)
+  row_ok, col_ok = rows < num_rows, cols < static.width
+  mask = row_ok[:, None] & col_ok[None, :]
+  return rows, cols, row_ok, col_ok, mask, (rows[:, None], cols[None, :])
+
+
+def _kept(static: _Static, seed_ref, rows, cols) -> jax.Array | None:
+  if not static.cut:
+    return None
+  return _keep(hash_bits(seed_ref[0], seed_ref[1], rows[:, None], cols[None, :]), static.cut,
+               static.bits)
+
+
+def _forward_kernel(seed_ref, x_ref, r_ref, params_ref, y_ref, total_ref, stats_ref, *,
+                    static: _Static):
+  num_rows = x_ref.shape[0]
+  rows, cols, row_ok, col_ok, mask, idx = _block(static, pl.program_id(0), num_rows)
+  dense_bias, scale, bias = (
+      plgpu.load(params_ref.at[i, cols], mask=col_ok, other=0.0) for i in range(3))
+  x = plgpu.load(x_ref.at[idx], mask=mask, other=0.0).astype(jnp.float32) + dense_bias[None, :]
+  r = plgpu.load(r_ref.at[idx], mask=mask, other=0.0).astype(jnp.float32)
+  keep = _kept(static, seed_ref, rows, cols)
+  if keep is not None:
+    x = jnp.where(keep, x * static.inv_keep, 0.0)
+  v = jnp.where(mask, x + r, 0.0)
+  plgpu.store(total_ref.at[idx], v.astype(total_ref.dtype), mask=mask)
+  mean = jnp.sum(v, axis=-1) / static.width
+  centred = jnp.where(col_ok[None, :], v - mean[:, None], 0.0)
+  rstd = jax.lax.rsqrt(jnp.sum(centred * centred, axis=-1) / static.width + static.epsilon)
+  y = centred * rstd[:, None] * scale[None, :] + bias[None, :]
+  plgpu.store(y_ref.at[idx], y.astype(y_ref.dtype), mask=mask)
+  plgpu.store(stats_ref.at[rows, 0], mean, mask=row_ok)
+  plgpu.store(stats_ref.at[rows, 1], rstd, mask=row_ok)
+
+
+def _backward_kernel(seed_ref, g_ref, total_ref, stats_ref, params_ref, dx_ref, dr_ref,
+                     part_ref, *, static: _Static, num_blocks: int, programs: int):
+  num_rows = g_ref.shape[0]
+  program = pl.program_id(0)
+  cols = jnp.arange(static.padded)
+  col_ok = cols < static.width
+  scale = plgpu.load(params_ref.at[1, cols], mask=col_ok, other=0.0)
+
+  def body(step, sums):
+    rows, cols, row_ok, col_ok, mask, idx = _block(static, program + step * programs, num_rows)
+    g = plgpu.load(g_ref.at[idx], mask=mask, other=0.0).astype(jnp.float32)
+    total = plgpu.load(total_ref.at[idx], mask=mask, other=0.0).astype(jnp.float32)
+    mean = plgpu.load(stats_ref.at[rows, 0], mask=row_ok, other=0.0)
+    rstd = plgpu.load(stats_ref.at[rows, 1], mask=row_ok, other=0.0)
+    normed = jnp.where(mask, (total - mean[:, None]) * rstd[:, None], 0.0)
+    gs = g * scale[None, :]
+    mean_gs = jnp.sum(gs, axis=-1) / static.width
+    mean_gsn = jnp.sum(gs * normed, axis=-1) / static.width
+    d_total = jnp.where(mask, rstd[:, None] * (gs - mean_gs[:, None]
+                                               - normed * mean_gsn[:, None]), 0.0)
+    plgpu.store(dr_ref.at[idx], d_total.astype(dr_ref.dtype), mask=mask)
+    keep = _kept(static, seed_ref, rows, cols)
+    d_x = d_total if keep is None else jnp.where(keep, d_total * static.inv_keep, 0.0)
+    plgpu.store(dx_ref.at[idx], d_x.astype(dx_ref.dtype), mask=mask)
+    d_dense_bias, d_scale, d_bias = sums
+    return (d_dense_bias + jnp.sum(d_x, axis=0), d_scale + jnp.sum(g * normed, axis=0),
+            d_bias + jnp.sum(g, axis=0))
+
+  steps = (num_blocks - program + programs - 1) // programs
+  zeros = jnp.zeros((static.padded,), jnp.float32)
+  sums = jax.lax.fori_loop(0, steps, body, (zeros, zeros, zeros))
+  for i, total in enumerate(sums):
+    plgpu.store(part_ref.at[program, i, cols], total, mask=col_ok)
+
+
+_ANY = pl.BlockSpec(memory_space=pl.ANY)
+
+
+def _params() -> plgpu.CompilerParams:
+  return plgpu.CompilerParams(num_warps=_NUM_WARPS)
+
+
+def _forward(static: _Static, x, residual, params, seed):
+  rows = x.shape[0]
+  out_shape = (jax.ShapeDtypeStruct(x.shape, static.out_dtype),
+               jax.ShapeDtypeStruct(x.shape, x.dtype),
+               jax.ShapeDtypeStruct((rows, 2), jnp.float32))
+  return pl.pallas_call(
+      functools.partial(_forward_kernel, static=static), out_shape=out_shape,
+      grid=(pl.cdiv(rows, static.block_rows),), in_specs=[_ANY] * 4, out_specs=(_ANY,) * 3,
+      compiler_params=_params(), interpret=static.interpret,
+      name="dropout_residual_layer_norm_fwd")(seed, x, residual, params)
+
+
+def _backward(static: _Static, seed, grad, total, stats, params, x_dtype, residual_dtype):
+  rows = grad.shape[0]
+  num_blocks = pl.cdiv(rows, static.block_rows)
+  programs = min(num_blocks, static.backward_programs)
+  out_shape = (jax.ShapeDtypeStruct(grad.shape, x_dtype),
+               jax.ShapeDtypeStruct(grad.shape, residual_dtype),
+               jax.ShapeDtypeStruct((programs, 3, static.width), jnp.float32))
+  d_x, d_residual, parts = pl.pallas_call(
+      functools.partial(_backward_kernel, static=static, num_blocks=num_blocks,
+                        programs=programs),
+      out_shape=out_shape, grid=(programs,), in_specs=[_ANY] * 5, out_specs=(_ANY,) * 3,
+      compiler_params=_params(), interpret=static.interpret,
+      name="dropout_residual_layer_norm_bwd")(seed, grad, total, stats, params)
+  return d_x, d_residual, jnp.sum(parts, axis=0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused(static: _Static, x, residual, params, seed):
+  return _forward(static, x, residual, params, seed)[0]
+
+
+def _fused_fwd(static, x, residual, params, seed):
+  y, total, stats = _forward(static, x, residual, params, seed)
+  dtypes = (jnp.zeros((0,), x.dtype), jnp.zeros((0,), residual.dtype))
+  return y, (seed, total, stats, params, dtypes)
+
+
+def _fused_bwd(static, saved, grad):
+  seed, total, stats, params, (x_dtype, residual_dtype) = saved
+  d_x, d_residual, d_params = _backward(static, seed, grad, total, stats, params,
+                                        x_dtype.dtype, residual_dtype.dtype)
+  return d_x, d_residual, d_params, np.zeros(seed.shape, jax.dtypes.float0)
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def _target_platform() -> str:
+  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+  return device.platform if device is not None else jax.default_backend()
+
+
+def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
+                                residual: jax.Array, scale: jax.Array, bias: jax.Array, *,
+                                rate: float, seed: jax.Array | None, epsilon: float, out_dtype,
+                                bits: int = 16, interpret: bool | None = None,
+                                backward_programs: int = BACKWARD_PROGRAMS) -> jax.Array:
+  """LayerNorm(dropout(x + dense_bias) + residual) · scale + bias over the last axis, in one
+  kernel each way.
+
+  `x` (the dense layer's output before its bias) and `residual` (..., width) in the compute
+  dtype; `dense_bias` (None: none), `scale` and `bias` (width,); `seed` two uint32 words
+  (None only when `rate` is 0); the result in `out_dtype`. The bias add, the statistics and
+  the normalisation are float32. `interpret` None: compiled on GPUs, interpreted elsewhere.
+  Gradients flow to `x`, `dense_bias`, `residual`, `scale` and `bias`; `backward_programs`
+  bounds the backward grid (its programs loop over the row blocks)."""
+  platform = _target_platform()
+  if platform == "tpu":
+    raise ValueError("layer_norm_implementation='pallas' is a GPU (Triton) kernel; on a TPU "
+                     "use 'xla'.")
+  if interpret is None:
+    interpret = platform != "gpu"
+  if bits not in dropout.DROPOUT_BITS:
+    raise ValueError(f"dropout bits={bits}; expected one of {dropout.DROPOUT_BITS}.")
+  cut, keep_prob = dropout.threshold(rate, bits) if rate > 0.0 else (0, 1.0)
+  if cut and seed is None:
+    raise ValueError("dropout_residual_layer_norm: a seed is required when rate > 0.")
+  seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
+  width = x.shape[-1]
+  padded = pl.next_power_of_2(width)
+  static = _Static(width=width, padded=padded,
+                   block_rows=max(1, _BLOCK_ELEMENTS // padded), cut=cut, bits=bits,
+                   inv_keep=1.0 / keep_prob, epsilon=float(epsilon),
+                   out_dtype=jnp.dtype(out_dtype), interpret=bool(interpret),
+                   backward_programs=int(backward_programs))
+  if dense_bias is None:
+    dense_bias = jnp.zeros((width,), jnp.float32)
+  # One (3, width) float32 operand: a kernel of XLA's prepares it (on stacked layers, slicing
+  # this layer's rows) instead of one per vector.
+  params = jnp.stack([dense_bias, scale, bias]).astype(jnp.float32)
+  y = _fused(static, x.reshape(-1, width), residual.reshape(-1, width), params, seed)
+  return y.reshape(*x.shape)
+
+
+def shard_seed(seed: jax.Array, shard: jax.Array) -> jax.Array:
+  """`seed` for one shard of a site split over devices: each shard's rows count from 0, so its
+  index goes into the seed, and no two shards draw the same mask."""
+  spread = (shard.astype(jnp.uint32) + 1) * jnp.uint32(_SHARD_SPREAD)
+  return seed.astype(jnp.uint32) ^ jnp.stack([spread, jnp.zeros_like(spread)])
