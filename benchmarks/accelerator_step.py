@@ -128,6 +128,9 @@ VARIANTS = {
     "paper-cudnn-fusedln": dict(attention_probs_dropout_prob=0.1,
                                 attention_implementation="cudnn",
                                 layer_norm_implementation="pallas"),
+    "paper-cudnn-tanh-fusedln": dict(attention_probs_dropout_prob=0.1,
+                                     attention_implementation="cudnn", hidden_act="gelu_new",
+                                     layer_norm_implementation="pallas"),
 }
 
 # `--layers`: how the layers run and where their parameters live. "stacked": the scanned

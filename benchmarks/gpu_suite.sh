@@ -10,11 +10,14 @@
 # every part $OUT/results.md (the benchmarks' markdown sections), $OUT/results.json (their rows),
 # $OUT/summary.md (ratios, MFU, what ran, failed or was skipped) and $OUT/hlo.tar.gz (the
 # optimized HLO of our steps, as much as fits in 14 MiB) are rewritten, so a call cut short still
-# returns what finished. Six files (with attention_checks.md), small enough to copy back.
+# returns what finished. Seven files (with attention_checks.md and layer_norm_checks.md), small
+# enough to copy back.
 #
 # Parts (SUITE_PARTS, default all; they run in this order, a later run can take the rest):
 #   (checks) attention dropout inside cuDNN's kernel: kept fraction, scaling, masks per call and
-#       per layer, backward mask = forward mask (`attention_dropout_checks.py`)
+#       per layer, backward mask = forward mask (`attention_dropout_checks.py`); the fused
+#       dropout + residual + LayerNorm kernels against the reference under their mask, and one
+#       BERT-base site forward + backward timed against XLA's (`fused_layer_norm_checks.py`)
 #   (a) base 256×128: ours paper-cudnn, fast-cudnn, each with 5 more steps profiled (device
 #       time by kernel kind and the busiest kernels, `--profile_dir`); the PyTorch peer
 #       (`peer_torch.py`, Hugging Face BertForPreTraining, SDPA) eager and compiled, paper recipe
@@ -22,8 +25,9 @@
 #       140 s on the H200); the peer compiled, paper recipe
 #   (e) XLA flags and the layers' layout on base paper-cudnn, one process per setting: default;
 #       "stacked" (the layers' parameters and optimizer state stacked, the layers unrolled:
-#       `--layers=stacked`); "everything" (stacked with the epilogues, the tanh GELU and pdl,
-#       below); "pdl" (Hopper's
+#       `--layers=stacked`); "fusedln" (stacked, each block's dropout + residual + LayerNorm
+#       one Triton kernel each way: paper-cudnn-fusedln); "everything" (stacked and fusedln
+#       with the epilogues, the tanh GELU and pdl, below); "pdl" (Hopper's
 #       programmatic dependent launch: a kernel is let in while the one before drains, which
 #       matters for a step of ~1,300 kernels, ~600 of them under 1 MB; off by default in jaxlib
 #       0.11.2); "epilogues" (Triton GEMM off, so that every GEMM goes through cuBLASLt, whose
@@ -36,7 +40,7 @@
 #       parsed by jaxlib 0.11.2 (and by 0.10.2, except --xla_gpu_enable_pdl_launch; an unknown
 #       one aborts XLA at start: the abort is recorded, the sweep goes on)
 #   (c) large 64×512: ours paper-cudnn with unrolled, then stacked layers (one process); ours
-#       paper-cudnn-fp8
+#       paper-cudnn-fusedln stacked; ours paper-cudnn-fp8
 #   (d) A/B on base: ours paper-cudnn-f32res, paper-cudnn-bits32 (against (a)'s paper-cudnn)
 #       and paper (the explicit path); ours fast-cudnn on large
 #   (g) the peer with the MLM head gathered at the masked positions (as ours), eager and
@@ -51,10 +55,10 @@
 # Times seen on one H200 (jax 0.11.2, torch 2.11; a JAX process starts in ~10 s; compiles:
 # base paper-cudnn 34 s, fast-cudnn 24 s, paper 42 s, large paper-cudnn 53 s; torch.compile
 # 47 s base, 73 s large; 2 warm-up + 2 × 10 timed steps):
-#   (checks) 13 s   (a) ours ≈ 150 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 95 s
-#   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 10 × ~50 s + the
+#   (checks) 13 s + ~30 s (not yet seen)   (a) ours ≈ 150 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 95 s
+#   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 11 × ~50 s + the
 #       peer ≈ 60 s ≈ 585 s
-#   (c) ≈ 150 + 90 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
+#   (c) ≈ 150 + 80 + 90 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
 # All of it: ≈ 1,400 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
 # (b) and part of (e); the rest needs another run (SUITE_PARTS="e c d g h f"), which leaves out
 # the labels a run finished with SUITE_SKIP, e.g. SUITE_SKIP="e-default e-pdl" (its
@@ -92,12 +96,14 @@ PDL="--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true"
 OURS_ARGS=(--steps=10 --repeats=2 --warmup=2)
 PEER_ARGS=(--steps=10 --repeats=2 --warmup=3)
 INT8_ARGS=(--batch=256 --length=128 --steps=20 --warmup=3)
+LN_CHECK_ARGS=(--rows=32768 --width=768)
 if [[ ${SUITE_SMOKE:-0} == 1 ]]; then
   BASE=tiny LARGE=tiny LARGE_BATCH=4 CHECK_IMPL=pallas
   OURS_ARGS=(--steps=1 --repeats=1 --warmup=1 --batch=tiny=4)
   PEER_ARGS=(--steps=1 --repeats=1 --warmup=1 --batch=tiny=4 --dtype=float32 --device=cpu
              --modes=eager)
   INT8_ARGS=(--batch=4 --length=32 --steps=2 --warmup=1)
+  LN_CHECK_ARGS=(--rows=256 --width=64 --check_rows=64 --steps=1 --repeats=1 --tilings=2048:4:8)
 fi
 
 note() { echo "$*" | tee -a "$LOG"; }
@@ -338,6 +344,8 @@ if want checks; then
   # changes masks per call and per layer, and its backward regenerates the forward's mask.
   run checks 90 "$PY" benchmarks/attention_dropout_checks.py --implementation="$CHECK_IMPL" \
     --out="$OUT/attention_checks.md"
+  run checks-layer-norm 60 "$PY" benchmarks/fused_layer_norm_checks.py "${LN_CHECK_ARGS[@]}" \
+    --out="$OUT/layer_norm_checks.md"
 fi
 if want a; then
   ours a-ours 170 "$BASE" paper-cudnn,fast-cudnn --profile_dir="$WORK/profile"
@@ -369,7 +377,8 @@ if want e; then
   # computes inside the first feed-forward GEMM, beside the peer compiled with that GELU; then
   # each other flag alone.
   sweep "default|paper-cudnn||" "stacked|paper-cudnn||stacked" \
-    "everything|paper-cudnn-tanh|$EPILOGUES $PDL|stacked" "pdl|paper-cudnn|$PDL|" \
+    "fusedln|paper-cudnn-fusedln||stacked" \
+    "everything|paper-cudnn-tanh-fusedln|$EPILOGUES $PDL|stacked" "pdl|paper-cudnn|$PDL|" \
     "epilogues|paper-cudnn|$EPILOGUES|" "epilogues_tanh|paper-cudnn-tanh|$EPILOGUES|"
   peer e-peer_tanh 120 --configs="$BASE" --recipes=paper --modes=compile --mlm=full \
     --hidden_act=gelu_new
@@ -383,6 +392,8 @@ if want c; then
   # At large the stacked layout saves twice the kernels (24 layers): both layouts in one
   # process, so that the pair shares a machine whatever part (b) ran on.
   ours c-large-layouts 210 "$LARGE" paper-cudnn --layers=unrolled,stacked \
+    --batch="$LARGE=$LARGE_BATCH"
+  ours c-large-fusedln 130 "$LARGE" paper-cudnn-fusedln --layers=stacked \
     --batch="$LARGE=$LARGE_BATCH"
   ours c-fp8 130 "$LARGE" paper-cudnn-fp8 --batch="$LARGE=$LARGE_BATCH"
 fi

@@ -41,16 +41,29 @@ from jax.experimental.pallas import triton as plgpu
 
 from bert_jax.model import dropout
 
-__all__ = ["dropout_residual_layer_norm", "hash_bits", "keep_mask"]
+__all__ = ["Tiling", "dropout_residual_layer_norm", "hash_bits", "keep_mask", "shard_seed"]
 
-# Elements one program holds per array (rows of the padded width): 4 rows of 1024 at BERT's
-# widths, 32 values per thread at 4 warps.
-_BLOCK_ELEMENTS = 4096
-_NUM_WARPS = 4
-# The backward grid: programs that each loop over every `BACKWARD_PROGRAMS`-th block of rows,
-# accumulating the scale and bias gradients in registers. Their partial sums (this many rows of
-# 3 x width float32) are what XLA adds up afterwards: 9 MB at width 768.
-BACKWARD_PROGRAMS = 1024
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+  """How the kernels are laid out on the GPU; the values they compute are the same whatever it
+  is. `block_elements`: elements one program holds per array, in rows of the padded width (4
+  rows of 1024 at BERT's widths: 32 values per thread at 4 warps); `num_warps` per program;
+  `backward_programs`: the backward grid, whose programs each loop over every n-th block of
+  rows accumulating the scale and bias gradients in registers, their partial sums (programs x 3
+  x width float32: 9 MB at width 768) added up by XLA afterwards.
+  `benchmarks/fused_layer_norm_checks.py --tilings` times others on the GPU."""
+  block_elements: int = 4096
+  num_warps: int = 4
+  backward_programs: int = 1024
+
+  def __post_init__(self):
+    for name in ("block_elements", "num_warps", "backward_programs"):
+      value = getattr(self, name)
+      if value <= 0 or (name != "backward_programs" and value & (value - 1)):
+        raise ValueError(f"Tiling: {name}={value}; expected a positive "
+                         f"{'power of two' if name != 'backward_programs' else 'count'}.")
+
+
 _GOLDEN = 0x9E3779B9  # 2^32 / golden ratio: spreads column indices over the word
 _SHARD_SPREAD = 0x9E3779B1
 
@@ -107,6 +120,7 @@ class _Static:
   epsilon: float
   out_dtype: jnp.dtype
   interpret: bool
+  num_warps: int
   backward_programs: int
 
 
@@ -186,8 +200,8 @@ def _backward_kernel(seed_ref, g_ref, total_ref, stats_ref, params_ref, dx_ref, 
 _ANY = pl.BlockSpec(memory_space=pl.ANY)
 
 
-def _params() -> plgpu.CompilerParams:
-  return plgpu.CompilerParams(num_warps=_NUM_WARPS)
+def _params(static: _Static) -> plgpu.CompilerParams:
+  return plgpu.CompilerParams(num_warps=static.num_warps)
 
 
 def _forward(static: _Static, x, residual, params, seed):
@@ -198,7 +212,7 @@ def _forward(static: _Static, x, residual, params, seed):
   return pl.pallas_call(
       functools.partial(_forward_kernel, static=static), out_shape=out_shape,
       grid=(pl.cdiv(rows, static.block_rows),), in_specs=[_ANY] * 4, out_specs=(_ANY,) * 3,
-      compiler_params=_params(), interpret=static.interpret,
+      compiler_params=_params(static), interpret=static.interpret,
       name="dropout_residual_layer_norm_fwd")(seed, x, residual, params)
 
 
@@ -213,7 +227,7 @@ def _backward(static: _Static, seed, grad, total, stats, params, x_dtype, residu
       functools.partial(_backward_kernel, static=static, num_blocks=num_blocks,
                         programs=programs),
       out_shape=out_shape, grid=(programs,), in_specs=[_ANY] * 5, out_specs=(_ANY,) * 3,
-      compiler_params=_params(), interpret=static.interpret,
+      compiler_params=_params(static), interpret=static.interpret,
       name="dropout_residual_layer_norm_bwd")(seed, grad, total, stats, params)
   return d_x, d_residual, jnp.sum(parts, axis=0)
 
@@ -248,7 +262,7 @@ def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
                                 residual: jax.Array, scale: jax.Array, bias: jax.Array, *,
                                 rate: float, seed: jax.Array | None, epsilon: float, out_dtype,
                                 bits: int = 16, interpret: bool | None = None,
-                                backward_programs: int = BACKWARD_PROGRAMS) -> jax.Array:
+                                tiling: Tiling = Tiling()) -> jax.Array:
   """LayerNorm(dropout(x + dense_bias) + residual) · scale + bias over the last axis, in one
   kernel each way.
 
@@ -256,8 +270,8 @@ def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
   dtype; `dense_bias` (None: none), `scale` and `bias` (width,); `seed` two uint32 words
   (None only when `rate` is 0); the result in `out_dtype`. The bias add, the statistics and
   the normalisation are float32. `interpret` None: compiled on GPUs, interpreted elsewhere.
-  Gradients flow to `x`, `dense_bias`, `residual`, `scale` and `bias`; `backward_programs`
-  bounds the backward grid (its programs loop over the row blocks)."""
+  Gradients flow to `x`, `dense_bias`, `residual`, `scale` and `bias`. `tiling` lays the
+  kernels out (values are the same whatever it is)."""
   platform = _target_platform()
   if platform == "tpu":
     raise ValueError("layer_norm_implementation='pallas' is a GPU (Triton) kernel; on a TPU "
@@ -273,10 +287,10 @@ def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
   width = x.shape[-1]
   padded = pl.next_power_of_2(width)
   static = _Static(width=width, padded=padded,
-                   block_rows=max(1, _BLOCK_ELEMENTS // padded), cut=cut, bits=bits,
+                   block_rows=max(1, tiling.block_elements // padded), cut=cut, bits=bits,
                    inv_keep=1.0 / keep_prob, epsilon=float(epsilon),
                    out_dtype=jnp.dtype(out_dtype), interpret=bool(interpret),
-                   backward_programs=int(backward_programs))
+                   num_warps=tiling.num_warps, backward_programs=tiling.backward_programs)
   if dense_bias is None:
     dense_bias = jnp.zeros((width,), jnp.float32)
   # One (3, width) float32 operand: a kernel of XLA's prepares it (on stacked layers, slicing

@@ -50,7 +50,8 @@ def test_forward_and_gradients_are_the_reference_with_the_kernels_mask(rows, wid
   def fused(x, dense_bias, residual, scale, bias):
     return pallas_layer_norm.dropout_residual_layer_norm(
         x, dense_bias, residual, scale, bias, rate=RATE, seed=SEED, epsilon=EPS,
-        out_dtype=jnp.float32, bits=bits, backward_programs=programs)
+        out_dtype=jnp.float32, bits=bits,
+        tiling=pallas_layer_norm.Tiling(backward_programs=programs))
 
   def reference(x, dense_bias, residual, scale, bias):
     dropped = jnp.where(keep, (x + dense_bias) / keep_prob, 0.0)
@@ -137,6 +138,8 @@ def test_refusals():
     pallas_layer_norm.dropout_residual_layer_norm(x, dense_bias, residual, scale, bias,
                                                   rate=RATE, seed=SEED, epsilon=EPS,
                                                   out_dtype=jnp.float32, bits=12)
+  with pytest.raises(ValueError, match="num_warps=3"):
+    pallas_layer_norm.Tiling(num_warps=3)
   with pytest.raises(ValueError, match="low_precision_layer_norm=True"):
     configuration.get_preset("test", layer_norm_implementation="pallas",
                              low_precision_layer_norm=False)
