@@ -34,6 +34,7 @@ import numpy as np
 
 from bert_jax.model import cudnn_runtime
 from bert_jax.model import modeling
+from benchmarks import checklist
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 BATCH, HEADS, LENGTH = 2, 2, 128  # head_dim = LENGTH, so that V can be the identity
@@ -83,13 +84,8 @@ def main() -> int:
   tolerance = 3e-2 if dtype == jnp.bfloat16 else 1e-4
   q, k, v, cotangent, input_mask = _inputs(dtype)
   probs = _probabilities(q, k)
-  lines, failures = [], 0
-
-  def report(ok: bool, text: str) -> None:
-    nonlocal failures
-    failures += not ok
-    lines.append(f"- {'PASS' if ok else 'FAIL'}: {text}")
-    print(lines[-1], flush=True)
+  checks = checklist.Checklist()
+  report = checks.check
 
   layer_0, layer_1 = _attention(args.implementation, "layer_0"), _attention(args.implementation,
                                                                            "layer_1")
@@ -162,10 +158,8 @@ def main() -> int:
             f"- Command: `python benchmarks/attention_dropout_checks.py "
             f"--implementation={args.implementation}`; {BATCH}×{LENGTH} rows, {HEADS} heads, "
             f"rate {RATE}, {jnp.dtype(dtype).name}\n")
-  if args.out:
-    with open(args.out, "w", encoding="utf-8") as f:
-      f.write(header + "\n".join(lines) + "\n")
-  return failures
+  checks.write(args.out, header)
+  return checks.failures
 
 
 if __name__ == "__main__":

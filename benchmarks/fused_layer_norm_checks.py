@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.model import dropout, modeling, pallas_layer_norm
+from benchmarks import checklist
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 RATE = 0.1
@@ -91,13 +92,8 @@ def main() -> int:
                       "backward_programs, comma-separated.")
   parser.add_argument("--out", default=None, help="Also write the lines here (markdown).")
   args = parser.parse_args()
-  lines, failures = [], 0
-
-  def report(ok: bool, text: str) -> None:
-    nonlocal failures
-    failures += not ok
-    lines.append(f"- {'PASS' if ok else 'FAIL'}: {text}")
-    print(lines[-1], flush=True)
+  checks = checklist.Checklist()
+  report = checks.check
 
   # 1. and 2.: float32 against the reference under the kernels' mask.
   x, dense_bias, residual, scale, bias, cotangent = _inputs(args.check_rows, args.width,
@@ -145,31 +141,27 @@ def main() -> int:
   moved = 8 * args.rows * args.width * 2 / 1e9  # 4 reads + 4 writes of bf16 (rows, width)
   tilings = [pallas_layer_norm.Tiling()] + [
       pallas_layer_norm.Tiling(*map(int, t.split(":"))) for t in args.tilings.split(",") if t]
-  lines.append(f"- one site forward + backward, {args.rows}×{args.width} bfloat16: XLA "
-               f"{xla_ms:.3f} ms; the kernels (block elements, warps, backward programs; the "
-               f"first is the default):")
-  print(lines[-1], flush=True)
+  checks.note(f"- one site forward + backward, {args.rows}×{args.width} bfloat16: XLA "
+              f"{xla_ms:.3f} ms; the kernels (block elements, warps, backward programs; the "
+              f"first is the default):")
   for tiling in tilings:
     fused = lambda *o, tiling=tiling: _fused(*o, tiling=tiling)
     try:
       fused_ms = 1e3 * _timed(step(fused, jnp.asarray(SEED)), operands[:5], args.steps,
                               args.repeats)
     except Exception as e:  # pylint: disable=broad-except
-      lines.append(f"  - {tiling}: failed ({type(e).__name__}: {str(e)[:160]})")
+      checks.note(f"  - {tiling}: failed ({type(e).__name__}: {str(e)[:160]})")
     else:
-      lines.append(f"  - {tiling.block_elements}, {tiling.num_warps}, "
-                   f"{tiling.backward_programs}: {fused_ms:.3f} ms (**{xla_ms / fused_ms:.2f}×** "
-                   f"XLA's; its 8 arrays, {moved:.2f} GB, at {moved / fused_ms:.2f} TB/s)")
-    print(lines[-1], flush=True)
+      checks.note(f"  - {tiling.block_elements}, {tiling.num_warps}, "
+                  f"{tiling.backward_programs}: {fused_ms:.3f} ms (**{xla_ms / fused_ms:.2f}×** "
+                  f"XLA's; its 8 arrays, {moved:.2f} GB, at {moved / fused_ms:.2f} TB/s)")
 
   header = (f"## Fused dropout + residual + LayerNorm on {jax.devices()[0].device_kind} "
             f"(jax {jax.__version__})\n\n"
             f"- Command: `python benchmarks/fused_layer_norm_checks.py --rows={args.rows} "
             f"--width={args.width}`; rate {RATE}, checks on {args.check_rows} rows in float32\n")
-  if args.out:
-    with open(args.out, "w", encoding="utf-8") as f:
-      f.write(header + "\n".join(lines) + "\n")
-  return failures
+  checks.write(args.out, header)
+  return checks.failures
 
 
 if __name__ == "__main__":

@@ -301,9 +301,10 @@ def shakespeare_batches(tmp_path_factory):
                        for k, v in b.items()} for b in rows]
 
 
-def _train(batches, vocab_size, steps, dtype, seed, low_precision=True):
+def _train(batches, vocab_size, steps, dtype, seed, low_precision=True, layer_norm="xla"):
   cfg = configuration.get_preset("test", vocab_size=vocab_size, dtype=dtype,
-                                 low_precision_layer_norm=low_precision, **TINY)
+                                 low_precision_layer_norm=low_precision,
+                                 layer_norm_implementation=layer_norm, **TINY)
   objective = mlm_nsp.MaskedLmNextSentence(SEQ, PRED)
   model = objective.model(cfg)
   tx, schedule = optimizer.create_optimizer(
@@ -329,18 +330,21 @@ def _train(batches, vocab_size, steps, dtype, seed, low_precision=True):
 @pytest.mark.slow
 def test_bfloat16_run_tracks_float32_within_dropout_noise(shakespeare_batches):
   """Same data, same initial weights: the bfloat16 run (low-precision residual stream and
-  LayerNorm) ends within 3x the gap that two float32 runs of different dropout seeds show,
-  and both learn."""
+  LayerNorm), and the same with each block's dropout + residual + LayerNorm in the fused
+  kernels (their own masks), end within 3x the gap that two float32 runs of different dropout
+  seeds show, and all learn."""
   vocab_size, batches = shakespeare_batches
   steps = 40
   f32_a = _train(batches, vocab_size, steps, "float32", seed=1)
   f32_b = _train(batches, vocab_size, steps, "float32", seed=2)
   bf16 = _train(batches, vocab_size, steps, "bfloat16", seed=1)
+  fused = _train(batches, vocab_size, steps, "bfloat16", seed=1, layer_norm="pallas")
   tail = lambda losses: losses[-10:].mean()
-  assert tail(f32_a) < f32_a[:3].mean() - 1.0, f32_a   # it learns
-  assert tail(bf16) < bf16[:3].mean() - 1.0, bf16
   noise = abs(tail(f32_a) - tail(f32_b))
-  assert abs(tail(bf16) - tail(f32_a)) <= 3 * noise + 0.05, (tail(bf16), tail(f32_a), noise)
+  for run in (f32_a, bf16, fused):
+    assert tail(run) < run[:3].mean() - 1.0, run   # it learns
+  for run in (bf16, fused):
+    assert abs(tail(run) - tail(f32_a)) <= 3 * noise + 0.05, (tail(run), tail(f32_a), noise)
 
 
 # ----------------------------------------------------------------------- cuDNN's dropout seeds

@@ -11,6 +11,9 @@ GPU program it compiles to is checked in `tests/unit/parallel/test_gpu_compile.p
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +21,7 @@ import numpy as np
 import pytest
 
 from bert_jax.model import configuration, dropout, modeling, pallas_layer_norm
+from tests import helpers
 
 RATE = 0.1
 SEED = np.array([1234, 5678], np.uint32)
@@ -240,3 +244,19 @@ def test_the_model_under_a_mesh_gives_every_shard_its_own_masks():
   for i in range(4):
     for j in range(i + 1, 4):
       assert np.abs(a[i] - a[j]).max() > 1e-3, (i, j)
+
+
+@pytest.mark.slow
+def test_the_gpu_checks_pass_in_the_interpreter(tmp_path):
+  """`benchmarks/fused_layer_norm_checks.py`, which the GPU suite runs first, on the CPU: every
+  check passes, and every tiling it times runs."""
+  out = tmp_path / "checks.md"
+  proc = subprocess.run(
+      [sys.executable, os.path.join(helpers.REPO, "benchmarks", "fused_layer_norm_checks.py"),
+       "--rows=64", "--width=48", "--check_rows=24", "--steps=1", "--repeats=1",
+       "--tilings=2048:4:2,256:2:1", f"--out={out}"],
+      capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  text = out.read_text(encoding="utf-8")
+  assert text.count("- PASS") == 8 and "FAIL" not in text and "failed" not in text, text
+  assert text.count("ms (**") == 3, text
