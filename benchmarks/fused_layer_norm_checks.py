@@ -87,8 +87,8 @@ def main() -> int:
   parser.add_argument("--check_rows", type=int, default=4096)
   parser.add_argument("--steps", type=int, default=50)
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--tilings", default="2048:4:1024,8192:8:1024,4096:4:512,4096:4:2048,"
-                      "4096:8:1024", help="More tilings to time: block_elements:num_warps:"
+  parser.add_argument("--tilings", default="1024:4:1024,4096:4:1024,4096:8:1024,2048:8:1024,"
+                      "2048:4:512,2048:4:2048", help="More tilings to time: block_elements:num_warps:"
                       "backward_programs, comma-separated.")
   parser.add_argument("--out", default=None, help="Also write the lines here (markdown).")
   args = parser.parse_args()

@@ -46,13 +46,14 @@ __all__ = ["Tiling", "dropout_residual_layer_norm", "hash_bits", "keep_mask", "s
 @dataclasses.dataclass(frozen=True)
 class Tiling:
   """How the kernels are laid out on the GPU; the values they compute are the same whatever it
-  is. `block_elements`: elements one program holds per array, in rows of the padded width (4
-  rows of 1024 at BERT's widths: 32 values per thread at 4 warps); `num_warps` per program;
+  is. `block_elements`: elements one program holds per array, in rows of the padded width (2
+  rows of 1024 at BERT's widths: 16 values per thread at 4 warps, where Triton's own LayerNorm
+  takes one row of 1024 over 4 warps); `num_warps` per program;
   `backward_programs`: the backward grid, whose programs each loop over every n-th block of
   rows accumulating the scale and bias gradients in registers, their partial sums (programs x 3
   x width float32: 9 MB at width 768) added up by XLA afterwards.
   `benchmarks/fused_layer_norm_checks.py --tilings` times others on the GPU."""
-  block_elements: int = 4096
+  block_elements: int = 2048
   num_warps: int = 4
   backward_programs: int = 1024
 
@@ -285,6 +286,11 @@ def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
     raise ValueError("dropout_residual_layer_norm: a seed is required when rate > 0.")
   seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
   width = x.shape[-1]
+  if x.size >= 2**31:
+    # Element offsets inside the kernels are 32-bit.
+    raise ValueError(f"dropout_residual_layer_norm: {x.size:,} elements of {x.shape} on one "
+                     "device; the kernels address fewer than 2^31. Split the batch over more "
+                     "devices, or use layer_norm_implementation='xla'.")
   padded = pl.next_power_of_2(width)
   static = _Static(width=width, padded=padded,
                    block_rows=max(1, tiling.block_elements // padded), cut=cut, bits=bits,
