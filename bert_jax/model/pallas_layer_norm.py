@@ -1,17 +1,18 @@
 """Dropout, residual add and LayerNorm of a post-LN block in one GPU kernel each way.
 
-Every BERT block ends twice with `LayerNorm(dropout(dense output) + block input)`. XLA's GPU
-compiler lowers that site to four kernels forward and four backward, plus the dropout mask's own
-kernels (the H200 program of BERT-base/128: 207 LayerNorm and 89 dropout kernels per step,
+Every BERT block ends twice with `LayerNorm(dropout(dense output + bias) + block input)`. XLA's
+GPU compiler lowers that site to four kernels forward and four backward, plus the dropout mask's
+and the bias add's own kernels (the H200 program of BERT-base/128: 207 LayerNorm and 89 dropout kernels per step,
 18.5 GB of the 91 GB it moves; `benchmarks/RESULTS.md`), because it does not normalise a row in
 the kernel that sums it. Here each site is one kernel forward and one backward (Pallas' Triton
 backend, `jax.experimental.pallas.triton`):
 
-- forward: reads the dense output and the block input once; writes the normalised output, the
-  sum (in the inputs' dtype, kept for the backward pass, as `modeling.residual_layer_norm`
-  keeps it) and two float32 numbers per row (mean, 1/std);
+- forward: reads the dense output (without its bias, which the kernel adds) and the block input
+  once; writes the normalised output, the sum (in the inputs' dtype, kept for the backward pass,
+  as `modeling.residual_layer_norm` keeps it) and two float32 numbers per row (mean, 1/std);
 - backward: reads the output's gradient and the saved sum; writes the gradients of both inputs
-  and, per program, partial column sums for the scale and bias gradients (XLA adds those up).
+  and, per program, partial column sums for the dense bias, scale and bias gradients (XLA adds
+  those up).
 
 A row of the residual stream (768 or 1024 values) stays in registers between the two row
 reductions, so the statistics are two-pass (mean, then the variance of the centred values) at
