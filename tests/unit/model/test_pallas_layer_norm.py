@@ -3,7 +3,8 @@ interpreter on the CPU: with the kernels' own mask applied to the input, forward
 gradient are `modeling.residual_layer_norm`'s; the masks keep the right fraction, scaled
 exactly, follow the seed, the row and the column and nothing else, and the backward kernel
 draws the forward's; the model with `layer_norm_implementation="pallas"` is the model with
-"xla" without dropout (the same parameters, outputs and gradients), draws the same masks for
+"xla" without dropout (the same parameters, outputs and gradients; unrolled, scanned and
+stacked layers), draws the same masks for
 the same key and others for another, and under a mesh gives every shard its own masks. The
 GPU program it compiles to is checked in `tests/unit/parallel/test_gpu_compile.py`.
 """
@@ -171,11 +172,14 @@ def _model(impl, **overrides):
 
 
 @pytest.mark.slow
-def test_the_model_is_the_xla_model_without_dropout_and_follows_its_key_with_it():
+@pytest.mark.parametrize("layout", [{}, {"scan_layers": True},
+                                    {"scan_layers": True, "stack_unrolled": True}],
+                         ids=["unrolled", "scanned", "stacked"])
+def test_the_model_is_the_xla_model_without_dropout_and_follows_its_key_with_it(layout):
   ids = jnp.asarray(np.random.RandomState(0).randint(5, 99, (3, 24)), jnp.int32)
   mask = jnp.asarray(np.arange(24)[None, :] < np.array([[24], [17], [9]]), jnp.int32)
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  fused, xla = _model("pallas"), _model("xla")
+  fused, xla = _model("pallas", **layout), _model("xla", **layout)
   params = nn.unbox(fused.init(jax.random.PRNGKey(0), ids, mask))
   assert (jax.tree.map(jnp.shape, params)
           == jax.tree.map(jnp.shape, nn.unbox(xla.init(jax.random.PRNGKey(0), ids, mask))))
@@ -189,11 +193,12 @@ def test_the_model_is_the_xla_model_without_dropout_and_follows_its_key_with_it(
   assert abs(float(value) - float(value_xla)) < 1e-5 * max(1.0, abs(float(value_xla)))
   assert _max_relative(grads, grads_xla) < 1e-5
   # The dense layers' biases reach the kernel and get their gradient from it.
-  layer = grads["params"]["encoder"]["layer_0"]
+  first = lambda tree: tree["params"]["encoder"].get("layer_0", tree["params"]["encoder"].get(
+      "layer"))  # unrolled: layer_0; scanned and stacked: every layer's, stacked
+  layer, layer_xla = first(grads), first(grads_xla)
   assert float(jnp.abs(layer["output"]["dense"]["bias"]).max()) > 0
   assert _max_relative(layer["attention"]["output"]["dense"]["bias"],
-                       grads_xla["params"]["encoder"]["layer_0"]["attention"]["output"]["dense"]
-                       ["bias"]) < 1e-5
+                       layer_xla["attention"]["output"]["dense"]["bias"]) < 1e-5
 
   train = lambda key: loss(fused, params, deterministic=False, rngs={"dropout": key})
   a, b, c = train(jax.random.PRNGKey(1)), train(jax.random.PRNGKey(1)), train(
