@@ -26,7 +26,9 @@ words mixed in), keep/drop decided on the hash's top `bits` bits against
 statistics are (tests). The seed comes from the layer's "dropout" RNG stream, so every layer and
 step gets its own masks and a resumed run draws the same ones.
 
-Compiled for GPUs; interpreted elsewhere (CPU tests). TPUs are refused: this is Triton.
+Compiled for GPUs; interpreted elsewhere (CPU tests). TPUs are refused: this is Triton. JAX
+0.11 deprecates Pallas' Triton backend in favour of Mosaic GPU (it warns at each compile) but
+still lowers it; the kernels use only its loads, stores and element-wise operations.
 """
 
 from __future__ import annotations
