@@ -27,7 +27,7 @@
 #       "stacked" (the layers' parameters and optimizer state stacked, the layers unrolled:
 #       `--layers=stacked`); "fusedln" (stacked, each block's dropout + residual + LayerNorm
 #       one Triton kernel each way: paper-cudnn-fusedln); "everything" (stacked and fusedln
-#       with the epilogues, the tanh GELU and pdl, below); "pdl" (Hopper's
+#       with the epilogues, the tanh GELU and pdl, below; profiled as (a) is); "pdl" (Hopper's
 #       programmatic dependent launch: a kernel is let in while the one before drains, which
 #       matters for a step of ~1,300 kernels, ~600 of them under 1 MB; off by default in jaxlib
 #       0.11.2); "epilogues" (Triton GEMM off, so that every GEMM goes through cuBLASLt, whose
@@ -359,14 +359,15 @@ fi
 if want e; then
   # The commands keep cuDNN's kernels out of command buffers (`cudnn_runtime.prepare`, which
   # leaves an explicit --xla_gpu_enable_command_buffer alone): "default" is that setting.
-  # sweep label|variant|flags-added|layers...: one process of ours per setting (layers:
-  # accelerator_step.LAYOUTS, unrolled where empty).
+  # sweep label|variant|flags-added|layers|more-args...: one process of ours per setting
+  # (layers: accelerator_step.LAYOUTS, unrolled where empty; more args for accelerator_step).
   sweep() {
-    local setting name variant extra layers
+    local setting name variant extra layers more
     for setting in "$@"; do
-      IFS='|' read -r name variant extra layers <<< "$setting"
+      IFS='|' read -r name variant extra layers more <<< "$setting"
+      # shellcheck disable=SC2086  # `more` is words of arguments
       XLA_FLAGS="${XLA_FLAGS:-} $extra" ours "e-$name" 110 "$BASE" "$variant" \
-        --layers="${layers:-unrolled}"
+        --layers="${layers:-unrolled}" $more
     done
   }
   # The likeliest gains first: the layers' parameters stacked and run unrolled (~450 fewer
@@ -378,7 +379,8 @@ if want e; then
   # each other flag alone.
   sweep "default|paper-cudnn||" "stacked|paper-cudnn||stacked" \
     "fusedln|paper-cudnn-fusedln||stacked" \
-    "everything|paper-cudnn-tanh-fusedln|$EPILOGUES $PDL|stacked" "pdl|paper-cudnn|$PDL|" \
+    "everything|paper-cudnn-tanh-fusedln|$EPILOGUES $PDL|stacked|--profile_dir=$WORK/profile-e" \
+    "pdl|paper-cudnn|$PDL|" \
     "epilogues|paper-cudnn|$EPILOGUES|" "epilogues_tanh|paper-cudnn-tanh|$EPILOGUES|"
   peer e-peer_tanh 120 --configs="$BASE" --recipes=paper --modes=compile --mlm=full \
     --hidden_act=gelu_new
