@@ -131,6 +131,9 @@ VARIANTS = {
     "paper-cudnn-tanh-fusedln": dict(attention_probs_dropout_prob=0.1,
                                      attention_implementation="cudnn", hidden_act="gelu_new",
                                      layer_norm_implementation="pallas"),
+    "paper-cudnn-fp8-fusedln": dict(attention_probs_dropout_prob=0.1,
+                                    attention_implementation="cudnn", quantization="fp8",
+                                    layer_norm_implementation="pallas"),
 }
 
 # `--layers`: how the layers run and where their parameters live. "stacked": the scanned

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import flax.linen as nn
 import jax
+from flax.linen import fp8_ops
 import jax.numpy as jnp
 import numpy as np
 
@@ -986,16 +987,22 @@ def _layers_stacked(encoder: dict) -> dict:
   return out
 
 
+# What `stack_unrolled` stores stacked: the parameters and FP8's scales and amax histories (whose
+# "gradient" is their next value: joined like a parameter's gradient, it is every layer's next
+# value, stacked), so that each of their leaves is updated in one kernel for all layers.
+STACKED_COLLECTIONS = ("params", fp8_ops.OVERWRITE_WITH_GRADIENT)
+
+
 def encoder_class(config: BertConfig) -> type[nn.Module]:
   """`BertEncoder`, or with `config.stack_unrolled` the same unrolled encoder whose layer
-  parameters are stored stacked, as `scan_layers` stores them: each layer reads its slice of
-  every stacked leaf, and the gradient of a stacked leaf is its layers' gradients joined.
-  Module paths, and so dropout's keys, are the unrolled encoder's: the two compute the same
-  values from the same weights."""
+  parameters (and FP8 state) are stored stacked, as `scan_layers` stores them: each layer reads
+  its slice of every stacked leaf, and the gradient of a stacked leaf is its layers' gradients
+  joined. Module paths, and so dropout's keys, are the unrolled encoder's: the two compute the
+  same values from the same weights."""
   if not config.stack_unrolled:
     return BertEncoder
   each = lambda fn: lambda collections: {name: fn(tree) for name, tree in collections.items()}
-  return nn.map_variables(BertEncoder, "params", trans_in_fn=each(_layers_unrolled),
+  return nn.map_variables(BertEncoder, STACKED_COLLECTIONS, trans_in_fn=each(_layers_unrolled),
                           trans_out_fn=each(_layers_stacked), init=True)
 
 

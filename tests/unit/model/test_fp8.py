@@ -192,13 +192,25 @@ def test_fp8_training_tracks_float32(runs):
 
 def test_stacked_layers_run_unrolled_train_as_the_unrolled_layers(runs):
   """FP8 with the layers' parameters stacked and run unrolled (`stack_unrolled`): each layer
-  keeps its own FP8 op and scales, and the run is the unrolled run's."""
-  stacked = _train("fp8", _copy_task_batches(STEPS)[:3], scan_layers=True, stack_unrolled=True)
-  np.testing.assert_allclose(stacked["loss"], runs["fp8"]["loss"][:3], atol=1e-6, rtol=0)
+  keeps its own FP8 op and scales, stored stacked like the parameters (one update kernel per
+  stacked leaf), and the run is the unrolled run's: the same losses, and after as many steps
+  the same scales and histories, layer by layer."""
+  steps = 2  # `runs` keeps the states after steps 1 and 2
+  stacked = _train("fp8", _copy_task_batches(STEPS)[:steps], scan_layers=True,
+                   stack_unrolled=True)
+  np.testing.assert_allclose(stacked["loss"], runs["fp8"]["loss"][:steps], atol=1e-6, rtol=0)
   assert stacked["last"].params["bert"]["encoder"]["layer"]["output"]["dense"]["kernel"].shape[
       0] == 2
-  assert _fp8_ops(stacked["last"].model_state).keys() == _fp8_ops(
-      runs["fp8"]["last"].model_state).keys()
+  state = stacked["last"].model_state
+  assert state[FP8]["bert"]["encoder"]["layer"]["output"]["dense"][OP][
+      "input_amax_history"].shape[0] == 2
+  per_layer = _fp8_ops(modeling.unstack_layers(state, 2))
+  unrolled = _fp8_ops(runs["fp8"]["states"][steps].model_state)
+  assert per_layer.keys() == unrolled.keys()
+  for layer, variables in unrolled.items():
+    for name, value in variables.items():
+      np.testing.assert_allclose(per_layer[layer][name], value, rtol=1e-6, atol=0,
+                                 err_msg=f"{layer}/{name}")
 
 
 def test_scales_are_overwritten_by_the_backward_pass_each_step(runs):
