@@ -40,7 +40,8 @@
 #       parsed by jaxlib 0.11.2 (and by 0.10.2, except --xla_gpu_enable_pdl_launch; an unknown
 #       one aborts XLA at start: the abort is recorded, the sweep goes on)
 #   (c) large 64×512: ours paper-cudnn with unrolled, then stacked layers (one process); ours
-#       paper-cudnn-fusedln stacked; ours paper-cudnn-fp8
+#       paper-cudnn-fusedln stacked; the same with FP8 matmuls (paper-cudnn-fp8-fusedln stacked,
+#       whose FP8 scales are stacked too)
 #   (d) A/B on base: ours paper-cudnn-f32res, paper-cudnn-bits32 (against (a)'s paper-cudnn)
 #       and paper (the explicit path); ours fast-cudnn on large
 #   (g) the peer with the MLM head gathered at the masked positions (as ours), eager and
@@ -397,7 +398,7 @@ if want c; then
     --batch="$LARGE=$LARGE_BATCH"
   ours c-large-fusedln 130 "$LARGE" paper-cudnn-fusedln --layers=stacked \
     --batch="$LARGE=$LARGE_BATCH"
-  ours c-fp8 130 "$LARGE" paper-cudnn-fp8 --batch="$LARGE=$LARGE_BATCH"
+  ours c-fp8 130 "$LARGE" paper-cudnn-fp8-fusedln --layers=stacked --batch="$LARGE=$LARGE_BATCH"
 fi
 if want d; then
   ours d-ab 150 "$BASE" paper-cudnn-f32res,paper-cudnn-bits32,paper
