@@ -56,7 +56,8 @@
 # Times seen on one H200 (jax 0.11.2, torch 2.11; a JAX process starts in ~10 s; compiles:
 # base paper-cudnn 34 s, fast-cudnn 24 s, paper 42 s, large paper-cudnn 53 s; torch.compile
 # 47 s base, 73 s large; 2 warm-up + 2 × 10 timed steps):
-#   (checks) 13 s + ~30 s (not yet seen)   (a) ours ≈ 150 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 95 s
+#   (checks) 13 s + ~30 s for the LayerNorm kernels (not yet seen)   (a) ours ≈ 150 s, peer
+#       eager + compiled 85 s   (b) ours ≈ 75 s, peer 95 s
 #   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 11 × ~50 s + the
 #       peer ≈ 60 s ≈ 585 s
 #   (c) ≈ 150 + 80 + 90 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
@@ -278,7 +279,7 @@ if flag_parts:
                  f"{first:.0f} s{vs}")
   peer_tanh = sweep.get("e-peer_tanh")
   for label, r in sweep.items():
-    if peer_tanh and r["impl"] == "jax" and r["variant"].endswith("-tanh"):
+    if peer_tanh and r["impl"] == "jax" and "-tanh" in r["variant"]:
       lines.append(f"- GELU's tanh form on both sides: peer compiled ÷ ours ({label[2:]}) = "
                    f"**{ms(peer_tanh) / ms(r):.2f}×**")
 profiled = [r for r in rows if r.get("profile") and "error" not in r["profile"]]
