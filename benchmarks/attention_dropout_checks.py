@@ -153,12 +153,10 @@ def main() -> int:
   report(error_q <= 2 * tolerance, f"dQ equals the explicit gradient under the forward's mask "
          f"(relative error {error_q:.2e})")
 
-  header = (f"## Attention dropout inside the {args.implementation} kernel on "
-            f"{jax.devices()[0].device_kind} (jax {jax.__version__})\n\n"
-            f"- Command: `python benchmarks/attention_dropout_checks.py "
-            f"--implementation={args.implementation}`; {BATCH}×{LENGTH} rows, {HEADS} heads, "
-            f"rate {RATE}, {jnp.dtype(dtype).name}\n")
-  checks.write(args.out, header)
+  checks.write(args.out, f"Attention dropout inside the {args.implementation} kernel",
+               f"`python benchmarks/attention_dropout_checks.py "
+               f"--implementation={args.implementation}`; {BATCH}×{LENGTH} rows, {HEADS} heads, "
+               f"rate {RATE}, {jnp.dtype(dtype).name}")
   return checks.failures
 
 

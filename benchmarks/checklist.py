@@ -20,7 +20,13 @@ class Checklist:
     self.failures += not ok
     self.note(f"- {'PASS' if ok else 'FAIL'}: {text}")
 
-  def write(self, path: str | None, header: str) -> None:
-    if path:
-      with open(path, "w", encoding="utf-8") as f:
-        f.write(header + "\n".join(self.lines) + "\n")
+  def write(self, path: str | None, title: str, command: str) -> None:
+    """The section `## <title> on <device> (jax <version>)`, its command line, then the lines
+    (nothing without a `path`)."""
+    if not path:
+      return
+    import jax  # pylint: disable=g-import-not-at-top
+    header = (f"## {title} on {jax.devices()[0].device_kind} (jax {jax.__version__})\n\n"
+              f"- Command: {command}\n")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(header + "\n".join(self.lines) + "\n")

@@ -156,11 +156,9 @@ def main() -> int:
                   f"{tiling.backward_programs}: {fused_ms:.3f} ms (**{xla_ms / fused_ms:.2f}×** "
                   f"XLA's; its 8 arrays, {moved:.2f} GB, at {moved / fused_ms:.2f} TB/s)")
 
-  header = (f"## Fused dropout + residual + LayerNorm on {jax.devices()[0].device_kind} "
-            f"(jax {jax.__version__})\n\n"
-            f"- Command: `python benchmarks/fused_layer_norm_checks.py --rows={args.rows} "
-            f"--width={args.width}`; rate {RATE}, checks on {args.check_rows} rows in float32\n")
-  checks.write(args.out, header)
+  checks.write(args.out, "Fused dropout + residual + LayerNorm",
+               f"`python benchmarks/fused_layer_norm_checks.py --rows={args.rows} "
+               f"--width={args.width}`; rate {RATE}, checks on {args.check_rows} rows in float32")
   return checks.failures
 
 
