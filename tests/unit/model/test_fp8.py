@@ -213,6 +213,18 @@ def test_stacked_layers_run_unrolled_train_as_the_unrolled_layers(runs):
                                  err_msg=f"{layer}/{name}")
 
 
+def test_fused_layer_norm_sites_train_fp8_as_xla_sites(runs):
+  """FP8 with each block's dense bias, dropout (off here), residual add and LayerNorm in the
+  fused kernels (`layer_norm_implementation="pallas"`, interpreted on the CPU) and stacked
+  layers: the unrolled FP8 run's losses, and FP8 ops that the fused sites leave in place."""
+  steps = 2
+  fused = _train("fp8", _copy_task_batches(STEPS)[:steps], scan_layers=True,
+                 stack_unrolled=True, layer_norm_implementation="pallas")
+  np.testing.assert_allclose(fused["loss"], runs["fp8"]["loss"][:steps], atol=1e-5, rtol=0)
+  assert _fp8_ops(modeling.unstack_layers(fused["last"].model_state, 2)).keys() == _fp8_ops(
+      runs["fp8"]["last"].model_state).keys()
+
+
 def test_scales_are_overwritten_by_the_backward_pass_each_step(runs):
   """Step 1 starts from empty histories: its scales stay 1 and each history gets the step's
   amax. Step 2's scales are then exactly amax / format max of step 1's histories, and step 2
