@@ -349,13 +349,23 @@ class DropoutResidualLayerNorm(nn.Module):
       return kernel(*operands)
     axes = _dividing_mesh_axes(mesh, x.shape, (BATCH, LENGTH, None))
     spec, whole = jax.sharding.PartitionSpec(*axes), jax.sharding.PartitionSpec()
-    split = tuple(n for names in axes if names for n in names)
+    return _per_shard(kernel, operands, (spec, whole, spec, whole, whole, whole), spec,
+                      [names for names in axes if names])
 
-    def sharded(*operands):
-      return kernel(*operands, jax.lax.axis_index(split) if split else None)
 
-    return jax.shard_map(sharded, mesh=mesh, in_specs=(spec, whole, spec, whole, whole, whole),
-                         out_specs=spec, check_vma=False)(*operands)
+def _per_shard(kernel: Callable[..., jax.Array], operands: tuple, in_specs: tuple, out_spec,
+               split: list[tuple[str, ...]]) -> jax.Array:
+  """`kernel(*operands, shard)` on each device's shard (`shard_map` over the mesh in context:
+  XLA cannot partition a Pallas kernel). `shard` is the device's index over the mesh axes in
+  `split`, the ones its rows are split over, for a kernel that draws random bits to fold into
+  its seed (None where nothing is split)."""
+  split = tuple(n for names in split for n in names)
+
+  def sharded(*operands):
+    return kernel(*operands, jax.lax.axis_index(split) if split else None)
+
+  return jax.shard_map(sharded, mesh=jax.sharding.get_abstract_mesh(), in_specs=in_specs,
+                       out_specs=out_spec, check_vma=False)(*operands)
 
 
 def _key_words(key: jax.Array) -> jax.Array:
@@ -479,15 +489,9 @@ def _pallas_attention(query, key, value, input_mask, sequence_ids, dropout_rate,
   axes = _dividing_mesh_axes(mesh, query.shape, (BATCH, None, HEADS, None))
   spec = jax.sharding.PartitionSpec(*axes)
   ids_spec = jax.sharding.PartitionSpec(*axes[:2])
-  split = tuple(n for names in (axes[0], axes[2]) if names for n in names)
-
-  def sharded(q, k, v, ids, seed):
-    shard = jax.lax.axis_index(split) if split else None
-    return kernel(q, k, v, ids, seed, shard)
-
-  return jax.shard_map(sharded, mesh=mesh,
-                       in_specs=(spec, spec, spec, ids_spec, jax.sharding.PartitionSpec()),
-                       out_specs=spec, check_vma=False)(query, key, value, ids, seed)
+  return _per_shard(kernel, (query, key, value, ids, seed),
+                    (spec, spec, spec, ids_spec, jax.sharding.PartitionSpec()), spec,
+                    [names for names in (axes[0], axes[2]) if names])
 
 
 def cudnn_dropout_seed(module_path: tuple[str, ...]) -> int:
@@ -1096,20 +1100,19 @@ def unstack_layers(params: dict, num_layers: int) -> dict:
   is read from its own arrays (ELECTRA's generator need not be as deep as the discriminator);
   `num_layers` is the main encoder's, kept for the callers.
   """
-  def visit(tree):
-    if not isinstance(tree, dict):
-      return tree
-    return {k: (_layers_unrolled(v) if k == "encoder" and isinstance(v, dict) and "layer" in v
-                else visit(v)) for k, v in tree.items()}
-  return visit(dict(params))
+  return _each_encoder(params, _layers_unrolled)
 
 
 def stack_layers(params: dict, num_layers: int) -> dict:
   """`encoder/layer_{i}/...` → scanned layout with a leading layer axis (each encoder with its
   own depth, as `unstack_layers`)."""
-  def visit(tree):
-    if not isinstance(tree, dict):
-      return tree
-    return {k: (_layers_stacked(v) if k == "encoder" and isinstance(v, dict) and "layer_0" in v
-                else visit(v)) for k, v in tree.items()}
-  return visit(dict(params))
+  return _each_encoder(params, _layers_stacked)
+
+
+def _each_encoder(tree, convert: Callable[[dict], dict]):
+  """`tree` with `convert` applied to every `encoder` dict in it (`_layers_unrolled` and
+  `_layers_stacked` leave an encoder already in their output's layout as it is)."""
+  if not isinstance(tree, dict):
+    return tree
+  return {k: convert(v) if k == "encoder" and isinstance(v, dict) else _each_encoder(v, convert)
+          for k, v in tree.items()}

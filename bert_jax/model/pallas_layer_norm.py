@@ -43,8 +43,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from bert_jax.model import dropout
+from bert_jax.model import pallas_attention
 
 __all__ = ["Tiling", "dropout_residual_layer_norm", "hash_bits", "keep_mask", "shard_seed"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Tiling:
@@ -61,11 +63,13 @@ class Tiling:
   backward_programs: int = 1024
 
   def __post_init__(self):
-    for name in ("block_elements", "num_warps", "backward_programs"):
+    for name in ("block_elements", "num_warps"):  # Triton's block shapes and warp counts
       value = getattr(self, name)
-      if value <= 0 or (name != "backward_programs" and value & (value - 1)):
-        raise ValueError(f"Tiling: {name}={value}; expected a positive "
-                         f"{'power of two' if name != 'backward_programs' else 'count'}.")
+      if value <= 0 or value & (value - 1):
+        raise ValueError(f"Tiling: {name}={value}; expected a positive power of two.")
+    if self.backward_programs <= 0:
+      raise ValueError(f"Tiling: backward_programs={self.backward_programs}; expected a "
+                       "positive count.")
 
 
 _GOLDEN = 0x9E3779B9  # 2^32 / golden ratio: spreads column indices over the word
@@ -122,10 +126,11 @@ class _Static:
   bits: int
   inv_keep: float
   epsilon: float
+  x_dtype: jnp.dtype  # and of the saved sum, and of x's gradient
+  residual_dtype: jnp.dtype
   out_dtype: jnp.dtype
   interpret: bool
-  num_warps: int
-  backward_programs: int
+  tiling: Tiling
 
 
 def _block(static: _Static, block, num_rows):
@@ -205,7 +210,7 @@ _ANY = pl.BlockSpec(memory_space=pl.ANY)
 
 
 def _params(static: _Static) -> plgpu.CompilerParams:
-  return plgpu.CompilerParams(num_warps=static.num_warps)
+  return plgpu.CompilerParams(num_warps=static.tiling.num_warps)
 
 
 def _forward(static: _Static, x, residual, params, seed):
@@ -220,12 +225,12 @@ def _forward(static: _Static, x, residual, params, seed):
       name="dropout_residual_layer_norm_fwd")(seed, x, residual, params)
 
 
-def _backward(static: _Static, seed, grad, total, stats, params, x_dtype, residual_dtype):
+def _backward(static: _Static, seed, grad, total, stats, params):
   rows = grad.shape[0]
   num_blocks = pl.cdiv(rows, static.block_rows)
-  programs = min(num_blocks, static.backward_programs)
-  out_shape = (jax.ShapeDtypeStruct(grad.shape, x_dtype),
-               jax.ShapeDtypeStruct(grad.shape, residual_dtype),
+  programs = min(num_blocks, static.tiling.backward_programs)
+  out_shape = (jax.ShapeDtypeStruct(grad.shape, static.x_dtype),
+               jax.ShapeDtypeStruct(grad.shape, static.residual_dtype),
                jax.ShapeDtypeStruct((programs, 3, static.width), jnp.float32))
   d_x, d_residual, parts = pl.pallas_call(
       functools.partial(_backward_kernel, static=static, num_blocks=num_blocks,
@@ -243,23 +248,16 @@ def _fused(static: _Static, x, residual, params, seed):
 
 def _fused_fwd(static, x, residual, params, seed):
   y, total, stats = _forward(static, x, residual, params, seed)
-  dtypes = (jnp.zeros((0,), x.dtype), jnp.zeros((0,), residual.dtype))
-  return y, (seed, total, stats, params, dtypes)
+  return y, (seed, total, stats, params)
 
 
 def _fused_bwd(static, saved, grad):
-  seed, total, stats, params, (x_dtype, residual_dtype) = saved
-  d_x, d_residual, d_params = _backward(static, seed, grad, total, stats, params,
-                                        x_dtype.dtype, residual_dtype.dtype)
+  seed, total, stats, params = saved
+  d_x, d_residual, d_params = _backward(static, seed, grad, total, stats, params)
   return d_x, d_residual, d_params, np.zeros(seed.shape, jax.dtypes.float0)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
-
-
-def _target_platform() -> str:
-  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
-  return device.platform if device is not None else jax.default_backend()
 
 
 def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
@@ -276,7 +274,7 @@ def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
   the normalisation are float32. `interpret` None: compiled on GPUs, interpreted elsewhere.
   Gradients flow to `x`, `dense_bias`, `residual`, `scale` and `bias`. `tiling` lays the
   kernels out (values are the same whatever it is)."""
-  platform = _target_platform()
+  platform = pallas_attention.target_platform()
   if platform == "tpu":
     raise ValueError("layer_norm_implementation='pallas' is a GPU (Triton) kernel; on a TPU "
                      "use 'xla'.")
@@ -297,9 +295,9 @@ def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
   padded = pl.next_power_of_2(width)
   static = _Static(width=width, padded=padded,
                    block_rows=max(1, tiling.block_elements // padded), cut=cut, bits=bits,
-                   inv_keep=1.0 / keep_prob, epsilon=float(epsilon),
-                   out_dtype=jnp.dtype(out_dtype), interpret=bool(interpret),
-                   num_warps=tiling.num_warps, backward_programs=tiling.backward_programs)
+                   inv_keep=1.0 / keep_prob, epsilon=float(epsilon), x_dtype=x.dtype,
+                   residual_dtype=residual.dtype, out_dtype=jnp.dtype(out_dtype),
+                   interpret=bool(interpret), tiling=tiling)
   if dense_bias is None:
     dense_bias = jnp.zeros((width,), jnp.float32)
   # One (3, width) float32 operand: a kernel of XLA's prepares it (on stacked layers, slicing
