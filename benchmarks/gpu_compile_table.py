@@ -83,6 +83,7 @@ def _step_name(row: dict) -> str:
 def compile_row(row: dict) -> dict:
   """The step `row_head` named, compiled: `row` with what the compile found."""
   import accelerator_step  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import hlo_costs  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import compile_check  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import pretraining  # pylint: disable=g-import-not-at-top
   preset, variant, target = row["preset"], row["variant"], row["target"]
@@ -102,7 +103,17 @@ def compile_row(row: dict) -> dict:
               matmul_ms=report.compute_seconds * 1e3, custom_calls=report.custom_calls,
               kernels=hlo["kernels"], ln_sites=len(per_site),
               ln_kernels_per_site=statistics.median(per_site) if per_site else None,
-              ln_reduce_per_site=hlo["ln_reduce_kernels"] / max(len(per_site), 1))
+              ln_reduce_per_site=hlo["ln_reduce_kernels"] / max(len(per_site), 1),
+              operand_types=hlo_costs.matmul_operand_types(hlo_costs.parse(report.hlo_text)))
+
+
+def _float32_gemms(row: dict) -> str:
+  """How many of a row's GEMMs read a float32 operand ("not counted" for rows compiled before
+  the count was kept)."""
+  types = row.get("operand_types")
+  if types is None:
+    return "not counted"
+  return str(sum(n for pair, n in types.items() if "f32" in pair))
 
 
 def render(rows: list[dict]) -> str:
@@ -114,22 +125,22 @@ def render(rows: list[dict]) -> str:
       f"| step | HBM GiB (of {chip.usable_hbm_per_device / 2**30:.1f}) | kernels: matmul / "
       "attention / other | GB moved: matmul / attention / other | other kernels ≥ ms at "
       f"{chip.hbm_bandwidth / 1e12:.2f} TB/s | matmuls ≥ ms at {chip.peak_flops / 1e12:.0f} "
-      "TFLOP/s | kernels per LayerNorm site (reduces) |",
-      "|---|---|---|---|---|---|---|"]
+      "TFLOP/s | kernels per LayerNorm site (reduces) | GEMMs on float32 operands |",
+      "|---|---|---|---|---|---|---|---|"]
   for r in rows:
     name = f"{r['preset']} {r['batch']}×{r['length']} {_step_name(r)}"
     if r.get("xla_flags"):
       name += f" `{r['xla_flags']}`"
     if not r.get("fits"):
       lines.append(f"| {name} | does not fit: {r.get('refused', r.get('error', ''))[:160]} "
-                   "| | | | | |")
+                   "| | | | | | |")
       continue
     t = r["traffic"]
     count = " / ".join(str(int(t[k]["count"])) for k in ("matmul", "attention", "other"))
     moved = " / ".join(f"{t[k]['bytes'] / 1e9:.1f}" for k in ("matmul", "attention", "other"))
     lines.append(f"| {name} | {r['hbm_gib']:.1f} | {count} | {moved} | {r['other_ms']:.1f} | "
                  f"{r['matmul_ms']:.1f} | {r['ln_kernels_per_site']:g} "
-                 f"({r['ln_reduce_per_site']:.1f}) |")
+                 f"({r['ln_reduce_per_site']:.1f}) | {_float32_gemms(r)} |")
   return "\n".join(lines)
 
 

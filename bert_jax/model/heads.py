@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.model.modeling import (BATCH, LENGTH, VOCAB, BertConfig, BertModel, Dropout,
-                                     activation_fn, bert_initializer, dense, layer_norm)
+                                     activation_fn, bert_initializer, dense, float32_einsum,
+                                     layer_norm)
 
 
 def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:
@@ -74,9 +75,7 @@ class SentenceOrderHead(nn.Module):
         bert_initializer(cfg.initializer_range), ("embed", "classes")), (cfg.hidden_size, 2), pdt)
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                            ("classes",)), (2,), pdt)
-    compute = jnp.dtype(cfg.dtype)
-    logits = jnp.dot(pooled_output.astype(compute), kernel.astype(compute),
-                     preferred_element_type=jnp.float32)
+    logits = float32_einsum("...h,hc->...c", pooled_output.astype(jnp.dtype(cfg.dtype)), kernel)
     return logits + bias.astype(jnp.float32)
 
 

@@ -380,6 +380,28 @@ def custom_calls(module: Module) -> dict[str, int]:
   return out
 
 
+def matmul_operand_types(module: Module) -> dict[str, int]:
+  """How many matmuls a step runs per pair of operand element types ("bf16 x bf16"): the dots
+  (in or out of fusions: a Triton GEMM's dot reads what its fusion converted) and the library
+  GEMM calls, each as the types of its first two operands. A float32 pair in a bfloat16 step
+  is a GEMM at half the rate or less."""
+  out: dict[str, int] = {}
+  for comp, instrs in module.computations.items():
+    times = module.multipliers.get(comp, 0)
+    if not times:
+      continue
+    shapes = None
+    for i in instrs:
+      if i.op not in ("dot", "convolution") and not (
+          i.op == "custom-call" and _GEMM_TARGET.search(i.rest)):
+        continue
+      shapes = shapes or module.shapes(comp)
+      types = [(_ARRAY.search(shapes.get(o, "")) or [None, "?"])[1] for o in _operands(i)[:2]]
+      key = " x ".join(types)
+      out[key] = out.get(key, 0) + times
+  return out
+
+
 def _traffic_by(module: Module, key: Callable[[Instruction], str],
                 keys: Iterable[str] = ()) -> dict[str, dict[str, float]]:
   """Per `key` of the instructions the program runs (`keys` listed even where none has it):

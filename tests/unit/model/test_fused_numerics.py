@@ -9,7 +9,8 @@ residual stream tracks the float32 run within the spread two float32 runs of dif
 seeds show. cuDNN's attention dropout gets a distinct static seed per layer, and the layouts
 under which its masks could not be regenerated are refused. GELU recomputed in its backward pass
 and the masked-LM cross-entropy written without a gather give the reference's values and
-gradients.
+gradients, and float32 scores (the tied decoder's, attention's) take their gradient in the
+compute dtype.
 """
 
 import glob
@@ -100,6 +101,56 @@ def test_cross_entropy_equals_log_softmax_at_the_label_with_its_gradient():
   assert loss.dtype == jnp.float32
   np.testing.assert_allclose(loss, ref(half.astype(jnp.float32)), rtol=1e-6, atol=1e-4)
   assert jax.grad(lambda z: jnp.sum(mlm.cross_entropy(z, labels)[0]))(half).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("spec, a_shape, b_shape", [
+    ("...h,vh->...v", (3, 4, 16), (37, 16)),         # the tied decoder's scores
+    ("btnd,bsnd->bnts", (2, 5, 3, 8), (2, 6, 3, 8)),  # attention's q·k
+])
+def test_float32_scores_take_their_gradient_in_the_operands_dtype(spec, a_shape, b_shape):
+  """`modeling.float32_einsum`: in float32 autodiff's values and gradients; with bfloat16
+  operands (b a float32 weight cast, as the tied table) float32 scores, and a backward whose
+  matmuls read only bfloat16 and give the autodiff gradient of the rounded cotangent."""
+  ka, kb, kw = jax.random.split(jax.random.PRNGKey(3), 3)
+  a, b = jax.random.normal(ka, a_shape), jax.random.normal(kb, b_shape)
+  out_shape = jax.eval_shape(lambda a, b: jnp.einsum(spec, a, b), a, b).shape
+  w = jax.random.normal(kw, out_shape)
+  plain = lambda a, b: jnp.einsum(spec, a, b.astype(a.dtype), preferred_element_type=jnp.float32)
+  ours = modeling.float32_einsum
+  loss = lambda f: (lambda a, b: jnp.sum(w * f(spec, a, b) if f is ours else w * f(a, b)))
+  np.testing.assert_array_equal(ours(spec, a, b), plain(a, b))
+  for got, want in zip(jax.grad(loss(ours), (0, 1))(a, b), jax.grad(loss(plain), (0, 1))(a, b)):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+  half = a.astype(jnp.bfloat16)
+  assert ours(spec, half, b).dtype == jnp.float32
+  np.testing.assert_array_equal(ours(spec, half, b), plain(half, b))
+  grads = jax.grad(loss(ours), (0, 1))
+  da, db = grads(half, b)
+  assert (da.dtype, db.dtype) == (jnp.bfloat16, jnp.float32)
+  # What the backward computes: the rounded cotangent against the rounded operands, in float32.
+  rounded = lambda x: x.astype(jnp.bfloat16).astype(jnp.float32)
+  exact = jax.grad(lambda a, b: jnp.sum(rounded(w) * jnp.einsum(spec, a, b)), (0, 1))(
+      half.astype(jnp.float32), rounded(b))
+  np.testing.assert_allclose(np.asarray(da, np.float32), exact[0], rtol=1e-2, atol=1e-2)
+  np.testing.assert_allclose(db, exact[1], rtol=1e-5, atol=1e-5)
+  # Every matmul of the step reads bfloat16 operands; differentiated as written, the
+  # backward's read the float32 cotangent.
+  operand_types = lambda f: {v.aval.dtype for e in _equations(jax.make_jaxpr(f)(half, b).jaxpr)
+                             if e.primitive.name == "dot_general" for v in e.invars}
+  assert operand_types(grads) == {jnp.dtype(jnp.bfloat16)}
+  assert jnp.dtype(jnp.float32) in operand_types(jax.grad(loss(plain), (0, 1)))
+
+
+def _equations(jaxpr):
+  """Every equation of a jaxpr, those of the jaxprs inside it (custom rules, jit) included."""
+  for e in jaxpr.eqns:
+    yield e
+    for param in e.params.values():
+      for inner in (param if isinstance(param, (list, tuple)) else [param]):
+        inner = getattr(inner, "jaxpr", inner)
+        if hasattr(inner, "eqns"):
+          yield from _equations(inner)
 
 
 # ------------------------------------------------------------------------------------ dropout

@@ -2,13 +2,14 @@
 JAX's CUDA plugin, told the GPU's description instead of asking a device): the paper's recipe
 lowers attention with its dropout to cuDNN's fused kernel forward and backward, stacked layers
 run unrolled take fewer optimizer kernels, the fused dropout + residual + LayerNorm kernels
-replace XLA's at every block, FP8 matmuls reach the GEMMs as FP8, eight GPUs
-reduce their gradients over NVLink, the low-precision LayerNorm, GELU recomputed in the
-backward pass and computed in float32, the gather-free masked-LM loss, LayerNorm outputs
-written once, LayerNorm statistics in one pass, dropout masks kept as bits and the key
-projection without its bias each move fewer bytes than what they replace, GELU's tanh form runs
-in cuBLASLt's GEMM epilogue, each kernel is counted in the part of the step it serves, a step
-that cannot fit is refused with the fix, and names and errors say what is expected.
+replace XLA's at every block, FP8 matmuls reach the GEMMs as FP8 and every other GEMM reads
+bfloat16 operands (the tied decoder's gradient matmuls too), eight GPUs reduce their gradients
+over NVLink, the low-precision LayerNorm, GELU recomputed in the backward pass and computed in
+float32, the gather-free masked-LM loss, LayerNorm outputs written once, LayerNorm statistics
+in one pass, dropout masks kept as bits and the key projection without its bias each move fewer
+bytes than what they replace, GELU's tanh form runs in cuBLASLt's GEMM epilogue, each kernel is
+counted in the part of the step it serves, a step that cannot fit is refused with the fix, and
+names and errors say what is expected.
 
 The compiles run in one fresh subprocess (JAX registers plugins once, when it starts) and each
 test reads its part of the result.
@@ -55,6 +56,7 @@ sys.path.insert(0, sys.argv[1])
 from bert_jax.parallel import gpu_targets
 gpu_targets.find_plugin()  # before anything starts JAX
 import pretrain as pretrain_configs
+from bert_jax.parallel import hlo_costs
 from bert_jax.runs import compile_check
 from tests import pretrain_helpers
 cases = json.loads(sys.argv[2])
@@ -79,7 +81,8 @@ for name, (machine, overrides) in cases.items():
   text = report.hlo_text
   out[name] = {**report.as_dict(), "lines": report.lines(),
                "f8e4m3fn": text.count("f8e4m3fn"), "f8e5m2": text.count("f8e5m2"),
-               "hlo_bytes": len(text)}
+               "hlo_bytes": len(text),
+               "operand_types": hlo_costs.matmul_operand_types(hlo_costs.parse(text))}
 
 # The same step with one change swapped back at a time (GELU differentiated as it is or with
 # jax.nn.gelu's forward, the loss as log_softmax and a gather, LayerNorm without its barrier or
@@ -130,6 +133,13 @@ for name, module, attr, stand_in, hidden, overrides in (
      lambda activation, x: activation(x), 256, fp8)):
   with swapped(module, attr, stand_in):
     out[name] = compile_check.check(tiny(overrides, hidden), "h100", config_name=name).traffic
+
+# The tied decoder differentiated as written: its gradient's matmuls (what they read).
+untied = lambda spec, a, b: jnp.einsum(spec, a, b.astype(a.dtype),
+                                       preferred_element_type=jnp.float32)
+with swapped(modeling, "float32_einsum", untied):
+  text = compile_check.check(tiny(paper), "h100", config_name="decoder_as_is").hlo_text
+  out["decoder_as_is"] = hlo_costs.matmul_operand_types(hlo_costs.parse(text))
 
 # GEMMs through cuBLASLt (Triton's GEMMs off, per compile): the epilogues of the first
 # feed-forward GEMM with each GELU, and with the tanh form differentiated as jax.nn.gelu does.
@@ -260,6 +270,19 @@ def test_fused_layer_norm_sites_are_one_kernel_each_way_and_move_fewer_bytes(com
   assert other(fused)["bytes"] < other(xla)["bytes"]
   # The matmuls are the same (the dense layers' biases moved into the kernels).
   assert fused["traffic"]["matmul"]["count"] == xla["traffic"]["matmul"]["count"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_matmul_of_a_bfloat16_step_reads_low_precision_operands(compiled, case):
+  """Every GEMM of a bfloat16 step reads bfloat16 (or, under FP8, FP8) operands, the tied
+  masked-LM decoder's gradient matmuls included (`modeling.tied_scores`). Differentiated as
+  written, the decoder's float32 scores made both its gradient matmuls float32 ones, the
+  largest weight-sized matmuls of the step; swapped back, the check sees them."""
+  assert "error" not in compiled[case], compiled[case].get("error")
+  types = compiled[case]["operand_types"]
+  assert types and not any("f32" in pair for pair in types), types
+  assert types.get("bf16 x bf16", 0) >= 2 * LAYERS or case == "fp8", types
+  assert compiled["decoder_as_is"].get("f32 x f32") == 2, compiled["decoder_as_is"]
 
 
 def test_fp8_matmuls_reach_the_gemms_in_fp8(compiled):
