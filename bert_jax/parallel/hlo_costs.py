@@ -203,48 +203,56 @@ def _multipliers(comps: dict[str, list[Instruction]], entry: str) -> dict[str, i
   return mult
 
 
-def matmul_flops(module: Module) -> float:
-  """2 x multiply-adds of every dot and convolution a step runs."""
-  total = 0.0
+def _matmuls(module: Module, library_calls: bool = False):
+  """(instruction, times a step runs it, its computation's shapes) for every dot and
+  convolution a step runs, in or out of fusions, and with `library_calls` the library GEMM
+  calls too."""
   for comp, instrs in module.computations.items():
     times = module.multipliers.get(comp, 0)
     if not times:
       continue
     shapes = None
     for i in instrs:
-      if i.op not in ("dot", "convolution"):
+      if i.op in ("dot", "convolution") or (
+          library_calls and i.op == "custom-call" and _GEMM_TARGET.search(i.rest)):
+        shapes = shapes or module.shapes(comp)
+        yield i, times, shapes
+
+
+def matmul_flops(module: Module) -> float:
+  """2 x multiply-adds of every dot and convolution a step runs."""
+  total = 0.0
+  for i, times, shapes in _matmuls(module):
+    out = _elements(",".join(map(str, _dims(i.shape))))
+    operands = _operands(i)
+    if i.op == "dot":
+      contracting = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", i.rest)
+      lhs = _dims(shapes.get(operands[0], "")) if operands else []
+      inner = 1
+      for d in (contracting.group(1).split(",") if contracting else []):
+        if d and int(d) < len(lhs):
+          inner *= lhs[int(d)]
+    else:
+      # Each output element takes (kernel elements / output features) x (taps that meet
+      # data / window) multiply-adds. TPU layouts write matmuls as convolutions whose windows
+      # run over a batch dim of a dilated or padded input: there one tap per window meets
+      # data (taps = min(window, input extent, window / dilation) per spatial dim).
+      labels = re.search(r"dim_labels=(\w+)_(\w+)->", i.rest)
+      lhs = _dims(shapes.get(operands[0], "")) if operands else []
+      rhs = _dims(shapes.get(operands[1], "")) if len(operands) > 1 else []
+      if not labels or len(rhs) != len(labels.group(2)) or "o" not in labels.group(2) \
+          or len(lhs) != len(labels.group(1)):
         continue
-      shapes = shapes or module.shapes(comp)
-      out = _elements(",".join(map(str, _dims(i.shape))))
-      operands = _operands(i)
-      if i.op == "dot":
-        contracting = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", i.rest)
-        lhs = _dims(shapes.get(operands[0], "")) if operands else []
-        inner = 1
-        for d in (contracting.group(1).split(",") if contracting else []):
-          if d and int(d) < len(lhs):
-            inner *= lhs[int(d)]
-      else:
-        # Each output element takes (kernel elements / output features) x (taps that meet
-        # data / window) multiply-adds. TPU layouts write matmuls as convolutions whose windows
-        # run over a batch dim of a dilated or padded input: there one tap per window meets
-        # data (taps = min(window, input extent, window / dilation) per spatial dim).
-        labels = re.search(r"dim_labels=(\w+)_(\w+)->", i.rest)
-        lhs = _dims(shapes.get(operands[0], "")) if operands else []
-        rhs = _dims(shapes.get(operands[1], "")) if len(operands) > 1 else []
-        if not labels or len(rhs) != len(labels.group(2)) or "o" not in labels.group(2) \
-            or len(lhs) != len(labels.group(1)):
-          continue
-        lhs_labels, rhs_labels = labels.groups()
-        inner = _elements(",".join(map(str, rhs))) / rhs[rhs_labels.index("o")]
-        window = re.search(r"window=\{size=([0-9x]+)", i.rest)
-        dilate = re.search(r"lhs_dilate=([0-9x]+)", i.rest)
-        sizes = [int(w) for w in window.group(1).split("x")] if window else []
-        dilations = [int(d) for d in dilate.group(1).split("x")] if dilate else [1] * len(sizes)
-        for d, (size, dilation) in enumerate(zip(sizes, dilations)):
-          extent = lhs[lhs_labels.index(str(d))] if str(d) in lhs_labels else size
-          inner *= min(size, extent, -(-size // dilation)) / size
-      total += 2.0 * out * inner * times
+      lhs_labels, rhs_labels = labels.groups()
+      inner = _elements(",".join(map(str, rhs))) / rhs[rhs_labels.index("o")]
+      window = re.search(r"window=\{size=([0-9x]+)", i.rest)
+      dilate = re.search(r"lhs_dilate=([0-9x]+)", i.rest)
+      sizes = [int(w) for w in window.group(1).split("x")] if window else []
+      dilations = [int(d) for d in dilate.group(1).split("x")] if dilate else [1] * len(sizes)
+      for d, (size, dilation) in enumerate(zip(sizes, dilations)):
+        extent = lhs[lhs_labels.index(str(d))] if str(d) in lhs_labels else size
+        inner *= min(size, extent, -(-size // dilation)) / size
+    total += 2.0 * out * inner * times
   return total
 
 
@@ -386,19 +394,10 @@ def matmul_operand_types(module: Module) -> dict[str, int]:
   GEMM calls, each as the types of its first two operands. A float32 pair in a bfloat16 step
   is a GEMM at half the rate or less."""
   out: dict[str, int] = {}
-  for comp, instrs in module.computations.items():
-    times = module.multipliers.get(comp, 0)
-    if not times:
-      continue
-    shapes = None
-    for i in instrs:
-      if i.op not in ("dot", "convolution") and not (
-          i.op == "custom-call" and _GEMM_TARGET.search(i.rest)):
-        continue
-      shapes = shapes or module.shapes(comp)
-      types = [(_ARRAY.search(shapes.get(o, "")) or [None, "?"])[1] for o in _operands(i)[:2]]
-      key = " x ".join(types)
-      out[key] = out.get(key, 0) + times
+  for i, times, shapes in _matmuls(module, library_calls=True):
+    types = [(_ARRAY.search(shapes.get(o, "")) or [None, "?"])[1] for o in _operands(i)[:2]]
+    key = " x ".join(types)
+    out[key] = out.get(key, 0) + times
   return out
 
 
