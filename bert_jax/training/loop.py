@@ -13,12 +13,13 @@ does not matter here.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
 import signal
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -39,7 +40,7 @@ from bert_jax.training.step import STEP_SCALARS
 MAX_STEPS_IN_FLIGHT = 2
 
 
-def limit_in_flight(dispatched: list, limit: int = MAX_STEPS_IN_FLIGHT) -> None:
+def limit_in_flight(dispatched: Sequence, limit: int = MAX_STEPS_IN_FLIGHT) -> None:
   """Waits until at most `limit` of the `dispatched` outputs (oldest first) are unfinished."""
   if len(dispatched) > limit:
     jax.block_until_ready(dispatched[-1 - limit])
@@ -143,6 +144,10 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
   last_good_step = checkpoints.latest_step() if checkpoints is not None else None
   window: list[dict[str, jax.Array]] = []
   window_start, window_first_step = clock(), start_step
+  # The last steps' outputs, for `limit_in_flight`; not the logging window, which each report
+  # empties: its fetch waits for one device's copy of a replicated metric, so on a mesh a step
+  # it fetched may still be running on the other devices.
+  in_flight: collections.deque = collections.deque(maxlen=MAX_STEPS_IN_FLIGHT + 1)
   evaluated = False
   stopping = False
   out_of_patience = selection is not None and selection.exhausted
@@ -231,7 +236,8 @@ def train(state: Any, train_step: Callable, batches: Iterator[tuple[dict, dict]]
       state, step_metrics = train_step(state, batch)
       step += 1
       window.append(step_metrics)
-      limit_in_flight(window)
+      in_flight.append(step_metrics)
+      limit_in_flight(in_flight)
       if step == start_step + 1:
         check_finite([jax.device_get(step_metrics)], start_step, step)
         metrics.log(f"first step (compilation included) took {clock() - compile_start:.1f}s")

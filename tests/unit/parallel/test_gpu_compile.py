@@ -275,7 +275,7 @@ def test_fused_layer_norm_sites_are_one_kernel_each_way_and_move_fewer_bytes(com
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_matmul_of_a_bfloat16_step_reads_low_precision_operands(compiled, case):
   """Every GEMM of a bfloat16 step reads bfloat16 (or, under FP8, FP8) operands, the tied
-  masked-LM decoder's gradient matmuls included (`modeling.tied_scores`). Differentiated as
+  masked-LM decoder's gradient matmuls included (`modeling.float32_einsum`). Differentiated as
   written, the decoder's float32 scores made both its gradient matmuls float32 ones, the
   largest weight-sized matmuls of the step; swapped back, the check sees them."""
   assert "error" not in compiled[case], compiled[case].get("error")
