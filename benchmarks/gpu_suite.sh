@@ -10,14 +10,16 @@
 # every part $OUT/results.md (the benchmarks' markdown sections), $OUT/results.json (their rows),
 # $OUT/summary.md (ratios, MFU, what ran, failed or was skipped) and $OUT/hlo.tar.gz (the
 # optimized HLO of our steps, as much as fits in 14 MiB) are rewritten, so a call cut short still
-# returns what finished. Seven files (with attention_checks.md and layer_norm_checks.md), small
-# enough to copy back.
+# returns what finished. Eight files (with attention_checks.md, layer_norm_checks.md and
+# head_checks.md), small enough to copy back.
 #
 # Parts (SUITE_PARTS, default all; they run in this order, a later run can take the rest):
 #   (checks) attention dropout inside cuDNN's kernel: kept fraction, scaling, masks per call and
 #       per layer, backward mask = forward mask (`attention_dropout_checks.py`); the fused
 #       dropout + residual + LayerNorm kernels against the reference under their mask, and one
-#       BERT-base site forward + backward timed against XLA's (`fused_layer_norm_checks.py`)
+#       BERT-base site forward + backward timed against XLA's (`fused_layer_norm_checks.py`);
+#       the masked-LM head's one-pass loss and bfloat16 decoder gradient against their
+#       references, the loss timed against log_softmax and a gather (`head_checks.py`)
 #   (a) base 256×128: ours paper-cudnn, fast-cudnn, each with 5 more steps profiled (device
 #       time by kernel kind and the busiest kernels, `--profile_dir`); the PyTorch peer
 #       (`peer_torch.py`, Hugging Face BertForPreTraining, SDPA) eager and compiled, paper recipe
@@ -57,7 +59,8 @@
 # Times seen on one H200 (jax 0.11.2, torch 2.11; a JAX process starts in ~10 s; compiles:
 # base paper-cudnn 34 s, fast-cudnn 24 s, paper 42 s, large paper-cudnn 53 s; torch.compile
 # 47 s base, 73 s large; 2 warm-up + 2 × 10 timed steps):
-#   (checks) 13 s + ~30 s for the LayerNorm kernels (not yet seen)   (a) ours ≈ 150 s, peer
+#   (checks) 13 s + ~30 s for the LayerNorm kernels + ~20 s for the heads (not yet seen)
+#       (a) ours ≈ 150 s, peer
 #       eager + compiled 85 s   (b) ours ≈ 75 s, peer 95 s
 #   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 11 × ~50 s + the
 #       peer ≈ 60 s ≈ 585 s
@@ -100,6 +103,7 @@ OURS_ARGS=(--steps=10 --repeats=2 --warmup=2)
 PEER_ARGS=(--steps=10 --repeats=2 --warmup=3)
 INT8_ARGS=(--batch=256 --length=128 --steps=20 --warmup=3)
 LN_CHECK_ARGS=(--rows=32768 --width=768)
+HEAD_CHECK_ARGS=(--positions=5120 --vocab=30522 --hidden=768)
 if [[ ${SUITE_SMOKE:-0} == 1 ]]; then
   BASE=tiny LARGE=tiny LARGE_BATCH=4 CHECK_IMPL=pallas
   OURS_ARGS=(--steps=1 --repeats=1 --warmup=1 --batch=tiny=4)
@@ -107,6 +111,7 @@ if [[ ${SUITE_SMOKE:-0} == 1 ]]; then
              --modes=eager)
   INT8_ARGS=(--batch=4 --length=32 --steps=2 --warmup=1)
   LN_CHECK_ARGS=(--rows=256 --width=64 --check_rows=64 --steps=1 --repeats=1 --tilings=2048:4:8)
+  HEAD_CHECK_ARGS=(--positions=64 --vocab=512 --hidden=64 --steps=1 --repeats=1)
 fi
 
 note() { echo "$*" | tee -a "$LOG"; }
@@ -361,6 +366,8 @@ if want checks; then
     --out="$OUT/attention_checks.md"
   run checks-layer-norm 60 "$PY" benchmarks/fused_layer_norm_checks.py "${LN_CHECK_ARGS[@]}" \
     --out="$OUT/layer_norm_checks.md"
+  run checks-heads 45 "$PY" benchmarks/head_checks.py "${HEAD_CHECK_ARGS[@]}" \
+    --out="$OUT/head_checks.md"
 fi
 if want a; then
   ours a-ours 170 "$BASE" paper-cudnn,fast-cudnn --profile_dir="$WORK/profile"
