@@ -1,7 +1,26 @@
 """The PASS/FAIL lines of a benchmark's checks on a device: printed as they come (a run cut short
-still shows what it checked), counted, and written as a markdown section at the end."""
+still shows what it checked), counted, and written as a markdown section at the end; and the one
+way those checks time what they compare."""
 
 from __future__ import annotations
+
+import statistics
+import time
+
+
+def timed_ms(fn, args: tuple, steps: int, repeats: int) -> float:
+  """Median milliseconds per call of `fn(*args)` over `repeats` runs of `steps` calls, after
+  one call that compiles (each run waits for its last output)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    for _ in range(steps):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - start) / steps * 1e3)
+  return statistics.median(times)
 
 
 class Checklist:

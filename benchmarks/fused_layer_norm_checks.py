@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -65,19 +63,6 @@ def _xla(x, dense_bias, residual, scale, bias, key):
   y = dropout.dropout(y, RATE, key)
   return modeling.residual_layer_norm(y, residual, scale, bias, EPS, x.dtype,
                                       jax.default_backend() == "gpu")
-
-
-def _timed(fn, args, steps, repeats):
-  out = fn(*args)
-  jax.block_until_ready(out)
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    for _ in range(steps):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - start) / steps)
-  return statistics.median(times)
 
 
 def main() -> int:
@@ -137,7 +122,7 @@ def main() -> int:
           jnp.float32))
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
 
-  xla_ms = 1e3 * _timed(step(_xla, key), operands[:5], args.steps, args.repeats)
+  xla_ms = checklist.timed_ms(step(_xla, key), operands[:5], args.steps, args.repeats)
   moved = 8 * args.rows * args.width * 2 / 1e9  # 4 reads + 4 writes of bf16 (rows, width)
   tilings = [pallas_layer_norm.Tiling()] + [
       pallas_layer_norm.Tiling(*map(int, t.split(":"))) for t in args.tilings.split(",") if t]
@@ -147,8 +132,8 @@ def main() -> int:
   for tiling in tilings:
     fused = lambda *o, tiling=tiling: _fused(*o, tiling=tiling)
     try:
-      fused_ms = 1e3 * _timed(step(fused, jnp.asarray(SEED)), operands[:5], args.steps,
-                              args.repeats)
+      fused_ms = checklist.timed_ms(step(fused, jnp.asarray(SEED)), operands[:5], args.steps,
+                                    args.repeats)
     except Exception as e:  # pylint: disable=broad-except
       checks.note(f"  - {tiling}: failed ({type(e).__name__}: {str(e)[:160]})")
     else:

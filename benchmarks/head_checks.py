@@ -23,16 +23,13 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bert_jax.model import modeling
 from bert_jax.objectives import mlm
@@ -78,19 +75,6 @@ def _two_passes(logits, labels):
     mlm._forward = kept  # pylint: disable=protected-access
 
 
-def _timed(fn, args, steps, repeats):
-  """Median ms per call of `fn(*args)` over `repeats` runs of `steps` calls."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    for _ in range(steps):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - start) / steps * 1e3)
-  return statistics.median(times)
-
-
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--positions", type=int, default=5120,
@@ -128,9 +112,9 @@ def main() -> int:
   (_, (loss, _)), grad = loss_and_grad(_two_passes)(logits)
   error = float(jnp.max(jnp.abs(loss - want) / jnp.abs(want)))
   report(error <= 1e-5, f"so does the two-pass form timed beside it ({error:.1e})")
-  ours = _timed(loss_and_grad(mlm.cross_entropy), (logits,), args.steps, args.repeats)
-  two = _timed(loss_and_grad(_two_passes), (logits,), args.steps, args.repeats)
-  gathered = _timed(loss_and_grad(_gathered), (logits,), args.steps, args.repeats)
+  ours, two, gathered = (checklist.timed_ms(loss_and_grad(form), (logits,), args.steps,
+                                            args.repeats)
+                         for form in (mlm.cross_entropy, _two_passes, _gathered))
   checks.note(f"- loss forward + backward: {ours:.3f} ms in one pass; {two:.3f} ms in two "
               f"(**{two / ours:.2f}×**); {gathered:.3f} ms as log_softmax and a gather "
               f"({gathered / ours:.2f}×)")
