@@ -73,8 +73,8 @@ def main() -> int:
   parser.add_argument("--steps", type=int, default=50)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--tilings", default="1024:4:1024,4096:4:1024,4096:8:1024,2048:8:1024,"
-                      "2048:4:512,2048:4:2048", help="More tilings to time: block_elements:num_warps:"
-                      "backward_programs, comma-separated.")
+                      "2048:4:512,2048:4:2048", help="More tilings to time, comma-separated: "
+                      "block_elements:num_warps:backward_programs.")
   parser.add_argument("--out", default=None, help="Also write the lines here (markdown).")
   args = parser.parse_args()
   checks = checklist.Checklist()

@@ -110,10 +110,9 @@ def compile_row(row: dict) -> dict:
 def _float32_gemms(row: dict) -> str:
   """How many of a row's GEMMs read a float32 operand ("not counted" for rows compiled before
   the count was kept)."""
+  from bert_jax.parallel import hlo_costs  # pylint: disable=g-import-not-at-top
   types = row.get("operand_types")
-  if types is None:
-    return "not counted"
-  return str(sum(n for pair, n in types.items() if "f32" in pair))
+  return "not counted" if types is None else str(hlo_costs.float32_matmuls(types))
 
 
 def render(rows: list[dict]) -> str:

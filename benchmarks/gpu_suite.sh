@@ -6,12 +6,12 @@
 # GPU time is short (one run of at most ~9 minutes), so everything runs from this one script, each
 # part under `timeout` (a hang costs that part, not the rest), within a total budget
 # (SUITE_BUDGET_S, default 565 s: a part is not started with less than two thirds of its cap
-# or SUITE_MIN_PART_S = 45 s left, and is cut at what is left). All output is tee'd into $OUT/suite.log as it comes; after
-# every part $OUT/results.md (the benchmarks' markdown sections), $OUT/results.json (their rows),
-# $OUT/summary.md (ratios, MFU, what ran, failed or was skipped) and $OUT/hlo.tar.gz (the
-# optimized HLO of our steps, as much as fits in 14 MiB) are rewritten, so a call cut short still
-# returns what finished. Eight files (with attention_checks.md, layer_norm_checks.md and
-# head_checks.md), small enough to copy back.
+# or SUITE_MIN_PART_S = 45 s left, and is cut at what is left). All output is tee'd into
+# $OUT/suite.log as it comes; after every part $OUT/results.md (the benchmarks' markdown
+# sections), $OUT/results.json (their rows), $OUT/summary.md (ratios, MFU, what ran, failed or
+# was skipped) and $OUT/hlo.tar.gz (the optimized HLO of our steps, as much as fits in 14 MiB)
+# are rewritten, so a call cut short still returns what finished. Eight files (with
+# attention_checks.md, layer_norm_checks.md and head_checks.md), small enough to copy back.
 #
 # Parts (SUITE_PARTS, default all; they run in this order, a later run can take the rest):
 #   (checks) attention dropout inside cuDNN's kernel: kept fraction, scaling, masks per call and
@@ -60,8 +60,7 @@
 # base paper-cudnn 34 s, fast-cudnn 24 s, paper 42 s, large paper-cudnn 53 s; torch.compile
 # 47 s base, 73 s large; 2 warm-up + 2 × 10 timed steps):
 #   (checks) 13 s + ~30 s for the LayerNorm kernels + ~20 s for the heads (not yet seen)
-#       (a) ours ≈ 150 s, peer
-#       eager + compiled 85 s   (b) ours ≈ 75 s, peer 95 s
+#   (a) ours ≈ 150 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 95 s
 #   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 11 × ~50 s + the
 #       peer ≈ 60 s ≈ 585 s
 #   (c) ≈ 150 + 80 + 90 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
@@ -189,6 +188,18 @@ try:
 except (OSError, ValueError, KeyError):
   sys.exit(1)
 EOF
+}
+
+# with_fused_sites <label> <variant> <fallback>: prints <variant>, or <fallback> (without the
+# fused LayerNorm sites) where the run <label> of the fused sites took place here and gave no
+# step time (their kernels failed on this GPU), so that one failure does not cost two settings.
+with_fused_sites() {
+  if [[ $SKIP != *" $1 "* ]] && ! measured "$1"; then
+    note "### $1 gave no step time: $3 runs instead of $2" >&2
+    echo "$3"
+  else
+    echo "$2"
+  fi
 }
 
 # peer <label> <cap_s> [args...]: the PyTorch peer.
@@ -401,12 +412,7 @@ if want e; then
   # each other flag alone.
   sweep "default|paper-cudnn||" "stacked|paper-cudnn||stacked" \
     "fusedln|paper-cudnn-fusedln||stacked"
-  # "everything" without the fused sites where they did not run (their kernels failed here).
-  everything=paper-cudnn-tanh-fusedln
-  if [[ $SKIP != *" e-fusedln "* ]] && ! measured e-fusedln; then
-    everything=paper-cudnn-tanh
-    note "### e-fusedln gave no step time: \"everything\" runs without the fused sites"
-  fi
+  everything=$(with_fused_sites e-fusedln paper-cudnn-tanh-fusedln paper-cudnn-tanh)
   sweep "everything|$everything|$EPILOGUES $PDL|stacked|--profile_dir=$WORK/profile-e" \
     "pdl|paper-cudnn|$PDL|" \
     "epilogues|paper-cudnn|$EPILOGUES|" "epilogues_tanh|paper-cudnn-tanh|$EPILOGUES|"
@@ -425,10 +431,7 @@ if want c; then
     --batch="$LARGE=$LARGE_BATCH"
   ours c-large-fusedln 130 "$LARGE" paper-cudnn-fusedln --layers=stacked \
     --batch="$LARGE=$LARGE_BATCH"
-  fp8=paper-cudnn-fp8-fusedln
-  if [[ $SKIP != *" c-large-fusedln "* ]] && ! measured c-large-fusedln; then
-    fp8=paper-cudnn-fp8  # the fused sites gave no step time here
-  fi
+  fp8=$(with_fused_sites c-large-fusedln paper-cudnn-fp8-fusedln paper-cudnn-fp8)
   ours c-fp8 130 "$LARGE" "$fp8" --layers=stacked --batch="$LARGE=$LARGE_BATCH"
 fi
 if want d; then

@@ -163,3 +163,15 @@ def run_command(module_name: str, *args) -> subprocess.CompletedProcess:
       delattr(flags.FLAGS, name)
     absl_logger.setLevel(level)
   return subprocess.CompletedProcess(argv, int(code or 0), out.getvalue(), err.getvalue())
+
+
+def run_device_checks(script: str, out, *args: str) -> str:
+  """`benchmarks/<script>`, a check script the GPU suite runs on the device, run on this CPU in
+  a process of its own with `--out=<out>`: asserts that it exited 0 (every check passed) and
+  returns the markdown it wrote."""
+  proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", script), *args,
+                         f"--out={out}"], capture_output=True, text=True, timeout=600,
+                        check=False)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  with open(out, encoding="utf-8") as f:
+    return f.read()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import zlib
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -349,17 +349,17 @@ class DropoutResidualLayerNorm(nn.Module):
       return kernel(*operands)
     axes = _dividing_mesh_axes(mesh, x.shape, (BATCH, LENGTH, None))
     spec, whole = jax.sharding.PartitionSpec(*axes), jax.sharding.PartitionSpec()
-    return _per_shard(kernel, operands, (spec, whole, spec, whole, whole, whole), spec,
-                      [names for names in axes if names])
+    return _per_shard(kernel, operands, (spec, whole, spec, whole, whole, whole), spec, axes)
 
 
 def _per_shard(kernel: Callable[..., jax.Array], operands: tuple, in_specs: tuple, out_spec,
-               split: list[tuple[str, ...]]) -> jax.Array:
+               split: Sequence[tuple[str, ...] | None]) -> jax.Array:
   """`kernel(*operands, shard)` on each device's shard (`shard_map` over the mesh in context:
   XLA cannot partition a Pallas kernel). `shard` is the device's index over the mesh axes in
-  `split`, the ones its rows are split over, for a kernel that draws random bits to fold into
-  its seed (None where nothing is split)."""
-  split = tuple(n for names in split for n in names)
+  `split` (per array axis, as `_dividing_mesh_axes` gives them; None: not split), the ones its
+  rows are split over, for a kernel that draws random bits to fold into its seed (None where
+  nothing is split)."""
+  split = tuple(n for names in split if names for n in names)
 
   def sharded(*operands):
     return kernel(*operands, jax.lax.axis_index(split) if split else None)
@@ -428,7 +428,8 @@ def _float32_einsum_fwd(spec, a, b):
 
 def _float32_einsum_bwd(spec, saved, grad):
   a, b = saved
-  (in_a, in_b), out = spec.split("->")[0].split(","), spec.split("->")[1]
+  inputs, out = spec.split("->")
+  in_a, in_b = inputs.split(",")
   g = grad.astype(a.dtype)
   da = jnp.einsum(f"{out},{in_b}->{in_a}", g, b.astype(a.dtype),
                   preferred_element_type=jnp.float32)
@@ -525,7 +526,7 @@ def _pallas_attention(query, key, value, input_mask, sequence_ids, dropout_rate,
   ids_spec = jax.sharding.PartitionSpec(*axes[:2])
   return _per_shard(kernel, (query, key, value, ids, seed),
                     (spec, spec, spec, ids_spec, jax.sharding.PartitionSpec()), spec,
-                    [names for names in (axes[0], axes[2]) if names])
+                    (axes[0], axes[2]))
 
 
 def cudnn_dropout_seed(module_path: tuple[str, ...]) -> int:

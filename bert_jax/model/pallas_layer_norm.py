@@ -2,10 +2,10 @@
 
 Every BERT block ends twice with `LayerNorm(dropout(dense output + bias) + block input)`. XLA's
 GPU compiler lowers that site to four kernels forward and four backward, plus the dropout mask's
-and the bias add's own kernels (the H200 program of BERT-base/128: 207 LayerNorm and 89 dropout kernels per step,
-18.5 GB of the 91 GB it moves; `benchmarks/RESULTS.md`), because it does not normalise a row in
-the kernel that sums it. Here each site is one kernel forward and one backward (Pallas' Triton
-backend, `jax.experimental.pallas.triton`):
+and the bias add's own kernels (the H200 program of BERT-base/128: 207 LayerNorm and 89 dropout
+kernels per step, 18.5 GB of the 91 GB it moves; `benchmarks/RESULTS.md`), because it does not
+normalise a row in the kernel that sums it. Here each site is one kernel forward and one
+backward (Pallas' Triton backend, `jax.experimental.pallas.triton`):
 
 - forward: reads the dense output (without its bias, which the kernel adds) and the block input
   once; writes the normalised output, the sum (in the inputs' dtype, kept for the backward pass,

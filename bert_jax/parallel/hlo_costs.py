@@ -93,6 +93,12 @@ def _dims(shape_text: str) -> list[int]:
   return [int(d) for d in match.group(2).split(",") if d] if match else []
 
 
+def _element_type(shape_text: str) -> str:
+  """The element type of the first array in a shape ("bf16"), "?" where there is none."""
+  match = _ARRAY.search(shape_text)
+  return match.group(1) if match else "?"
+
+
 @dataclasses.dataclass
 class Instruction:
   name: str
@@ -395,10 +401,14 @@ def matmul_operand_types(module: Module) -> dict[str, int]:
   is a GEMM at half the rate or less."""
   out: dict[str, int] = {}
   for i, times, shapes in _matmuls(module, library_calls=True):
-    types = [(_ARRAY.search(shapes.get(o, "")) or [None, "?"])[1] for o in _operands(i)[:2]]
-    key = " x ".join(types)
+    key = " x ".join(_element_type(shapes.get(o, "")) for o in _operands(i)[:2])
     out[key] = out.get(key, 0) + times
   return out
+
+
+def float32_matmuls(operand_types: dict[str, int]) -> int:
+  """Of `matmul_operand_types`' count, the matmuls with a float32 operand."""
+  return sum(n for pair, n in operand_types.items() if "f32" in pair.split(" x "))
 
 
 def _traffic_by(module: Module, key: Callable[[Instruction], str],

@@ -16,8 +16,6 @@ compute dtype.
 import glob
 import math
 import os
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -152,14 +150,8 @@ def test_float32_scores_take_their_gradient_in_the_operands_dtype(spec, a_shape,
 def test_the_head_checks_pass_on_the_cpu(tmp_path):
   """`benchmarks/head_checks.py`, which the GPU suite runs with its checks: at small shapes on
   the CPU every check passes and the loss is timed against its two-pass form."""
-  out = tmp_path / "checks.md"
-  proc = subprocess.run(
-      [sys.executable, os.path.join(helpers.REPO, "benchmarks", "head_checks.py"),
-       "--positions=64", "--vocab=512", "--hidden=64", "--steps=1", "--repeats=1",
-       f"--out={out}"],
-      capture_output=True, text=True, timeout=600, check=False)
-  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-  text = out.read_text(encoding="utf-8")
+  text = helpers.run_device_checks("head_checks.py", tmp_path / "checks.md", "--positions=64",
+                                   "--vocab=512", "--hidden=64", "--steps=1", "--repeats=1")
   assert text.count("- PASS") == 7 and "FAIL" not in text, text
   assert "ms in one pass" in text and "ms in two" in text, text
 

@@ -12,9 +12,6 @@ GPU program it compiles to is checked in `tests/unit/parallel/test_gpu_compile.p
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -268,13 +265,8 @@ def test_the_model_under_a_mesh_gives_every_shard_its_own_masks():
 def test_the_gpu_checks_pass_in_the_interpreter(tmp_path):
   """`benchmarks/fused_layer_norm_checks.py`, which the GPU suite runs first, on the CPU: every
   check passes, and every tiling it times runs."""
-  out = tmp_path / "checks.md"
-  proc = subprocess.run(
-      [sys.executable, os.path.join(helpers.REPO, "benchmarks", "fused_layer_norm_checks.py"),
-       "--rows=64", "--width=48", "--check_rows=24", "--steps=1", "--repeats=1",
-       "--tilings=2048:4:2,256:2:1", f"--out={out}"],
-      capture_output=True, text=True, timeout=600, check=False)
-  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-  text = out.read_text(encoding="utf-8")
+  text = helpers.run_device_checks(
+      "fused_layer_norm_checks.py", tmp_path / "checks.md", "--rows=64", "--width=48",
+      "--check_rows=24", "--steps=1", "--repeats=1", "--tilings=2048:4:2,256:2:1")
   assert text.count("- PASS") == 8 and "FAIL" not in text and "failed" not in text, text
   assert text.count("ms (**") == 3, text
