@@ -442,7 +442,7 @@ _COMPONENTS = (
     ("dropout", re.compile(r"/dropout", re.I)),
     ("attention", re.compile(r"dot_product_attention|/attention/self/(?!query/|key/|value/)")),
     ("q, k, v, output projections",
-     re.compile(r"/self/(?:query|key|value)/|/attention/output/dense/")),
+     re.compile(r"/self/(?:query|key|value)/|/attention/output/dense/|/attention/fan_out/")),
     ("feed-forward", re.compile(r"/intermediate/|/output/dense/")),
     ("heads and loss", re.compile(r"/cls/|/pooler/|jvp\((?:jit\([\w]+\))?\)")),
     ("embeddings", re.compile(r"embed")),

@@ -146,6 +146,29 @@ def test_float32_scores_take_their_gradient_in_the_operands_dtype(spec, a_shape,
   assert jnp.dtype(jnp.float32) in operand_types(jax.grad(loss(plain), (0, 1)))
 
 
+def test_fan_out_sums_its_gradients_latest_consumer_first():
+  """`modeling.fan_out`: copies forward; backward, the gradients' sum, each add taking the
+  later consumer's gradient as its first operand onto the sum of those before it (the order in
+  which XLA's GPU compiler folds each add into the GEMM that produced its first operand)."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (3, 5))
+  weights = [jax.random.normal(jax.random.PRNGKey(i + 1), (3, 5)) for i in range(4)]
+  loss = lambda copies: sum(jnp.sum(w * jnp.tanh(c)) for w, c in zip(weights, copies))
+  copies = modeling.fan_out(x, 4)
+  assert len(copies) == 4 and all(c is x or np.array_equal(c, x) for c in copies)
+  np.testing.assert_allclose(jax.grad(lambda x: loss(modeling.fan_out(x, 4)))(x),
+                             jax.grad(lambda x: loss((x,) * 4))(x), rtol=1e-6, atol=1e-6)
+  # The backward alone, on cotangents that tell the operands apart.
+  grads = tuple(jnp.full((2,), float(10 ** i)) for i in range(4))
+  bwd = jax.make_jaxpr(lambda g: jax.vjp(lambda x: modeling.fan_out(x, 4), x[0, :2])[1](g))
+  adds = [e for e in _equations(bwd(grads).jaxpr) if e.primitive.name in ("add", "add_any")]
+  assert len(adds) == 3, adds
+  _, vjp = jax.vjp(lambda x: modeling.fan_out(x, 4), x[0, :2])
+  np.testing.assert_array_equal(vjp(grads)[0], jnp.full((2,), 1111.0))
+  # g3 + g0 first, then g2 onto it, then g1: each add's second operand is the previous sum.
+  outs = [adds[0].outvars[0]] + [a.outvars[0] for a in adds[1:]]
+  assert all(a.invars[1] is prev for a, prev in zip(adds[1:], outs)), adds
+
+
 @pytest.mark.slow
 def test_the_head_checks_pass_on_the_cpu(tmp_path):
   """`benchmarks/head_checks.py`, which the GPU suite runs with its checks: at small shapes on

@@ -145,16 +145,26 @@ with swapped(modeling, "float32_einsum", untied):
 # feed-forward GEMM with each GELU, and with the tanh form differentiated as jax.nn.gelu does.
 import re
 from bert_jax.runs import pretraining
-def epilogues(overrides):
+def cublas_program(overrides):
   config = pretraining.with_records_settings(tiny(overrides))
   lowered = pretraining.compile_train_step(
       config, devices=gpu_targets.topology_devices("h100"), compile_step=False)["lowered"]
-  text = lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False}).as_text()
-  return re.findall(r'"epilogue":"(\w+)"', text)
+  return lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False}).as_text()
+def epilogues(overrides):
+  return re.findall(r'"epilogue":"(\w+)"', cublas_program(overrides))
 out["epilogues"] = {act: epilogues(dict(paper, **{"model.hidden_act": act}))
                     for act in ("gelu", "gelu_new")}
 with swapped(modeling, "gelu", as_is):
   out["epilogues"]["gelu_new_as_is"] = epilogues(dict(paper, **{"model.hidden_act": "gelu_new"}))
+# The attention block's input gradient summed by `fan_out`, or by autodiff in arrival order:
+# GEMMs that accumulate onto their addend (cuBLAS's beta = 1), and the other kernels.
+def accumulation(text):
+  other = hlo_costs.traffic_by_kind(hlo_costs.parse(text))["other"]
+  return {"beta_one": text.count('"beta":1'), "other_kernels": other["count"],
+          "other_bytes": other["bytes"]}
+out["fan_out"] = accumulation(cublas_program(paper))
+with swapped(modeling, "fan_out", lambda x, uses: (x,) * uses):
+  out["fan_out_as_is"] = accumulation(cublas_program(paper))
 
 big = tiny({})
 big.global_batch_size = 1 << 17
@@ -217,6 +227,8 @@ def test_each_kernel_is_counted_in_the_part_of_the_step_it_serves(compiled):
     for component in ("layer norm", "dropout", "attention", "q, k, v, output projections",
                       "feed-forward", "heads and loss"):
       assert parts.get(f"{phase}: {component}", {}).get("bytes", 0) > 0, (phase, component)
+  # The sum of the attention block's input gradients (`modeling.fan_out`) is the projections'.
+  assert "backward: other" not in parts, parts["backward: other"]
   # The embeddings' gradient is a kernel of its own (their lookup is fused into the first
   # LayerNorm's kernel, whose root names it).
   assert parts["backward: embeddings"]["bytes"] > 0
@@ -283,6 +295,18 @@ def test_every_matmul_of_a_bfloat16_step_reads_low_precision_operands(compiled, 
   assert types and not any("f32" in pair for pair in types), types
   assert types.get("bf16 x bf16", 0) >= 2 * LAYERS or case == "fp8", types
   assert compiled["decoder_as_is"].get("f32 x f32") == 2, compiled["decoder_as_is"]
+
+
+def test_each_attention_input_gradient_is_added_by_its_gemm(compiled):
+  """The block input's gradient from the residual and the query, key and value projections,
+  summed by `modeling.fan_out`: all three input-gradient GEMMs accumulate onto the sum before
+  them (cuBLAS's beta = 1) and no kernel of its own adds one. Summed by autodiff in arrival
+  order, XLA folds two and leaves the key's add as a kernel reading and writing the residual
+  stream's width three times: one more kernel per layer, and more bytes."""
+  fanned, as_is = compiled["fan_out"], compiled["fan_out_as_is"]
+  assert fanned["beta_one"] == as_is["beta_one"] + LAYERS, (fanned, as_is)
+  assert fanned["other_kernels"] == as_is["other_kernels"] - LAYERS, (fanned, as_is)
+  assert fanned["other_bytes"] < as_is["other_bytes"], (fanned, as_is)
 
 
 def test_fp8_matmuls_reach_the_gemms_in_fp8(compiled):
