@@ -389,7 +389,8 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
   analytic = objective.flops_per_step(config, batch_size)
   peak = perf.peak_flops_per_device(jax.devices()[0])
   median = statistics.median(times)
-  result = dict(name=name, variant=variant, layers=layers, shape=shape, compile_s=compile_s,
+  result = dict(name=name, variant=variant, layers=layers, hidden_act=config.hidden_act,
+                shape=shape, compile_s=compile_s,
                 step_s=median, spread=(min(times), max(times)), analytic=analytic,
                 xla=_xla_flops(compiled), peak=peak,
                 mfu=(analytic / median / peak / jax.device_count()) if peak else None,

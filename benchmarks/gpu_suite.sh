@@ -42,9 +42,10 @@
 #       buffers off (empty list), cuDNN LayerNorm on. Each flag is
 #       parsed by jaxlib 0.11.2 (and by 0.10.2, except --xla_gpu_enable_pdl_launch; an unknown
 #       one aborts XLA at start: the abort is recorded, the sweep goes on)
-#   (c) large 64×512: ours paper-cudnn with unrolled, then stacked layers (one process); ours
-#       paper-cudnn-fusedln stacked; the same with FP8 matmuls (paper-cudnn-fp8-fusedln stacked,
-#       whose FP8 scales are stacked too)
+#   (c) large 64×512: ours paper-cudnn-fusedln stacked; large's "everything" (as (e)'s: the
+#       fused sites with the epilogues, the tanh GELU and pdl) beside the peer compiled with
+#       that GELU; ours paper-cudnn with unrolled, then stacked layers (one process); FP8
+#       matmuls with the fused sites (paper-cudnn-fp8-fusedln stacked, FP8 scales stacked too)
 #   (d) A/B on base: ours paper-cudnn-f32res, paper-cudnn-bits32 (against (a)'s paper-cudnn)
 #       and paper (the explicit path); ours fast-cudnn on large
 #   (g) the peer with the MLM head gathered at the masked positions (as ours), eager and
@@ -63,8 +64,9 @@
 #   (a) ours ≈ 150 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 95 s
 #   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 11 × ~50 s + the
 #       peer ≈ 60 s ≈ 585 s
-#   (c) ≈ 150 + 80 + 90 s   (d) ≈ 150 s   (g) ≈ 100 s   (h) ≈ 40 s   (f) ≈ 140 s per file present
-# All of it: ≈ 1,400 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
+#   (c) ≈ 90 + 90 s, the peer ≈ 100 s, then 150 + 90 s   (d) ≈ 150 s   (g) ≈ 100 s
+#   (h) ≈ 40 s   (f) ≈ 140 s per file present
+# All of it: ≈ 1,600 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
 # (b) and part of (e); the rest needs another run (SUITE_PARTS="e c d g h f"), which leaves out
 # the labels a run finished with SUITE_SKIP, e.g. SUITE_SKIP="e-default e-pdl" (its
 # summary then has no e-default to compare the other settings with).
@@ -282,6 +284,32 @@ for part_rows in ([r for r in main], [r for r in rows if r["part"].startswith("f
                  f"{mfu(o[0]) if o else '—'} | {p_ms} | {mfu(p[0]) if p else '—'} | {ratio} |")
 if lines[-1].startswith("|---"):
   lines.append("| (no pair measured yet) | | | | | | |")
+
+# Our fastest step of the paper's recipe on full-length rows (any layout, flags or fused sites;
+# FP8 apart), against the peer compiled with the same GELU: the headline of the run.
+def act(r):
+  return r.get("hidden_act") or ("gelu_new" if "-tanh" in r.get("variant", "") else "gelu")
+lines += ["", "## Our fastest paper-recipe step against the peer compiled with the same GELU",
+          "", "| config | rows | GELU | ours: part, variant | ours ms | ours MFU | peer ms "
+          "| peer MFU | peer / ours (step time) |", "|---|---|---|---|---|---|---|---|---|"]
+full = [r for r in rows if not r["part"].startswith("f-")]
+for key in dict.fromkeys((r["name"], r["shape"]["batch"], r["shape"]["length"], act(r))
+                         for r in full):
+  same = [r for r in full if (r["name"], r["shape"]["batch"], r["shape"]["length"], act(r))
+          == key]
+  o = sorted((r for r in same if r["impl"] == "jax" and r["variant"].startswith("paper")
+              and "fp8" not in r["variant"]), key=ms)
+  p = [r for r in same if r["impl"] == "torch" and r["recipe"] == "paper"
+       and r["mode"] == "compile" and r["mlm"] == "full"]
+  if not o and not p:
+    continue
+  who = f"{o[0]['part']}, {what(o[0])[5:]}" if o else "—"
+  ratio = f"**{ms(p[0]) / ms(o[0]):.2f}×**" if o and p else "—"
+  lines.append(f"| {key[0]} | {key[1]} × {key[2]} | {key[3]} | {who} | "
+               f"{f'{ms(o[0]):.1f}' if o else '—'} | {mfu(o[0]) if o else '—'} | "
+               f"{f'{ms(p[0]):.1f}' if p else '—'} | {mfu(p[0]) if p else '—'} | {ratio} |")
+if lines[-1].startswith("|---"):
+  lines.append("| (no pair measured yet) | | | | | | | | |")
 lines += ["", "## Every run", "", "| part | config | rows | run | compile / first step (s) | "
           "step ms | real tokens/s | MFU | peak GiB |", "|---|---|---|---|---|---|---|---|---|"]
 for r in rows:
@@ -425,11 +453,18 @@ if want e; then
     "cudnn_layer_norm|paper-cudnn|--xla_gpu_enable_cudnn_layer_norm=true"
 fi
 if want c; then
+  # Large's best program first (fused sites, then with the epilogues, the tanh GELU and pdl,
+  # as (e)'s "everything"), beside the peer compiled with the same GELU; then the layouts.
+  ours c-large-fusedln 130 "$LARGE" paper-cudnn-fusedln --layers=stacked \
+    --batch="$LARGE=$LARGE_BATCH"
+  everything=$(with_fused_sites c-large-fusedln paper-cudnn-tanh-fusedln paper-cudnn-tanh)
+  XLA_FLAGS="${XLA_FLAGS:-} $EPILOGUES $PDL" ours c-large-everything 140 "$LARGE" \
+    "$everything" --layers=stacked --batch="$LARGE=$LARGE_BATCH"
+  peer c-peer_tanh 200 --configs="$LARGE" --batch="$LARGE=$LARGE_BATCH" --recipes=paper \
+    --modes=compile --mlm=full --hidden_act=gelu_new
   # At large the stacked layout saves twice the kernels (24 layers): both layouts in one
   # process, so that the pair shares a machine whatever part (b) ran on.
   ours c-large-layouts 210 "$LARGE" paper-cudnn --layers=unrolled,stacked \
-    --batch="$LARGE=$LARGE_BATCH"
-  ours c-large-fusedln 130 "$LARGE" paper-cudnn-fusedln --layers=stacked \
     --batch="$LARGE=$LARGE_BATCH"
   fp8=$(with_fused_sites c-large-fusedln paper-cudnn-fp8-fusedln paper-cudnn-fp8)
   ours c-fp8 130 "$LARGE" "$fp8" --layers=stacked --batch="$LARGE=$LARGE_BATCH"
