@@ -149,7 +149,8 @@ def test_float32_scores_take_their_gradient_in_the_operands_dtype(spec, a_shape,
 def test_fan_out_sums_its_gradients_latest_consumer_first():
   """`modeling.fan_out`: copies forward; backward, the gradients' sum, each add taking the
   later consumer's gradient as its first operand onto the sum of those before it (the order in
-  which XLA's GPU compiler folds each add into the GEMM that produced its first operand)."""
+  which XLA's GPU compiler folds each add into the GEMM that produced its first operand).
+  Attention blocks take it where the program is built for GPUs only."""
   x = jax.random.normal(jax.random.PRNGKey(0), (3, 5))
   weights = [jax.random.normal(jax.random.PRNGKey(i + 1), (3, 5)) for i in range(4)]
   loss = lambda copies: sum(jnp.sum(w * jnp.tanh(c)) for w, c in zip(weights, copies))
@@ -167,6 +168,15 @@ def test_fan_out_sums_its_gradients_latest_consumer_first():
   # g3 + g0 first, then g2 onto it, then g1: each add's second operand is the previous sum.
   outs = [adds[0].outvars[0]] + [a.outvars[0] for a in adds[1:]]
   assert all(a.invars[1] is prev for a, prev in zip(adds[1:], outs)), adds
+  # An attention block takes it on GPUs only (`test_gpu_compile.py` compiles one): traced for
+  # this CPU, as for a TPU, autodiff sums the gradients as it does.
+  fanned = lambda f: "fan_out" in str(jax.make_jaxpr(jax.grad(f))(x))
+  assert fanned(lambda x: sum(jnp.sum(c) for c in modeling.fan_out(x, 2)))
+  cfg = configuration.get_preset("tiny")
+  block, tokens = modeling.BertAttention(cfg), jnp.ones((1, 4, cfg.hidden_size))
+  mask = jnp.ones((1, 4), jnp.int32)
+  params = block.init(jax.random.PRNGKey(0), tokens, mask, True)
+  assert not fanned(lambda x: jnp.sum(block.apply(params, tokens + x[0, 0], mask, True)))
 
 
 @pytest.mark.slow
