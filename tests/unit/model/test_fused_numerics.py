@@ -9,8 +9,9 @@ residual stream tracks the float32 run within the spread two float32 runs of dif
 seeds show. cuDNN's attention dropout gets a distinct static seed per layer, and the layouts
 under which its masks could not be regenerated are refused. GELU recomputed in its backward pass
 and the masked-LM cross-entropy written without a gather give the reference's values and
-gradients, and float32 scores (the tied decoder's, attention's) take their gradient in the
-compute dtype.
+gradients, float32 scores (the tied decoder's, attention's) take their gradient in the
+compute dtype, and an attention block's input gradient is summed in the order XLA's GPU
+compiler folds into its GEMMs.
 """
 
 import glob
