@@ -254,26 +254,30 @@ def what(r):
     return f"ours {r['variant']}" + ("" if layers == "unrolled" else f", {layers} layers")
   return f"peer {r['recipe']} {r['mode']} (MLM head {r['mlm']})"
 
+def grouped(rows, key):
+  """(key, its rows) for each value of `key(row)`, in the order rows first show it."""
+  groups = {}
+  for r in rows:
+    groups.setdefault(key(r), []).append(r)
+  return groups.items()
+
+def compiled_peer(rows):
+  return [r for r in rows if r["impl"] == "torch" and r["recipe"] == "paper"
+          and r["mode"] == "compile" and r["mlm"] == "full"]
+
 lines = [f"# GPU suite summary ({elapsed}s of a {budget}s budget)", ""]
 device = next((r.get("device") for r in rows if r.get("device")), "unknown device")
 lines += [f"Device: {device}.", "", "## Ours paper-cudnn against the peer compiled, paper recipe",
           "", "| config | rows | ours ms | ours MFU | peer ms | peer MFU "
           "| peer / ours (step time) |", "|---|---|---|---|---|---|---|"]
 main = [r for r in rows if not r["part"].startswith(("e-", "f-"))]
-for part_rows in ([r for r in main], [r for r in rows if r["part"].startswith("f-")]):
-  keys = []
-  for r in part_rows:
-    key = (r["name"], r["shape"]["batch"], r["shape"]["length"], r["shape"]["packed"],
-           r["shape"]["real"])
-    if key not in keys:
-      keys.append(key)
-  for key in keys:
-    same = [r for r in part_rows if (r["name"], r["shape"]["batch"], r["shape"]["length"],
-                                     r["shape"]["packed"], r["shape"]["real"]) == key]
+for part_rows in (main, [r for r in rows if r["part"].startswith("f-")]):
+  for key, same in grouped(part_rows, lambda r: (r["name"], r["shape"]["batch"],
+                                                 r["shape"]["length"], r["shape"]["packed"],
+                                                 r["shape"]["real"])):
     o = [r for r in same if r["impl"] == "jax" and r["variant"] == "paper-cudnn"
          and r.get("layers", "unrolled") == "unrolled"]
-    p = [r for r in same if r["impl"] == "torch" and r["recipe"] == "paper"
-         and r["mode"] == "compile" and r["mlm"] == "full"]
+    p = compiled_peer(same)
     if not o and not p:
       continue
     layout = "packed" if key[3] else f"{100 * key[4]:.0f}% real"
@@ -287,20 +291,15 @@ if lines[-1].startswith("|---"):
 
 # Our fastest step of the paper's recipe on full-length rows (any layout, flags or fused sites;
 # FP8 apart), against the peer compiled with the same GELU: the headline of the run.
-def act(r):
-  return r.get("hidden_act") or ("gelu_new" if "-tanh" in r.get("variant", "") else "gelu")
 lines += ["", "## Our fastest paper-recipe step against the peer compiled with the same GELU",
           "", "| config | rows | GELU | ours: part, variant | ours ms | ours MFU | peer ms "
           "| peer MFU | peer / ours (step time) |", "|---|---|---|---|---|---|---|---|---|"]
 full = [r for r in rows if not r["part"].startswith("f-")]
-for key in dict.fromkeys((r["name"], r["shape"]["batch"], r["shape"]["length"], act(r))
-                         for r in full):
-  same = [r for r in full if (r["name"], r["shape"]["batch"], r["shape"]["length"], act(r))
-          == key]
+for key, same in grouped(full, lambda r: (r["name"], r["shape"]["batch"], r["shape"]["length"],
+                                          r["hidden_act"])):
   o = sorted((r for r in same if r["impl"] == "jax" and r["variant"].startswith("paper")
               and "fp8" not in r["variant"]), key=ms)
-  p = [r for r in same if r["impl"] == "torch" and r["recipe"] == "paper"
-       and r["mode"] == "compile" and r["mlm"] == "full"]
+  p = compiled_peer(same)
   if not o and not p:
     continue
   who = f"{o[0]['part']}, {what(o[0])[5:]}" if o else "—"

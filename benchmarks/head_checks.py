@@ -38,7 +38,7 @@ from benchmarks import checklist
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
-def _gathered(logits, labels):
+def gathered(logits, labels):
   """The loss differentiated as written: log_softmax, and the label's entry gathered."""
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   return (-jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0],
@@ -100,9 +100,9 @@ def main() -> int:
       return jnp.sum(weights * loss), (loss, top)
     return jax.jit(jax.value_and_grad(weighted, has_aux=True))
 
-  ours, two_passes, gathered = map(loss_and_grad, (mlm.cross_entropy, _two_passes, _gathered))
+  ours, two_passes, as_written = map(loss_and_grad, (mlm.cross_entropy, _two_passes, gathered))
   (_, (loss, top)), grad = ours(logits)
-  (_, (want, want_top)), want_grad = gathered(logits)
+  (_, (want, want_top)), want_grad = as_written(logits)
   error = float(jnp.max(jnp.abs(loss - want) / jnp.abs(want)))
   report(error <= 1e-5, f"the loss equals log_softmax at the label over {args.positions:,} × "
          f"{args.vocab:,} logits (max relative error {error:.1e})")
@@ -114,7 +114,7 @@ def main() -> int:
   error = float(jnp.max(jnp.abs(loss - want) / jnp.abs(want)))
   report(error <= 1e-5, f"so does the two-pass form timed beside it ({error:.1e})")
   one_ms, two_ms, gathered_ms = (checklist.timed_ms(form, (logits,), args.steps, args.repeats)
-                                 for form in (ours, two_passes, gathered))
+                                 for form in (ours, two_passes, as_written))
   checks.note(f"- loss forward + backward: {one_ms:.3f} ms in one pass; {two_ms:.3f} ms in two "
               f"(**{two_ms / one_ms:.2f}×**); {gathered_ms:.3f} ms as log_softmax and a gather "
               f"({gathered_ms / one_ms:.2f}×)")

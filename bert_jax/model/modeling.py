@@ -24,6 +24,7 @@ import numpy as np
 from bert_jax.model import cudnn_runtime
 from bert_jax.model import dropout as dropout_lib
 from bert_jax.model import int8
+from bert_jax.model import target
 from bert_jax.model.configuration import BertConfig, PRESETS, get_preset  # re-exported
 
 __all__ = ["BertConfig", "PRESETS", "get_preset", "BertModel", "BertEmbeddings", "BertEncoder",
@@ -876,8 +877,7 @@ class BertAttention(nn.Module):
       residual = x
     else:
       residual, projected = x, x
-      from bert_jax.model import pallas_attention  # Pallas loads only when asked for
-      if pallas_attention.target_platform() == "gpu":
+      if target.target_platform() == "gpu":
         # Where XLA's GPU compiler folds each input gradient into its GEMM (`fan_out`); a
         # TPU's program moves more with it (1.2 GB per BERT-base step on a v4-8).
         residual, *copies = fan_out(x, 4)

@@ -35,6 +35,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.extend.random import threefry2x32_p
 
 from bert_jax.model import dropout
+from bert_jax.model import target
 
 __all__ = ["flash_attention", "dropout_threshold", "PRNGS"]
 
@@ -70,13 +71,6 @@ def dropout_threshold(rate: float) -> tuple[int, float]:
   if not 0.0 <= rate < 1.0:
     raise ValueError(f"dropout_rate must be in [0, 1), got {rate}.")
   return dropout.threshold(rate, 32)
-
-
-def target_platform() -> str:
-  """The platform the kernel is built for: the devices of the mesh in context (a TPU topology
-  compiled for ahead of time from a CPU machine is "tpu"), else the default backend."""
-  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
-  return device.platform if device is not None else jax.default_backend()
 
 
 def _tpu_interpret_forced() -> bool:
@@ -327,7 +321,7 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_
     raise ValueError(f"block_q must be a multiple of {MIN_BLOCK} that divides the length "
                      f"{length}, got {block_q}.")
   if interpret is None:
-    interpret = target_platform() != "tpu"
+    interpret = target.target_platform() != "tpu"
   interpreted = interpret or _tpu_interpret_forced()
   if prng is None:
     prng = "threefry" if interpreted else "hardware"

@@ -43,7 +43,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from bert_jax.model import dropout
-from bert_jax.model import pallas_attention
+from bert_jax.model import target
 
 __all__ = ["Tiling", "dropout_residual_layer_norm", "hash_bits", "keep_mask", "shard_seed"]
 
@@ -274,7 +274,7 @@ def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
   the normalisation are float32. `interpret` None: compiled on GPUs, interpreted elsewhere.
   Gradients flow to `x`, `dense_bias`, `residual`, `scale` and `bias`. `tiling` lays the
   kernels out (values are the same whatever it is)."""
-  platform = pallas_attention.target_platform()
+  platform = target.target_platform()
   if platform == "tpu":
     raise ValueError("layer_norm_implementation='pallas' is a GPU (Triton) kernel; on a TPU "
                      "use 'xla'.")
