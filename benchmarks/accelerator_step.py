@@ -351,8 +351,11 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
   mesh = sharding.create_mesh([-1, 1, 1])
   rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
   model = objective.model(config)
+  start = time.perf_counter()
   state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, 0, np_batch,
                                                  objective.input_names)
+  jax.block_until_ready(state)
+  setup_s = time.perf_counter() - start
   batch_sh = sharding.batch_sharding(mesh)
   batch = jax.device_put(np_batch, batch_sh)
   step = step_lib.build_train_step(objective, model, tx, schedule, state_sh, batch_sh, mesh, rules)
@@ -362,9 +365,14 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
   # The optimized HLO, printed once for the dump and the profile's kernel kinds.
   hlo_text = compiled.as_text() if _DUMP_HLO.value or _PROFILE.value else None
   hlo = _dump_hlo(hlo_text, name, variant, layers, config, shape) if _DUMP_HLO.value else None
+  start = time.perf_counter()
   for _ in range(_WARMUP.value):
     state, metrics = compiled(state, batch)
   first_loss = float(metrics["loss"])
+  warmup_s = time.perf_counter() - start
+  # Printed before the timed steps, so that a run cut short still says where its time went.
+  print(f"SETUP {name} {variant} {layers}: state {setup_s:.1f} s, compile {compile_s:.1f} s, "
+        f"{_WARMUP.value} warm-up steps {warmup_s:.1f} s", flush=True)
   times = []
   for _ in range(_REPEATS.value):
     jax.block_until_ready(state.params)

@@ -60,11 +60,13 @@
 # Times seen on one H200 (jax 0.11.2, torch 2.11; a JAX process starts in ~10 s; compiles:
 # base paper-cudnn 34 s, fast-cudnn 24 s, paper 42 s, large paper-cudnn 53 s; torch.compile
 # 47 s base, 73 s large; 2 warm-up + 2 × 10 timed steps):
-#   (checks) 13 s + ~30 s for the LayerNorm kernels + ~20 s for the heads (not yet seen)
+#   (checks) 15 s + over 60 s for the LayerNorm kernels + over 45 s for the heads (both cut
+#       there on 2026-11-28, their checks passed and their first timings printed)
 #   (a) ours ≈ 150 s, peer eager + compiled 85 s   (b) ours ≈ 75 s, peer 95 s
 #   (e) default ≈ 25 s (the compilation cache holds (a)'s paper-cudnn) + 11 × ~50 s + the
 #       peer ≈ 60 s ≈ 585 s
-#   (c) ≈ 90 + 90 s, the peer ≈ 100 s, then 150 + 90 s   (d) ≈ 150 s   (g) ≈ 100 s
+#   (c) ≈ 140 + 140 s (large fused sites stacked: 137 s alone, compile 36 s), the peer
+#       ≈ 100 s, then 150 + 90 s   (d) ≈ 150 s   (g) ≈ 100 s
 #   (h) ≈ 40 s   (f) ≈ 140 s per file present
 # All of it: ≈ 1,600 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
 # (b) and part of (e); the rest needs another run (SUITE_PARTS="e c d g h f"), which leaves out
@@ -98,7 +100,13 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
 
 BASE=base LARGE=large LARGE_BATCH=64 CHECK_IMPL=cudnn
+# With Triton's GEMMs off, XLA wraps each slice of the stacked layers' weights and the cuBLAS
+# GEMM reading it in a "dynamic slice fusion" (108 per BERT-base step), a runtime thunk of its
+# own: the stacked "everything" step so built ran 80.5 ms on the H200 with the device idle 39 ms
+# of it (its kernels busy 41.4 ms). Off, each slice of the leading axis is a view and each
+# GEMM a plain cuBLAS call: 634 → 598 kernels, compiled for the H200 without one.
 EPILOGUES="--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=dot-merger"
+EPILOGUES+=" --xla_gpu_enable_dynamic_slice_fusion=false"
 PDL="--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true"
 OURS_ARGS=(--steps=10 --repeats=2 --warmup=2)
 PEER_ARGS=(--steps=10 --repeats=2 --warmup=3)
@@ -402,9 +410,9 @@ if want checks; then
   # changes masks per call and per layer, and its backward regenerates the forward's mask.
   run checks 90 "$PY" benchmarks/attention_dropout_checks.py --implementation="$CHECK_IMPL" \
     --out="$OUT/attention_checks.md"
-  run checks-layer-norm 60 "$PY" benchmarks/fused_layer_norm_checks.py "${LN_CHECK_ARGS[@]}" \
+  run checks-layer-norm 90 "$PY" benchmarks/fused_layer_norm_checks.py "${LN_CHECK_ARGS[@]}" \
     --out="$OUT/layer_norm_checks.md"
-  run checks-heads 45 "$PY" benchmarks/head_checks.py "${HEAD_CHECK_ARGS[@]}" \
+  run checks-heads 75 "$PY" benchmarks/head_checks.py "${HEAD_CHECK_ARGS[@]}" \
     --out="$OUT/head_checks.md"
 fi
 if want a; then
@@ -454,10 +462,10 @@ fi
 if want c; then
   # Large's best program first (fused sites, then with the epilogues, the tanh GELU and pdl,
   # as (e)'s "everything"), beside the peer compiled with the same GELU; then the layouts.
-  ours c-large-fusedln 130 "$LARGE" paper-cudnn-fusedln --layers=stacked \
+  ours c-large-fusedln 190 "$LARGE" paper-cudnn-fusedln --layers=stacked \
     --batch="$LARGE=$LARGE_BATCH"
   everything=$(with_fused_sites c-large-fusedln paper-cudnn-tanh-fusedln paper-cudnn-tanh)
-  XLA_FLAGS="${XLA_FLAGS:-} $EPILOGUES $PDL" ours c-large-everything 140 "$LARGE" \
+  XLA_FLAGS="${XLA_FLAGS:-} $EPILOGUES $PDL" ours c-large-everything 190 "$LARGE" \
     "$everything" --layers=stacked --batch="$LARGE=$LARGE_BATCH"
   peer c-peer_tanh 200 --configs="$LARGE" --batch="$LARGE=$LARGE_BATCH" --recipes=paper \
     --modes=compile --mlm=full --hidden_act=gelu_new
