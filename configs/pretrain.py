@@ -29,10 +29,22 @@ Variants (after the colon):
                 wrong sentence objective (NSP pairs for mlm_sop, ...) are refused.
   <any>+fast    the fast recipe on top of a variant (`base+fast`, `large_phase2+fast`): no
                 attention-probability dropout (as MosaicBERT and ModernBERT train). The paper's
-                recipe itself runs fused with `--config.model.attention_implementation=cudnn` on
-                GPUs or `pallas` on TPUs (dropout inside the kernel; both honour packed rows);
-                on the explicit path the fast recipe measured 1.18x the paper's at base/128 and
-                1.63x at large/512 on an H100. Hidden-state dropout stays 0.1.
+                recipe itself runs fused: by default on GPUs of compute capability 8.0 or newer
+                (below), with `--config.model.attention_implementation=pallas` on TPUs (dropout
+                inside the kernel; both honour packed rows); on the explicit path the fast
+                recipe measured 1.18x the paper's at base/128 and 1.63x at large/512 on an
+                H100. Hidden-state dropout stays 0.1.
+
+On a GPU of compute capability 8.0 or newer (A100, H100, H200, ...), the compute fields left
+unset take the program measured fastest on the H200 (benchmarks/RESULTS.md): attention dropout
+inside cuDNN's flash kernel (`attention_implementation=cudnn`), each block's dropout + residual
+add + LayerNorm one Triton kernel each way (`layer_norm_implementation=pallas`) and the stacked
+layers run unrolled (`scan_layers=True`, `stack_unrolled=True`); each only where the model
+allows it (bfloat16 compute, heads cuDNN takes, unshared layers: runs/pretraining.
+fused_gpu_fields): 49.9 ms per BERT-base step at 256 x 128 there, 1.23x torch.compile's paper
+recipe (the explicit path with XLA's LayerNorm measured 69.9 ms on an earlier build). A field set on the command line stays
+as set (`--config.model.attention_implementation=xla --config.model.scan_layers=False` is the
+explicit, unrolled program). Older GPUs, CPUs and TPUs run as configured.
 
 What to expect — the published results of a model pre-trained with each recipe (read after
 fine-tuning it), the wall time its paper reports, and the lower bound on wall time that compiling
@@ -59,7 +71,7 @@ table for v4-32, v5p-64, v5litepod-16 and v6e-64, with accumulation where a step
   electra_small, electra_base, electra_large   GLUE dev 79.9 (Small: 4 days on one V100) and
                 85.1 (Base) in Clark et al. 2020, Table 1. Bound: 0.01 / 0.19 / 2.79 days on
                 v4-32 (Large with accumulation 16), Large 0.74 on v5p-64.
-A bound is the fastest the step could run; measured steps on GPUs reach 25-37% of peak
+A bound is the fastest the step could run; measured steps on GPUs reach 36-41% of peak
 (benchmarks/RESULTS.md), so expect the wall time to be a few times the bound.
 
 Any field can be changed on the command line: `--config.global_batch_size=512`,
@@ -100,10 +112,11 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
       "dtype": "bfloat16",           # compute dtype; parameters stay float32
       # None: scanned on TPUs (compiles ~2x faster), unrolled on CPUs and GPUs, where the
       # scanned step measured 1.05-1.10x (CPU) and 1.45x (H100) slower: see
-      # runs/pretraining.default_scan_layers. Checkpoints load into either layout.
+      # runs/pretraining.default_scan_layers; stacked and run unrolled on the GPUs that run
+      # the fused program (above). Checkpoints load into either layout.
       "scan_layers": placeholder(bool),
       # With scan_layers: the stacked layout run unrolled (one optimizer kernel per stacked
-      # leaf; BertConfig.stack_unrolled). None: False.
+      # leaf; BertConfig.stack_unrolled). None: False, except on the fused program's GPUs.
       "stack_unrolled": placeholder(bool),
       "remat_policy": "none",
       "attention_implementation": placeholder(str),
@@ -112,7 +125,8 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
       "dropout_bits": placeholder(int),
       "low_precision_layer_norm": placeholder(bool),
       # "pallas": each block's dropout + residual add + LayerNorm as one GPU kernel each way
-      # (BertConfig.layer_norm_implementation). None: "xla".
+      # (BertConfig.layer_norm_implementation). None: "xla", except on the fused program's
+      # GPUs.
       "layer_norm_implementation": placeholder(str),
       # "fp8": the dense layers' matmuls in FP8 with delayed scaling (Hopper GPUs; unrolled,
       # unshared layers). None: BertConfig's "none".

@@ -38,15 +38,20 @@ def write_records(directory: str, num_files: int = 4, per_file: int = 48, seed: 
   return os.path.join(directory, "train-*.tfrecord")
 
 
-def run_config(train_files: str, **overrides):
-  """The `tiny` variant shrunk to the `test` model, data parallel over every device the test
-  process has (one in the second pass of `make test`, the 8 fake ones in a `mesh` test)."""
+def recipe(variant: str):
+  """`configs/pretrain.py:<variant>`, as the command line loads it."""
   sys.path.insert(0, os.path.join(REPO, "configs"))
   try:
     import pretrain as pretrain_configs  # pylint: disable=g-import-not-at-top
   finally:
     sys.path.pop(0)
-  config = pretrain_configs.get_config("tiny")
+  return pretrain_configs.get_config(variant)
+
+
+def run_config(train_files: str, **overrides):
+  """The `tiny` variant shrunk to the `test` model, data parallel over every device the test
+  process has (one in the second pass of `make test`, the 8 fake ones in a `mesh` test)."""
+  config = recipe("tiny")
   config.model.preset = "test"
   config.model.vocab_size = VOCAB
   config.data.train_files = train_files

@@ -95,6 +95,23 @@ GPUS: dict[str, Gpu] = {g.generation: g for g in (
 )}
 
 
+def compute_capability(device) -> tuple[int, int] | None:
+  """A CUDA GPU's compute capability, (major, minor): the device's own (`Device.
+  compute_capability`, "9.0" on a CUDA device), else that of the GPU model its `device_kind`
+  names in `GPUS` (the compile-only devices of `topology_devices`); None for any other device
+  (CPUs, TPUs, ROCm GPUs, a GPU that says neither)."""
+  found = getattr(device, "compute_capability", None)
+  if isinstance(found, str):
+    major, _, minor = found.partition(".")
+    if major.isdigit() and (minor or "0").isdigit():
+      return int(major), int(minor or 0)
+  kind = getattr(device, "device_kind", None)
+  for gpu in GPUS.values():
+    if gpu.device_kind == kind:
+      return gpu.compute_capability
+  return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Machine:
   """GPUs of one model in one machine (NVLink between all of them), as `runs.compile_check`

@@ -21,7 +21,7 @@ from bert_jax import file_io, objectives
 from bert_jax.data import input_pipeline, records_summary
 from bert_jax.interop import checkpoints, hf_config
 from bert_jax.model import configuration, modeling
-from bert_jax.parallel import sharding
+from bert_jax.parallel import gpu_targets, sharding
 from bert_jax.text import masking, tokenization, vocab_files
 from bert_jax.training import checkpointing, init_order, loop, metrics, optimizer
 from bert_jax.training import step as step_lib, workdir_lock
@@ -34,20 +34,81 @@ def default_scan_layers(platform: str | None = None) -> bool:
   the same losses bit for bit) on TPUs, unrolled elsewhere. Scanning compiles BERT-large's step
   in 0.55x the time, but the scanned step measured 1.05-1.10x slower on CPU and 1.45x on an
   H100 (benchmarks/RESULTS.md), so there the unrolled step pays for its compile within a few
-  dozen steps; on TPUs the scanned loop is the production path of large JAX trainers."""
+  dozen steps; on TPUs the scanned loop is the production path of large JAX trainers. On GPUs
+  that run the fused kernels the stacked layout run unrolled is the default instead
+  (`fused_gpu_fields`)."""
   platform = platform or jax.default_backend()
   return platform == "tpu"
 
 
-def bert_config_from(config: ml_collections.ConfigDict,
-                     platform: str | None = None) -> configuration.BertConfig:
+# The GPUs whose step runs fused by default: cuDNN's flash attention and Pallas' Triton
+# kernels need Ampere (compute capability 8.0) or newer.
+FUSED_GPU_CAPABILITY = (8, 0)
+
+
+def fused_gpu_fields(bert_config: configuration.BertConfig, given: set[str],
+                     capability: tuple[int, int] | None, max_seq_length: int | None = None
+                     ) -> dict[str, Any]:
+  """The compute fields left unset (not in `given`) that a CUDA GPU of compute capability
+  `capability` (None: not one) runs with by default: the program measured fastest on the H200
+  (benchmarks/RESULTS.md, "Stacked layers with the fused LayerNorm sites": 49.9 ms per BERT-base
+  step, 1.23x torch.compile's paper recipe; the explicit attention path with XLA's LayerNorm
+  measured 69.9 ms on an earlier build). Each field only where the model allows it:
+
+  - `attention_implementation="cudnn"` (attention dropout inside cuDNN's flash kernel): a
+    bfloat16 or float16 compute dtype, heads of a multiple of 8 values up to 128 (Hopper: 256)
+    in the model and its ELECTRA generator, an even sequence length (packed rows reach cuDNN as
+    a bias), and unshared layers when attention dropout is on;
+  - `layer_norm_implementation="pallas"` (each block's dropout + residual add + LayerNorm one
+    Triton kernel each way): the low-precision LayerNorm of a bfloat16 or float16 model;
+  - `scan_layers=True, stack_unrolled=True` (one optimizer kernel per stacked leaf; checkpoints
+    load into either layout): unshared, unpruned layers, `scan_layers` and `stack_unrolled`
+    both unset.
+
+  Empty for anything else (CPUs, TPUs, older or other GPUs): those run as configured."""
+  if capability is None or tuple(capability) < FUSED_GPU_CAPABILITY:
+    return {}
+  narrow = bert_config.dtype in ("bfloat16", "float16")
+  unshared = bert_config.share_parameters == "none"
+  head_limit = 256 if tuple(capability) >= (9, 0) else 128
+  models = [bert_config] + ([bert_config.generator_config()] if bert_config.has_generator
+                            else [])
+  heads_fit = all(m.head_dim % 8 == 0 and m.head_dim <= head_limit for m in models)
+  fields: dict[str, Any] = {}
+  if ("attention_implementation" not in given and narrow and heads_fit
+      and (max_seq_length is None or max_seq_length % 2 == 0)
+      and (unshared or bert_config.attention_probs_dropout_prob == 0)):
+    fields["attention_implementation"] = "cudnn"
+  if ("layer_norm_implementation" not in given and narrow
+      and bert_config.low_precision_layer_norm):
+    fields["layer_norm_implementation"] = "pallas"
+  if (unshared and bert_config.pruned_heads is None
+      and not {"scan_layers", "stack_unrolled"} & given):
+    fields.update(scan_layers=True, stack_unrolled=True)
+  return fields
+
+
+def bert_config_from(config: ml_collections.ConfigDict, platform: str | None = None,
+                     capability: tuple[int, int] | None = None) -> configuration.BertConfig:
   """The model section of a run config → BertConfig (preset, then the non-None fields;
   `scan_layers` unset: the stacked layout where `stack_unrolled` asks for it, else
-  `default_scan_layers` of the platform)."""
+  `default_scan_layers` of the platform). On a CUDA GPU of compute capability `capability`
+  (`gpu_targets.compute_capability` of the run's devices) the fields left unset take the fused
+  program's values (`fused_gpu_fields`)."""
   fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
+  given = set(fields)
   fields.setdefault("scan_layers", bool(fields.get("stack_unrolled"))
                     or default_scan_layers(platform))
-  return configuration.get_preset(config.model.preset, **fields)
+  bert_config = configuration.get_preset(config.model.preset, **fields)
+  if (platform or jax.default_backend()) != "gpu":
+    return bert_config
+  fused = fused_gpu_fields(bert_config, given, capability, config.data.get("max_seq_length"))
+  if not fused:
+    return bert_config
+  logging.info("A GPU of compute capability %d.%d: %s (the fused program's defaults; set a "
+               "field to choose otherwise).", *capability,
+               ", ".join(f"{k}={v}" for k, v in fused.items()))
+  return bert_config.replace(**fused)
 
 
 def objective_from(config: ml_collections.ConfigDict,
@@ -224,7 +285,9 @@ def build(config: ml_collections.ConfigDict, devices=None,
   check_config(config)
   # Scanned or unrolled layers by the platform the step is built for, which for an
   # ahead-of-time compile (a TPU topology from a CPU machine) is not the local one.
-  bert_config = bert_config_from(config, devices[0].platform if devices else None)
+  device = devices[0] if devices else jax.devices()[0]
+  bert_config = bert_config_from(config, device.platform,
+                                 gpu_targets.compute_capability(device))
   mesh, rules = sharding.mesh_from_config(config, devices)
   sharding.check_batch_divisible(config.global_batch_size, mesh)
   bert_config.check_sequence_length(config.data.max_seq_length, "data.max_seq_length")

@@ -25,7 +25,8 @@ from tests import pretrain_helpers as ph
 
 LAYERS = 2
 # Each case: GPU machine, config overrides over the tiny model below (bfloat16 compute, as
-# cuDNN's attention requires).
+# cuDNN's attention requires; the explicit attention path, XLA's LayerNorm and unrolled layers
+# unless a case says otherwise, where a GPU would otherwise take the fused defaults).
 CASES = {
     "paper_cudnn": ("h100", {"model.attention_implementation": "cudnn",
                              "model.attention_probs_dropout_prob": 0.1}),
@@ -36,9 +37,10 @@ CASES = {
                                             "model.low_precision_layer_norm": False}),
     "paper_cudnn_stacked": ("h100", {"model.attention_implementation": "cudnn",
                                      "model.attention_probs_dropout_prob": 0.1,
-                                     "model.stack_unrolled": True}),
+                                     "model.scan_layers": True, "model.stack_unrolled": True}),
     "paper_cudnn_stacked_deeper": ("h100", {"model.attention_implementation": "cudnn",
                                             "model.attention_probs_dropout_prob": 0.1,
+                                            "model.scan_layers": True,
                                             "model.stack_unrolled": True,
                                             "model.num_hidden_layers": 2 * LAYERS}),
     "paper_cudnn_fused_ln": ("h100", {"model.attention_implementation": "cudnn",
@@ -47,6 +49,10 @@ CASES = {
     "fp8": ("h100", {"model.quantization": "fp8"}),
     "dp8": ("h100x8", {"model.attention_implementation": "cudnn"}),
     "a100": ("a100", {}),
+    # Nothing set: what a GPU of this kind runs by default (`pretraining.fused_gpu_fields`).
+    "h200_defaults": ("h200", {"model.attention_implementation": None,
+                               "model.layer_norm_implementation": None,
+                               "model.scan_layers": None}),
 }
 
 SCRIPT = r"""
@@ -66,7 +72,8 @@ def tiny(overrides, hidden=64):
   config = pretrain_configs.get_config("tiny")
   config.model.update(vocab_size=512, hidden_size=hidden, num_hidden_layers=%d,
                       num_attention_heads=hidden // 16, intermediate_size=4 * hidden,
-                      dtype="bfloat16")
+                      dtype="bfloat16", attention_implementation="xla",
+                      layer_norm_implementation="xla", scan_layers=False)
   config.data.max_seq_length, config.data.max_predictions_per_seq = 128, 20
   config.mesh_shape = (-1, 1, 1)
   config.global_batch_size = 64
@@ -163,6 +170,15 @@ out["fan_out"] = accumulation(cublas_program(paper))
 with swapped(modeling, "fan_out", lambda x, uses: (x,) * uses):
   out["fan_out_as_is"] = accumulation(cublas_program(paper))
 
+# What the defaults case was built with: the compile-only H200's compute capability, read
+# from its device kind, selects the fused fields.
+from bert_jax.runs import pretraining
+h200 = gpu_targets.topology_devices("h200")[0]
+resolved = pretraining.bert_config_from(tiny(cases["h200_defaults"][1]), h200.platform,
+                                        gpu_targets.compute_capability(h200))
+out["h200_defaults_config"] = {f: getattr(resolved, f) for f in (
+    "attention_implementation", "layer_norm_implementation", "scan_layers", "stack_unrolled")}
+
 big = tiny({})
 big.global_batch_size = 1 << 17
 try:
@@ -189,7 +205,7 @@ def test_each_case_compiles_and_fits_its_gpus(compiled, case):
   assert 0 < row["hbm_bytes"] < row["hbm_capacity"] == machine.chip.usable_hbm_per_device
   # The HLO's dots against the analytic count: all of it, or (cuDNN) all but attention's.
   ratio = row["matmul_flops"] / (row["analytic_flops"] / row["devices"])
-  cudnn = "cudnn" in json.dumps(CASES[case][1])
+  cudnn = "cudnn" in json.dumps(CASES[case][1]) or case == "h200_defaults"
   assert (0.6 < ratio < 1.0) if cudnn else abs(ratio - 1) < 0.1, ratio
   assert 0 < row["mfu"] <= 1
   kinds = row["traffic"]
@@ -279,6 +295,21 @@ def test_fused_layer_norm_sites_are_one_kernel_each_way_and_move_fewer_bytes(com
   assert other(fused)["bytes"] < other(xla)["bytes"]
   # The matmuls are the same (the dense layers' biases moved into the kernels).
   assert fused["traffic"]["matmul"]["count"] == xla["traffic"]["matmul"]["count"]
+
+
+def test_a_gpu_runs_the_fused_program_unless_told_otherwise(compiled):
+  """With the attention kernel, the LayerNorm kernel and the layout left unset, a step built
+  for an H200 (compute capability 9.0, read from the compile-only device's kind) is the program
+  measured fastest there (`pretraining.fused_gpu_fields`): attention dropout inside cuDNN's
+  kernel, each LayerNorm site one Triton kernel each way, the stacked layers run unrolled."""
+  assert compiled["h200_defaults_config"] == {
+      "attention_implementation": "cudnn", "layer_norm_implementation": "pallas",
+      "scan_layers": True, "stack_unrolled": True}
+  row, unrolled = compiled["h200_defaults"], compiled["paper_cudnn_fused_ln"]
+  assert "error" not in row, row.get("error")
+  assert row["custom_calls"].get("__cudnn$fmhaSoftmaxDropout") == LAYERS, row["custom_calls"]
+  assert row["custom_calls"].get("__gpu$xla.gpu.triton") == 2 * 2 * LAYERS
+  assert row["num_parameters"] == unrolled["num_parameters"]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -413,6 +444,21 @@ def test_gpu_machines_by_the_names_users_type(name, chips, kind):
 def test_bad_gpu_names_say_what_is_expected(name, message):
   with pytest.raises(ValueError, match=message):
     gpu_targets.parse(name)
+
+
+def test_a_devices_compute_capability():
+  """A CUDA device says its own ("8.6"); a compile-only device is known by its kind; a CPU, a
+  TPU or a GPU that says something else (ROCm's "gfx90a") has none."""
+  import types  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  device = lambda **kw: types.SimpleNamespace(**kw)
+  assert gpu_targets.compute_capability(device(compute_capability="8.6")) == (8, 6)
+  assert gpu_targets.compute_capability(device(device_kind="NVIDIA H200")) == (9, 0)
+  assert gpu_targets.compute_capability(device(device_kind="NVIDIA A100-SXM4-80GB")) == (8, 0)
+  assert gpu_targets.compute_capability(device(compute_capability="gfx90a",
+                                               device_kind="AMD Instinct MI250X")) is None
+  assert gpu_targets.compute_capability(device(device_kind="TPU v4")) is None
+  assert gpu_targets.compute_capability(jax.devices()[0]) is None  # this machine's CPU
 
 
 def test_usable_memory_is_what_jax_preallocates(monkeypatch):

@@ -61,6 +61,57 @@ def test_scan_layers_default_follows_the_platform():
   assert stacked.scan_layers and stacked.stack_unrolled and not stacked.scanned_loop
 
 
+def _fused(config, capability=(9, 0), platform="gpu"):
+  b = pretraining.bert_config_from(config, platform, capability)
+  return (b.attention_implementation, b.layer_norm_implementation, b.scan_layers,
+          b.stack_unrolled)
+
+
+def test_a_recent_gpu_runs_the_fused_program_where_the_model_allows():
+  """Left unset on a CUDA GPU of compute capability 8.0 or newer, the attention kernel, the
+  LayerNorm kernel and the layout are the program measured fastest (cuDNN's attention with its
+  dropout, the fused LayerNorm sites, stacked layers run unrolled); each only where the model
+  allows it, and a field the config sets stays as set."""
+  fused = ("cudnn", "pallas", True, True)
+  base = ph.recipe("base")
+  assert _fused(base) == fused
+  assert _fused(base, (8, 0)) == fused
+  # Older GPUs, a GPU that gives no capability, and other platforms: as configured.
+  assert _fused(base, (7, 5)) == (None, "xla", False, False)
+  assert _fused(base, None) == (None, "xla", False, False)
+  assert _fused(base, (9, 0), "tpu") == (None, "xla", True, False)
+  assert _fused(base, (9, 0), "cpu") == (None, "xla", False, False)
+  # Set on the command line, a field stays; the others still take the fused values.
+  base.model.attention_implementation = "xla"
+  base.model.scan_layers = False
+  assert _fused(base) == ("xla", "pallas", False, False)
+  # float32 compute: neither kernel (cuDNN's attention and the fused sites are bf16/fp16).
+  f32 = ph.recipe("base")
+  f32.model.dtype = "float32"
+  assert _fused(f32) == (None, "xla", True, True)
+  # Heads cuDNN cannot take (312 / 12 = 26 values), or an odd length: not cuDNN's attention.
+  odd = ph.recipe("base")
+  odd.model.update(hidden_size=312, intermediate_size=1248)
+  assert _fused(odd) == (None, "pallas", True, True)
+  odd = ph.recipe("base")
+  odd.data.max_seq_length = 127
+  assert _fused(odd)[0] is None
+  # Heads of 256 values: Hopper's cuDNN takes them, Ampere's does not.
+  wide = ph.recipe("base")
+  wide.model.num_attention_heads = 3
+  assert _fused(wide)[0] == "cudnn" and _fused(wide, (8, 0))[0] is None
+  # ALBERT's shared layers: no stacked layout; cuDNN's attention only without attention dropout.
+  albert = ph.recipe("albert_base")
+  assert albert.model.attention_probs_dropout_prob == 0
+  assert _fused(albert) == ("cudnn", "pallas", False, False)
+  albert.model.attention_probs_dropout_prob = 0.1
+  assert _fused(albert)[0] is None
+  # Each resolved config is one the model accepts, for every recipe.
+  for variant in ("large", "roberta_base", "spanbert_base", "electra_small", "electra_base",
+                  "tiny", "demo"):
+    pretraining.bert_config_from(ph.recipe(variant), "gpu", (9, 0))
+
+
 def _setup(config):
   bert_config = pretraining.bert_config_from(config)
   model = heads.BertForPreTraining(bert_config)
