@@ -58,7 +58,7 @@ def fused_gpu_fields(bert_config: configuration.BertConfig, given: set[str],
   - `attention_implementation="cudnn"` (attention dropout inside cuDNN's flash kernel): a
     bfloat16 or float16 compute dtype, heads of a multiple of 8 values up to 128 (Hopper: 256)
     in the model and its ELECTRA generator, an even sequence length (packed rows reach cuDNN as
-    a bias), and unshared layers when attention dropout is on;
+    a bias), and unshared layers outside a scanned loop when attention dropout is on;
   - `layer_norm_implementation="pallas"` (each block's dropout + residual add + LayerNorm one
     Triton kernel each way): the low-precision LayerNorm of a bfloat16 or float16 model;
   - `scan_layers=True, stack_unrolled=True` (one optimizer kernel per stacked leaf; checkpoints
@@ -75,16 +75,19 @@ def fused_gpu_fields(bert_config: configuration.BertConfig, given: set[str],
                             else [])
   heads_fit = all(m.head_dim % 8 == 0 and m.head_dim <= head_limit for m in models)
   fields: dict[str, Any] = {}
+  if (unshared and bert_config.pruned_heads is None
+      and not {"scan_layers", "stack_unrolled"} & given):
+    fields.update(scan_layers=True, stack_unrolled=True)
+  # cuDNN's dropout needs one call site per layer: no scanned loop (`BertConfig` refuses it).
+  scanned_loop = bert_config.scanned_loop and "stack_unrolled" not in fields
+  one_site_per_layer = unshared and not scanned_loop
   if ("attention_implementation" not in given and narrow and heads_fit
       and (max_seq_length is None or max_seq_length % 2 == 0)
-      and (unshared or bert_config.attention_probs_dropout_prob == 0)):
+      and (one_site_per_layer or bert_config.attention_probs_dropout_prob == 0)):
     fields["attention_implementation"] = "cudnn"
   if ("layer_norm_implementation" not in given and narrow
       and bert_config.low_precision_layer_norm):
     fields["layer_norm_implementation"] = "pallas"
-  if (unshared and bert_config.pruned_heads is None
-      and not {"scan_layers", "stack_unrolled"} & given):
-    fields.update(scan_layers=True, stack_unrolled=True)
   return fields
 
 

@@ -85,6 +85,12 @@ def test_a_recent_gpu_runs_the_fused_program_where_the_model_allows():
   base.model.attention_implementation = "xla"
   base.model.scan_layers = False
   assert _fused(base) == ("xla", "pallas", False, False)
+  # A scanned loop asked for: one attention call site for every layer, so not cuDNN's dropout.
+  scanned = ph.recipe("base")
+  scanned.model.scan_layers = True
+  assert _fused(scanned) == (None, "pallas", True, False)
+  scanned.model.attention_probs_dropout_prob = 0.0
+  assert _fused(scanned)[0] == "cudnn"
   # float32 compute: neither kernel (cuDNN's attention and the fused sites are bf16/fp16).
   f32 = ph.recipe("base")
   f32.model.dtype = "float32"
