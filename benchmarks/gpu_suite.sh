@@ -9,7 +9,8 @@
 # or SUITE_MIN_PART_S = 45 s left, and is cut at what is left). All output is tee'd into
 # $OUT/suite.log as it comes; after every part $OUT/results.md (the benchmarks' markdown
 # sections), $OUT/results.json (their rows), $OUT/summary.md (ratios, MFU, what ran, failed or
-# was skipped) and $OUT/hlo.tar.gz (the optimized HLO of our steps, as much as fits in 14 MiB)
+# was skipped) and $OUT/hlo.tar.gz (XLA's autotuning results and the optimized HLO of our steps,
+# as much as fits in 14 MiB)
 # are rewritten, so a call cut short still returns what finished. Eight files (with
 # attention_checks.md, layer_norm_checks.md and head_checks.md), small enough to copy back.
 #
@@ -98,6 +99,11 @@ export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-1}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$WORK/jax_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
+# XLA's autotuning results, one file per fusion (the GEMM and Triton configurations the H200
+# picked), shared by every part (a later compile reuses what an earlier one measured) and
+# returned in hlo.tar.gz: with them a compile without a GPU can take the GPU's choices.
+mkdir -p "$WORK/autotune"
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=$WORK/autotune"
 
 BASE=base LARGE=large LARGE_BATCH=64 CHECK_IMPL=cudnn
 # With Triton's GEMMs off, XLA wraps each slice of the stacked layers' weights and the cuBLAS
@@ -372,10 +378,14 @@ dumps = sorted((p for p in glob.glob(os.path.join(work, "hlo", "*", "*.hlo.txt")
                 if p.split(os.sep)[-2] in order),
                key=lambda p: (order.index(p.split(os.sep)[-2]), p))
 archive, signature = os.path.join(out, "hlo.tar.gz"), os.path.join(work, "hlo.signature")
-listing = "\n".join(f"{p} {os.path.getsize(p)}" for p in dumps)
-if dumps and (not os.path.exists(signature) or open(signature).read() != listing):
+autotune = sorted(glob.glob(os.path.join(work, "autotune", "**", "*"), recursive=True))
+autotune = [p for p in autotune if os.path.isfile(p)]
+listing = "\n".join(f"{p} {os.path.getsize(p)}" for p in autotune + dumps)
+if listing and (not os.path.exists(signature) or open(signature).read() != listing):
   with open(archive + ".tmp", "wb") as raw:
     with tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:
+      if autotune:  # small, and first: what a compile without a GPU needs to match the GPU's
+        tar.add(os.path.join(work, "autotune"), arcname="autotune")
       for path in dumps:
         if raw.tell() + os.path.getsize(path) / 6 > 14 * 2**20:
           continue
