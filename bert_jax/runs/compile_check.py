@@ -5,7 +5,7 @@ plugin, `parallel/gpu_targets`) and the executable is read.
 
     python -m bert_jax.pretrain --config=configs/pretrain.py:large --compile_for=v4-128
     python -m bert_jax.pretrain --config=configs/pretrain.py:base --compile_for=h100,h100x8 \
-        --config.mesh_shape=-1,1,1 --config.model.attention_implementation=cudnn
+        --config.mesh_shape=-1,1,1
 
 prints per-device HBM use against what the compiler lets a program use (and refuses, with the
 fix, when the step does not fit), the step's matmul FLOPs beside the analytic count and XLA's
