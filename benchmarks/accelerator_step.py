@@ -51,6 +51,7 @@ import statistics
 import sys
 import time
 
+_STARTED = time.perf_counter()  # before JAX and the model are imported: the SETUP line's origin
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -372,7 +373,8 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
   warmup_s = time.perf_counter() - start
   # Printed before the timed steps, so that a run cut short still says where its time went.
   print(f"SETUP {name} {variant} {layers}: state {setup_s:.1f} s, compile {compile_s:.1f} s, "
-        f"{_WARMUP.value} warm-up steps {warmup_s:.1f} s", flush=True)
+        f"{_WARMUP.value} warm-up steps {warmup_s:.1f} s; "
+        f"{time.perf_counter() - _STARTED:.1f} s since the process started", flush=True)
   times = []
   for _ in range(_REPEATS.value):
     jax.block_until_ready(state.params)
