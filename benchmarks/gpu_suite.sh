@@ -39,9 +39,9 @@
 #       GEMMs, forward and weight gradient, 3.6 GB of copies per step); the same with GELU's
 #       tanh form (paper-cudnn-tanh: bias + GELU in the first feed-forward GEMM's epilogue) and
 #       the peer compiled with that GELU (--hidden_act=gelu_new); all of these together
-#       ("epilogues_tanh_pdl"); then Triton GEMM off alone, the dot merger off alone, command
-#       buffers off (empty list; "fusedln"'s step, profiled: only there does the trace name
-#       each kernel), cuDNN LayerNorm on. Each flag is
+#       ("epilogues_tanh_pdl"); then Triton GEMM off alone, the dot merger off alone
+#       ("fusedln"'s step), command buffers off (empty list; "fusedln"'s step, profiled: only
+#       there does the trace name each kernel), cuDNN LayerNorm on. Each flag is
 #       parsed by jaxlib 0.11.2 (and by 0.10.2, except --xla_gpu_enable_pdl_launch; an unknown
 #       one aborts XLA at start: the abort is recorded, the sweep goes on)
 #   (c) large 64×512: ours paper-cudnn-fusedln stacked; large's "everything" (as (e)'s: the
@@ -464,12 +464,15 @@ if want e; then
     "epilogues|paper-cudnn|$EPILOGUES|" "epilogues_tanh|paper-cudnn-tanh|$EPILOGUES|"
   peer e-peer_tanh 120 --configs="$BASE" --recipes=paper --modes=compile --mlm=full \
     --hidden_act=gelu_new
-  # Without command buffers, the profile names every kernel (in them, JAX 0.11.2's trace gives
-  # the command buffer's name whatever --xla_enable_command_buffers_during_profiling says).
+  # The dot merger and command buffers on "fusedln"'s step. On the H200 the merger joined Q's
+  # and K's GEMMs, forward and weight gradient, and the cuBLAS GEMMs the autotuner chose then
+  # needed a slice copied out and a concatenation in (3.6 GB per BERT-base step). Without
+  # command buffers, the profile names every kernel (in them, JAX 0.11.2's trace gives the
+  # command buffer's name whatever --xla_enable_command_buffers_during_profiling says).
   fused=$(with_fused_sites e-fusedln paper-cudnn-fusedln paper-cudnn)
   sweep "epilogues_tanh_pdl|paper-cudnn-tanh|$EPILOGUES $PDL" \
     "triton_gemm|paper-cudnn|--xla_gpu_enable_triton_gemm=false" \
-    "dot_merger|paper-cudnn|--xla_disable_hlo_passes=dot-merger" \
+    "dot_merger|$fused|--xla_disable_hlo_passes=dot-merger|stacked" \
     "command_buffer|$fused|--xla_gpu_enable_command_buffer=|stacked|--profile_dir=$WORK/profile-cb" \
     "cudnn_layer_norm|paper-cudnn|--xla_gpu_enable_cudnn_layer_norm=true"
 fi
