@@ -40,11 +40,14 @@ unset take the program measured fastest on the H200 (benchmarks/RESULTS.md): att
 inside cuDNN's flash kernel (`attention_implementation=cudnn`), each block's dropout + residual
 add + LayerNorm one Triton kernel each way (`layer_norm_implementation=pallas`) and the stacked
 layers run unrolled (`scan_layers=True`, `stack_unrolled=True`); each only where the model
-allows it (bfloat16 compute, heads cuDNN takes, unshared layers: runs/pretraining.
-fused_gpu_fields): 49.9 ms per BERT-base step at 256 x 128 there, 1.23x torch.compile's paper
-recipe (the explicit path with XLA's LayerNorm measured 69.9 ms on an earlier build). A field set on the command line stays
-as set (`--config.model.attention_implementation=xla --config.model.scan_layers=False` is the
-explicit, unrolled program). Older GPUs, CPUs and TPUs run as configured.
+allows it (bfloat16 compute, heads cuDNN takes, unshared layers:
+runs/pretraining.fused_gpu_fields). 49.9 ms per BERT-base step at 256 x 128 there, 1.23x
+torch.compile's paper recipe (the explicit path with XLA's LayerNorm measured 69.9 ms on an
+earlier build). A field set on the command line stays as set:
+`--config.model.attention_implementation=xla --config.model.scan_layers=False` is the explicit,
+unrolled program, and `attention_implementation=xla` the one whose attention masks a resumed
+run draws exactly as an uninterrupted one (cuDNN's start again with the process). Older GPUs,
+CPUs and TPUs run as configured.
 
 What to expect — the published results of a model pre-trained with each recipe (read after
 fine-tuning it), the wall time its paper reports, and the lower bound on wall time that compiling

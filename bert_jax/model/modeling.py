@@ -676,7 +676,13 @@ def attention_kernel_description(config: BertConfig) -> str:
            "cudnn": "cuDNN flash attention",
            "pallas": "Pallas TPU flash attention (segment ids)"}[config.attention_implementation]
   rate = config.attention_probs_dropout_prob
-  if rate > 0.0 and config.attention_implementation in ("cudnn", "pallas"):
+  if rate > 0.0 and config.attention_implementation == "cudnn":
+    # `_cudnn_attention`: the kernel's mask counter starts again with the process.
+    return (f"attention: {fused} with attention-probability dropout p={rate:g} inside the "
+            "kernel in training (its masks start again with the process: a resumed run draws "
+            "other attention masks than an uninterrupted one; attention_implementation=xla "
+            "resumes them exactly)")
+  if rate > 0.0 and config.attention_implementation == "pallas":
     return (f"attention: {fused} with attention-probability dropout p={rate:g} inside the "
             "kernel in training")
   if rate > 0.0:

@@ -461,5 +461,11 @@ def test_attention_kernel_is_named_and_checked():
   fast = cfg.replace(attention_probs_dropout_prob=0.0, attention_implementation="pallas")
   assert modeling.attention_kernel_description(fast) == (
       "attention: Pallas TPU flash attention (segment ids)")
+  # cuDNN's masks do not resume exactly, and the run's first lines say so.
+  cudnn = cfg.replace(attention_implementation="cudnn")
+  assert "a resumed run draws other attention masks" in (
+      modeling.attention_kernel_description(cudnn))
+  assert "resumed" not in modeling.attention_kernel_description(
+      cudnn.replace(attention_probs_dropout_prob=0.0))
   with pytest.raises(ValueError, match="attention_implementation='flash'"):
     cfg.replace(attention_implementation="flash")
