@@ -41,7 +41,7 @@ inside cuDNN's flash kernel (`attention_implementation=cudnn`), each block's dro
 add + LayerNorm one Triton kernel each way (`layer_norm_implementation=pallas`) and the stacked
 layers run unrolled (`scan_layers=True`, `stack_unrolled=True`); each only where the model
 allows it (bfloat16 compute, heads cuDNN takes, unshared layers:
-runs/pretraining.fused_gpu_fields). 49.9 ms per BERT-base step at 256 x 128 there, 1.23x
+runs/pretraining.platform_defaults). 49.9 ms per BERT-base step at 256 x 128 there, 1.23x
 torch.compile's paper recipe (the explicit path with XLA's LayerNorm measured 69.9 ms on an
 earlier build). A field set on the command line stays as set:
 `--config.model.attention_implementation=xla --config.model.scan_layers=False` is the explicit,
@@ -115,7 +115,7 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
       "dtype": "bfloat16",           # compute dtype; parameters stay float32
       # None: scanned on TPUs (compiles ~2x faster), unrolled on CPUs and GPUs, where the
       # scanned step measured 1.05-1.10x (CPU) and 1.45x (H100) slower: see
-      # runs/pretraining.default_scan_layers; stacked and run unrolled on the GPUs that run
+      # runs/pretraining.platform_defaults; stacked and run unrolled on the GPUs that run
       # the fused program (above). Checkpoints load into either layout.
       "scan_layers": placeholder(bool),
       # With scan_layers: the stacked layout run unrolled (one optimizer kernel per stacked

@@ -29,44 +29,41 @@ from bert_jax.training import state as state_lib
 from bert_jax.training.objective import Objective
 
 
-def default_scan_layers(platform: str | None = None) -> bool:
-  """`model.scan_layers` left unset: scanned layers (one compiled layer, stacked parameters,
-  the same losses bit for bit) on TPUs, unrolled elsewhere. Scanning compiles BERT-large's step
-  in 0.55x the time, but the scanned step measured 1.05-1.10x slower on CPU and 1.45x on an
-  H100 (benchmarks/RESULTS.md), so there the unrolled step pays for its compile within a few
-  dozen steps; on TPUs the scanned loop is the production path of large JAX trainers. On GPUs
-  that run the fused kernels the stacked layout run unrolled is the default instead
-  (`fused_gpu_fields`)."""
-  platform = platform or jax.default_backend()
-  return platform == "tpu"
-
-
 # The GPUs whose step runs fused by default: cuDNN's flash attention and Pallas' Triton
 # kernels need Ampere (compute capability 8.0) or newer.
 FUSED_GPU_CAPABILITY = (8, 0)
 
 
-def fused_gpu_fields(bert_config: configuration.BertConfig, given: set[str],
-                     capability: tuple[int, int] | None, max_seq_length: int | None = None
-                     ) -> dict[str, Any]:
-  """The compute fields left unset (not in `given`) that a CUDA GPU of compute capability
-  `capability` (None: not one) runs with by default: the program measured fastest on the H200
-  (benchmarks/RESULTS.md, "Stacked layers with the fused LayerNorm sites": 49.9 ms per BERT-base
-  step, 1.23x torch.compile's paper recipe; the explicit attention path with XLA's LayerNorm
-  measured 69.9 ms on an earlier build). Each field only where the model allows it:
+def platform_defaults(bert_config: configuration.BertConfig, given: set[str], platform: str,
+                      capability: tuple[int, int] | None = None,
+                      max_seq_length: int | None = None) -> dict[str, Any]:
+  """The compute fields left unset (not in `given`) that the platform the step is built for
+  runs with, as `BertConfig.replace` arguments.
 
+  The layout, `scan_layers` and `stack_unrolled` both unset: scanned layers (one compiled layer,
+  stacked parameters, the same losses bit for bit) on TPUs, where the scanned loop is the
+  production path of large JAX trainers; unrolled on CPUs and other GPUs, where the scanned step
+  measured 1.05-1.10x (CPU) and 1.45x (H100) slower (benchmarks/RESULTS.md) although it compiles
+  BERT-large's step in 0.55x the time, so the unrolled step pays for its compile within a few
+  dozen steps; on a CUDA GPU of compute capability 8.0 or newer (`capability`; None: not one),
+  the stacked layout run unrolled, with the fused kernels: the program measured fastest on the
+  H200 (benchmarks/RESULTS.md, "Stacked layers with the fused LayerNorm sites": 49.9 ms per
+  BERT-base step, 1.23x torch.compile's paper recipe; the explicit attention path with XLA's
+  LayerNorm measured 69.9 ms on an earlier build). There each field only where the model
+  allows it:
+
+  - `scan_layers=True, stack_unrolled=True` (one optimizer kernel per stacked leaf; checkpoints
+    load into either layout): unshared, unpruned layers;
   - `attention_implementation="cudnn"` (attention dropout inside cuDNN's flash kernel): a
     bfloat16 or float16 compute dtype, heads of a multiple of 8 values up to 128 (Hopper: 256)
     in the model and its ELECTRA generator, an even sequence length (packed rows reach cuDNN as
     a bias), and unshared layers outside a scanned loop when attention dropout is on;
   - `layer_norm_implementation="pallas"` (each block's dropout + residual add + LayerNorm one
-    Triton kernel each way): the low-precision LayerNorm of a bfloat16 or float16 model;
-  - `scan_layers=True, stack_unrolled=True` (one optimizer kernel per stacked leaf; checkpoints
-    load into either layout): unshared, unpruned layers, `scan_layers` and `stack_unrolled`
-    both unset.
-
-  Empty for anything else (CPUs, TPUs, older or other GPUs): those run as configured."""
-  if capability is None or tuple(capability) < FUSED_GPU_CAPABILITY:
+    Triton kernel each way): the low-precision LayerNorm of a bfloat16 or float16 model."""
+  layout_given = bool({"scan_layers", "stack_unrolled"} & given)
+  if platform == "tpu":
+    return {} if layout_given else {"scan_layers": True}
+  if platform != "gpu" or capability is None or tuple(capability) < FUSED_GPU_CAPABILITY:
     return {}
   narrow = bert_config.dtype in ("bfloat16", "float16")
   unshared = bert_config.share_parameters == "none"
@@ -75,12 +72,10 @@ def fused_gpu_fields(bert_config: configuration.BertConfig, given: set[str],
                             else [])
   heads_fit = all(m.head_dim % 8 == 0 and m.head_dim <= head_limit for m in models)
   fields: dict[str, Any] = {}
-  if (unshared and bert_config.pruned_heads is None
-      and not {"scan_layers", "stack_unrolled"} & given):
+  if unshared and bert_config.pruned_heads is None and not layout_given:
     fields.update(scan_layers=True, stack_unrolled=True)
   # cuDNN's dropout needs one call site per layer: no scanned loop (`BertConfig` refuses it).
-  scanned_loop = bert_config.scanned_loop and "stack_unrolled" not in fields
-  one_site_per_layer = unshared and not scanned_loop
+  one_site_per_layer = unshared and not bert_config.scanned_loop
   if ("attention_implementation" not in given and narrow and heads_fit
       and (max_seq_length is None or max_seq_length % 2 == 0)
       and (one_site_per_layer or bert_config.attention_probs_dropout_prob == 0)):
@@ -93,25 +88,24 @@ def fused_gpu_fields(bert_config: configuration.BertConfig, given: set[str],
 
 def bert_config_from(config: ml_collections.ConfigDict, platform: str | None = None,
                      capability: tuple[int, int] | None = None) -> configuration.BertConfig:
-  """The model section of a run config → BertConfig (preset, then the non-None fields;
-  `scan_layers` unset: the stacked layout where `stack_unrolled` asks for it, else
-  `default_scan_layers` of the platform). On a CUDA GPU of compute capability `capability`
-  (`gpu_targets.compute_capability` of the run's devices) the fields left unset take the fused
-  program's values (`fused_gpu_fields`)."""
+  """The model section of a run config → BertConfig: the preset, then the non-None fields
+  (`stack_unrolled` implying the stacked layout it runs), then the defaults of the platform
+  the step is built for (`platform_defaults`; a CUDA GPU's `capability` is
+  `gpu_targets.compute_capability` of the run's devices)."""
   fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
   given = set(fields)
-  fields.setdefault("scan_layers", bool(fields.get("stack_unrolled"))
-                    or default_scan_layers(platform))
+  if fields.get("stack_unrolled"):
+    fields.setdefault("scan_layers", True)
   bert_config = configuration.get_preset(config.model.preset, **fields)
-  if (platform or jax.default_backend()) != "gpu":
+  platform = platform or jax.default_backend()
+  defaults = platform_defaults(bert_config, given, platform, capability,
+                               config.data.get("max_seq_length"))
+  if not defaults:
     return bert_config
-  fused = fused_gpu_fields(bert_config, given, capability, config.data.get("max_seq_length"))
-  if not fused:
-    return bert_config
-  logging.info("A GPU of compute capability %d.%d: %s (the fused program's defaults; set a "
-               "field to choose otherwise).", *capability,
-               ", ".join(f"{k}={v}" for k, v in fused.items()))
-  return bert_config.replace(**fused)
+  logging.info("Defaults for this %s%s: %s (set a field to choose otherwise).", platform,
+               f" of compute capability {capability[0]}.{capability[1]}" if capability else "",
+               ", ".join(f"{k}={v}" for k, v in defaults.items()))
+  return bert_config.replace(**defaults)
 
 
 def objective_from(config: ml_collections.ConfigDict,

@@ -49,7 +49,7 @@ CASES = {
     "fp8": ("h100", {"model.quantization": "fp8"}),
     "dp8": ("h100x8", {"model.attention_implementation": "cudnn"}),
     "a100": ("a100", {}),
-    # Nothing set: what a GPU of this kind runs by default (`pretraining.fused_gpu_fields`).
+    # Nothing set: what a GPU of this kind runs by default (`pretraining.platform_defaults`).
     "h200_defaults": ("h200", {"model.attention_implementation": None,
                                "model.layer_norm_implementation": None,
                                "model.scan_layers": None}),
@@ -300,7 +300,7 @@ def test_fused_layer_norm_sites_are_one_kernel_each_way_and_move_fewer_bytes(com
 def test_a_gpu_runs_the_fused_program_unless_told_otherwise(compiled):
   """With the attention kernel, the LayerNorm kernel and the layout left unset, a step built
   for an H200 (compute capability 9.0, read from the compile-only device's kind) is the program
-  measured fastest there (`pretraining.fused_gpu_fields`): attention dropout inside cuDNN's
+  measured fastest there (`pretraining.platform_defaults`): attention dropout inside cuDNN's
   kernel, each LayerNorm site one Triton kernel each way, the stacked layers run unrolled."""
   assert compiled["h200_defaults_config"] == {
       "attention_implementation": "cudnn", "layer_norm_implementation": "pallas",
