@@ -116,7 +116,8 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
       # None: scanned on TPUs (compiles ~2x faster), unrolled on CPUs and GPUs, where the
       # scanned step measured 1.05-1.10x (CPU) and 1.45x (H100) slower: see
       # runs/pretraining.platform_defaults; stacked and run unrolled on the GPUs that run
-      # the fused program (above). Checkpoints load into either layout.
+      # the fused program (above). Checkpoints load into either layout; a run resuming from
+      # its own checkpoint keeps that checkpoint's layout (its optimizer state's) when unset.
       "scan_layers": placeholder(bool),
       # With scan_layers: the stacked layout run unrolled (one optimizer kernel per stacked
       # leaf; BertConfig.stack_unrolled). None: False, except on the fused program's GPUs.

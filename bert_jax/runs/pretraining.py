@@ -36,7 +36,8 @@ FUSED_GPU_CAPABILITY = (8, 0)
 
 def platform_defaults(bert_config: configuration.BertConfig, given: set[str], platform: str,
                       capability: tuple[int, int] | None = None,
-                      max_seq_length: int | None = None) -> dict[str, Any]:
+                      max_seq_length: int | None = None,
+                      resumed_layout: str | None = None) -> dict[str, Any]:
   """The compute fields left unset (not in `given`) that the platform the step is built for
   runs with, as `BertConfig.replace` arguments.
 
@@ -59,23 +60,36 @@ def platform_defaults(bert_config: configuration.BertConfig, given: set[str], pl
     in the model and its ELECTRA generator, an even sequence length (packed rows reach cuDNN as
     a bias), and unshared layers outside a scanned loop when attention dropout is on;
   - `layer_norm_implementation="pallas"` (each block's dropout + residual add + LayerNorm one
-    Triton kernel each way): the low-precision LayerNorm of a bfloat16 or float16 model."""
+    Triton kernel each way): the low-precision LayerNorm of a bfloat16 or float16 model.
+
+  A run resuming from its checkpoint (`resumed_layout`: "stacked" or "unrolled", as
+  `checkpointing.layers_layout` reads the checkpoint) keeps its layers' layout where the
+  layout is unset, whatever the platform would pick for a new run: the optimizer state it
+  restores is laid out so. Stacked layers then run as the platform runs them (unrolled on a
+  recent GPU, scanned elsewhere)."""
   layout_given = bool({"scan_layers", "stack_unrolled"} & given)
-  if platform == "tpu":
-    return {} if layout_given else {"scan_layers": True}
-  if platform != "gpu" or capability is None or tuple(capability) < FUSED_GPU_CAPABILITY:
-    return {}
-  narrow = bert_config.dtype in ("bfloat16", "float16")
+  fused_gpu = (platform == "gpu" and capability is not None
+               and tuple(capability) >= FUSED_GPU_CAPABILITY)
   unshared = bert_config.share_parameters == "none"
+  fields: dict[str, Any] = {}
+  if not layout_given and unshared and bert_config.pruned_heads is None:
+    stacked = {"stacked": True, "unrolled": False}.get(
+        resumed_layout, platform == "tpu" or fused_gpu)
+    if stacked:
+      fields.update(scan_layers=True, **({"stack_unrolled": True} if fused_gpu else {}))
+    elif resumed_layout:
+      fields["scan_layers"] = False
+  elif not layout_given and platform == "tpu":
+    fields["scan_layers"] = True
+  if not fused_gpu:
+    return fields
+  narrow = bert_config.dtype in ("bfloat16", "float16")
   head_limit = 256 if tuple(capability) >= (9, 0) else 128
   models = [bert_config] + ([bert_config.generator_config()] if bert_config.has_generator
                             else [])
   heads_fit = all(m.head_dim % 8 == 0 and m.head_dim <= head_limit for m in models)
-  fields: dict[str, Any] = {}
-  if unshared and bert_config.pruned_heads is None and not layout_given:
-    fields.update(scan_layers=True, stack_unrolled=True)
   # cuDNN's dropout needs one call site per layer: no scanned loop (`BertConfig` refuses it).
-  one_site_per_layer = unshared and not bert_config.scanned_loop
+  one_site_per_layer = unshared and not bert_config.replace(**fields).scanned_loop
   if ("attention_implementation" not in given and narrow and heads_fit
       and (max_seq_length is None or max_seq_length % 2 == 0)
       and (one_site_per_layer or bert_config.attention_probs_dropout_prob == 0)):
@@ -87,11 +101,13 @@ def platform_defaults(bert_config: configuration.BertConfig, given: set[str], pl
 
 
 def bert_config_from(config: ml_collections.ConfigDict, platform: str | None = None,
-                     capability: tuple[int, int] | None = None) -> configuration.BertConfig:
+                     capability: tuple[int, int] | None = None,
+                     resumed_layout: str | None = None) -> configuration.BertConfig:
   """The model section of a run config → BertConfig: the preset, then the non-None fields
   (`stack_unrolled` implying the stacked layout it runs), then the defaults of the platform
   the step is built for (`platform_defaults`; a CUDA GPU's `capability` is
-  `gpu_targets.compute_capability` of the run's devices)."""
+  `gpu_targets.compute_capability` of the run's devices; `resumed_layout` the layers' layout
+  of the checkpoint a run resumes from)."""
   fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
   given = set(fields)
   if fields.get("stack_unrolled"):
@@ -99,11 +115,12 @@ def bert_config_from(config: ml_collections.ConfigDict, platform: str | None = N
   bert_config = configuration.get_preset(config.model.preset, **fields)
   platform = platform or jax.default_backend()
   defaults = platform_defaults(bert_config, given, platform, capability,
-                               config.data.get("max_seq_length"))
+                               config.data.get("max_seq_length"), resumed_layout)
   if not defaults:
     return bert_config
-  logging.info("Defaults for this %s%s: %s (set a field to choose otherwise).", platform,
+  logging.info("Defaults for this %s%s%s: %s (set a field to choose otherwise).", platform,
                f" of compute capability {capability[0]}.{capability[1]}" if capability else "",
+               f", resuming a checkpoint of {resumed_layout} layers" if resumed_layout else "",
                ", ".join(f"{k}={v}" for k, v in defaults.items()))
   return bert_config.replace(**defaults)
 
@@ -277,14 +294,17 @@ def keep_vocabulary(config: ml_collections.ConfigDict, files: list[str], workdir
 
 
 def build(config: ml_collections.ConfigDict, devices=None,
-          max_sequences_per_row: int | None = None) -> Run:
+          max_sequences_per_row: int | None = None, resumed_layout: str | None = None) -> Run:
+  """What `config` builds for `devices` (default: all); `resumed_layout` is the layers' layout
+  of the checkpoint the run resumes from (`CheckpointManager.stored_layout`), None for a new
+  run."""
   config = resolve_record_shapes(config)  # a config's unset shapes, where no records decided
   check_config(config)
   # Scanned or unrolled layers by the platform the step is built for, which for an
   # ahead-of-time compile (a TPU topology from a CPU machine) is not the local one.
   device = devices[0] if devices else jax.devices()[0]
   bert_config = bert_config_from(config, device.platform,
-                                 gpu_targets.compute_capability(device))
+                                 gpu_targets.compute_capability(device), resumed_layout)
   mesh, rules = sharding.mesh_from_config(config, devices)
   sharding.check_batch_divisible(config.global_batch_size, mesh)
   bert_config.check_sequence_length(config.data.max_seq_length, "data.max_seq_length")
@@ -390,8 +410,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: list[str]
                         ) -> dict[str, Any]:
   pack_sequences = config.data.max_sequences_per_row if config.data.get("packing") else None
+  ckpt = checkpointing.run_checkpoints(workdir, max_to_keep=config.max_checkpoints_to_keep)
+  # A run resuming here keeps its layers' layout, whatever this platform's default.
   run = build(config, max_sequences_per_row=(input_pipeline.detect_packing(files[0])
-                                             or pack_sequences))
+                                             or pack_sequences),
+              resumed_layout=ckpt.stored_layout())
   seq_len, max_pred = config.data.max_seq_length, config.data.max_predictions_per_seq
   eval_files = input_pipeline.list_files(config.data.eval_files) if config.data.eval_files else None
   train_files, eval_files = input_pipeline.split_train_eval(files, eval_files)
@@ -408,7 +431,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: 
                                              shuffle=False, repeat=False, **data_kwargs)
 
   writer = metrics.MetricWriter(workdir, tensorboard=config.tensorboard)
-  ckpt = checkpointing.run_checkpoints(workdir, max_to_keep=config.max_checkpoints_to_keep)
   records = records_summary.records_identity(train_files)
   init = init_order.initial_state(
       run.objective, run.model, run.tx, run.mesh, run.rules,

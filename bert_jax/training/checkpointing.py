@@ -86,6 +86,17 @@ class CheckpointManager(CheckpointStore):
           f"({len(problems)} differences):\n" + "\n".join(shown)
           + _layout_hint(set(stored_shapes), set(wanted))))
 
+  def stored_layout(self) -> str | None:
+    """How the layers of the newest readable step are laid out ("stacked" or "unrolled", as
+    `layers_layout`), from its metadata without any array; None without one (a damaged step is
+    passed over here as `restore` passes over it, and named there)."""
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        return layers_layout(self._stored_shapes(step))
+      except Damaged:
+        continue
+    return None
+
   # ---------------------------------------------------------------------------- restore
   def restore(self, abstract_state: Any, step: int | None = None, *,
               set_aside_damaged: bool = False) -> tuple[Any, dict[str, Any], dict[str, Any]]:
@@ -121,16 +132,23 @@ class CheckpointManager(CheckpointStore):
     return state, data, meta
 
 
+# What names the layers' parameters in each layout: stacked (`scan_layers=True`, with or
+# without `stack_unrolled`: one subtree whose leaves have a leading layer axis) or one subtree
+# per layer.
+_LAYOUT_MARKS = {"stacked": "/encoder/layer/", "unrolled": "/encoder/layer_0/"}
+
+
+def layers_layout(names) -> str | None:
+  """"stacked" or "unrolled": how the layers of a state whose flat parameter names are `names`
+  are laid out; None where neither or both show (a model without layers, shared layers)."""
+  found = [kind for kind, mark in _LAYOUT_MARKS.items() if any(mark in n for n in names)]
+  return found[0] if len(found) == 1 else None
+
+
 def _layout_hint(stored: set[str], wanted: set[str]) -> str:
   """The fix, where the two differ only in how the layers' parameters are laid out: stacked
   (`encoder/layer/...`, `scan_layers=True`) or one subtree per layer (`encoder/layer_0/...`)."""
-  marks = {"stacked": "/encoder/layer/", "unrolled": "/encoder/layer_0/"}
-
-  def layout(names):
-    found = [kind for kind, mark in marks.items() if any(mark in n for n in names)]
-    return found[0] if len(found) == 1 else None
-
-  have, want = layout(stored), layout(wanted)
+  have, want = layers_layout(stored), layers_layout(wanted)
   if not have or not want or have == want:
     return ""
   resume = ("--config.model.scan_layers=True (on GPUs with --config.model.stack_unrolled=True "

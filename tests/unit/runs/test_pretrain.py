@@ -61,6 +61,58 @@ def test_scan_layers_default_follows_the_platform():
   assert stacked.scan_layers and stacked.stack_unrolled and not stacked.scanned_loop
 
 
+def test_a_resumed_run_keeps_its_checkpoints_layout():
+  """The layout unset, a run resuming from its checkpoint keeps the checkpoint's layers'
+  layout on any platform (its optimizer state is laid out so); stacked layers run as the
+  platform runs them. A layout set on the command line stays as set (and a checkpoint of the
+  other layout is then refused, naming the fix)."""
+  config = ph.recipe("base")
+
+  def layout(platform, capability, resumed):
+    b = pretraining.bert_config_from(config, platform, capability, resumed)
+    return b.scan_layers, b.stack_unrolled
+
+  for platform, capability in (("cpu", None), ("tpu", None), ("gpu", (7, 5)), ("gpu", (9, 0))):
+    assert layout(platform, capability, "unrolled") == (False, False)
+  assert layout("cpu", None, "stacked") == (True, False)
+  assert layout("tpu", None, "stacked") == (True, False)
+  assert layout("gpu", (7, 5), "stacked") == (True, False)
+  assert layout("gpu", (9, 0), "stacked") == (True, True)  # the recent GPU's way to run them
+  # Unrolled layers resumed on a recent GPU: its fused kernels all the same.
+  resumed = pretraining.bert_config_from(config, "gpu", (9, 0), "unrolled")
+  assert (resumed.attention_implementation, resumed.layer_norm_implementation) == (
+      "cudnn", "pallas")
+  # Set, the layout is what it says.
+  config.model.scan_layers = True
+  assert layout("cpu", None, "unrolled") == (True, False)
+  # Shared layers have one layout: nothing to keep.
+  albert = ph.recipe("albert_base")
+  assert not pretraining.bert_config_from(albert, "gpu", (9, 0), "stacked").scan_layers
+
+
+def test_a_run_resumes_in_the_layout_it_started_in(records, tmp_path, caplog):
+  """A run started with stacked layers and resumed with the layout unset (where this CPU would
+  pick unrolled ones, as a GPU run started under an older default would differ from a recent
+  GPU's) continues: the same losses as an uninterrupted stacked run."""
+  straight = str(tmp_path / "straight")
+  pretraining.train_and_evaluate(
+      ph.run_config(records, train_until_step=8, **{"model.scan_layers": True}), straight)
+  resumed = str(tmp_path / "resumed")
+  pretraining.train_and_evaluate(
+      ph.run_config(records, train_until_step=4, **{"model.scan_layers": True}), resumed)
+  caplog.clear()
+  with caplog.at_level("INFO"):
+    pretraining.train_and_evaluate(ph.run_config(records, train_until_step=8), resumed)
+  assert "resuming a checkpoint of stacked layers: scan_layers=True" in caplog.text
+  a, b = _losses(straight), _losses(resumed)
+  assert max(b) == 8
+  for s in range(6, 9):  # after the restart's first step
+    assert a[s] == b[s], (s, a[s], b[s])
+  stored = checkpointing.run_checkpoints(resumed, async_save=False)
+  assert stored.stored_layout() == "stacked"
+  stored.close()
+
+
 def _fused(config, capability=(9, 0), platform="gpu"):
   b = pretraining.bert_config_from(config, platform, capability)
   return (b.attention_implementation, b.layer_norm_implementation, b.scan_layers,
