@@ -629,7 +629,7 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
     inside the kernel (`_cudnn_attention`; `cudnn_seed` is the call site's static seed);
   - "pallas": the Pallas TPU kernels, dropout drawn inside the kernel (`_pallas_attention`);
   - "xla": `jax.nn.dot_product_attention`'s XLA path without dropout;
-  - None: `jax.nn.dot_product_attention` picks without dropout, except on the CPU, where XLA
+  - None: `jax.nn.dot_product_attention` picks without dropout, except for the CPU, where XLA
     runs the explicit path 1.2-1.4x faster (benchmarks/RESULTS.md, attention core at 4x512).
   "xla" and None with attention dropout in training run the explicit path: the reference
   (softmax in float32, the mask drawn with `dropout_bits` bits per decision).
@@ -643,7 +643,7 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
       raise ValueError("cuDNN attention dropout needs the call site's static seed "
                        "(modeling.cudnn_dropout_seed of the attention module's path).")
     return _cudnn_attention(query, key, value, input_mask, sequence_ids, rate, cudnn_seed)
-  if dropping or (implementation is None and jax.default_backend() == "cpu"):
+  if dropping or (implementation is None and target.target_platform() == "cpu"):
     return _explicit_attention(query, key, value, attention_mask(input_mask, sequence_ids),
                                rate, dropout_rng, dropout_bits)
   return jax.nn.dot_product_attention(query, key, value,
