@@ -352,29 +352,38 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
   mesh = sharding.create_mesh([-1, 1, 1])
   rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
   model = objective.model(config)
+
+  def setup(phase: str, seconds: float) -> None:
+    # Each phase as it ends, so that a run cut short still says where its time went.
+    print(f"SETUP {name} {variant} {layers}: {phase} {seconds:.1f} s "
+          f"({time.perf_counter() - _STARTED:.1f} s since the process started)", flush=True)
+
   start = time.perf_counter()
   state, state_sh = state_lib.create_train_state(model, tx, mesh, rules, 0, np_batch,
                                                  objective.input_names)
   jax.block_until_ready(state)
-  setup_s = time.perf_counter() - start
+  setup("state", time.perf_counter() - start)
   batch_sh = sharding.batch_sharding(mesh)
   batch = jax.device_put(np_batch, batch_sh)
   step = step_lib.build_train_step(objective, model, tx, schedule, state_sh, batch_sh, mesh, rules)
   start = time.perf_counter()
-  compiled = step.lower(state, batch).compile()
-  compile_s = time.perf_counter() - start
+  lowered = step.lower(state, batch)
+  lower_s = time.perf_counter() - start
+  setup("tracing and lowering", lower_s)
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - start  # the table's compile: lowering included
+  setup("XLA compile", compile_s - lower_s)
   # The optimized HLO, printed once for the dump and the profile's kernel kinds.
+  start = time.perf_counter()
   hlo_text = compiled.as_text() if _DUMP_HLO.value or _PROFILE.value else None
   hlo = _dump_hlo(hlo_text, name, variant, layers, config, shape) if _DUMP_HLO.value else None
+  if hlo_text is not None:
+    setup("optimized HLO text", time.perf_counter() - start)
   start = time.perf_counter()
   for _ in range(_WARMUP.value):
     state, metrics = compiled(state, batch)
   first_loss = float(metrics["loss"])
-  warmup_s = time.perf_counter() - start
-  # Printed before the timed steps, so that a run cut short still says where its time went.
-  print(f"SETUP {name} {variant} {layers}: state {setup_s:.1f} s, compile {compile_s:.1f} s, "
-        f"{_WARMUP.value} warm-up steps {warmup_s:.1f} s; "
-        f"{time.perf_counter() - _STARTED:.1f} s since the process started", flush=True)
+  setup(f"{_WARMUP.value} warm-up steps", time.perf_counter() - start)
   times = []
   for _ in range(_REPEATS.value):
     jax.block_until_ready(state.params)
