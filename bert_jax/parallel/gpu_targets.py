@@ -242,6 +242,7 @@ def topology_devices(machine: Machine | str) -> list:
         f"on the path, and JAX looks for plugins once; compile in a fresh process (as "
         f"`python -m bert_jax.pretrain --compile_for={machine.name}` does)") from e
   _hand_over_library_versions()
+  _register_prng_kernels()
   devices = list(topology.devices)
   if len(devices) != machine.devices:
     raise RuntimeError(f"{machine.topology} gave {len(devices)} devices, expected "
@@ -263,3 +264,20 @@ def _hand_over_library_versions() -> None:
   for module in (jax_lib, fused_attention_stablehlo):
     if getattr(module, "cuda_versions", None) is None:
       module.cuda_versions = versions
+
+
+def _register_prng_kernels() -> None:
+  """JAX registers the CUDA plugin's random-number kernels (threefry as one CUDA kernel, which
+  the initial state's program calls: `training.state.lower_initial_state`) when it is
+  imported. Found only later (from `compiler_dir()`), they are registered here as JAX would
+  have, so that a compile for a GPU finds them; once per process."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from jaxlib import gpu_prng  # pylint: disable=g-import-not-at-top
+  if getattr(gpu_prng, "_cuda_prng", None) is not None:
+    return
+  module = importlib.import_module("jax_cuda12_plugin._prng")
+  for name, value in module.registrations().items():
+    jax.ffi.register_ffi_target(name, value, platform="CUDA",
+                                api_version=int(name.endswith("_ffi")))
+  gpu_prng._cuda_prng = module  # pylint: disable=protected-access

@@ -15,6 +15,7 @@ before they existed.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import flax
@@ -23,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax.linen import fp8_ops
+from jax._src import config as jax_config  # the threefry lowering's setting: no public alias
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bert_jax.parallel import sharding
@@ -135,6 +137,25 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh:
   state_sh = shardings
   if state_sh is None:
     _, state_sh = abstract_train_state(model, tx, mesh, rules, batch, input_names)
+  seed_array = jnp.asarray(seed, jnp.uint32)
+  lowered = lower_initial_state(model, tx, mesh, rules, batch, input_names, state_sh,
+                                seed_array)
+  return lowered.compile()(seed_array), state_sh
+
+
+def lower_initial_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
+                        rules, batch: dict[str, Any], input_names: Sequence[str],
+                        state_sh: TrainState, seed_array: Any) -> jax.stages.Lowered:
+  """The program `create_train_state` runs, lowered for `mesh` (`seed_array`: a uint32 scalar
+  or its ShapeDtypeStruct).
+
+  Its random draws lowered to JAX's threefry kernel on GPUs (`_threefry_kernels`): the same
+  numbers (the algorithm is the same, written once as a CUDA kernel), and a program XLA's GPU
+  compiler turns out in a fraction of the time. Lowered inline, every parameter's draws become
+  unrolled hashing inside large fusions: BERT-base's init took 38.5 s to compile for an H100
+  on a 2-core machine, against 8.3 s with the kernel (`benchmarks/RESULTS.md`). Only here: in
+  the train step the dropout bits stay inline, fused into the kernels that use them.
+  """
   init_variables = _init_variables_fn(model, batch, input_names)
 
   def init_state(seed_array):
@@ -143,6 +164,13 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh:
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                       opt_state=tx.init(params), rng=dropout_rng, model_state=model_state)
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state = jax.jit(init_state, out_shardings=state_sh)(jnp.asarray(seed, jnp.uint32))
-  return state, state_sh
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules), _threefry_kernels():
+    return jax.jit(init_state, out_shardings=state_sh).lower(seed_array)
+
+
+def _threefry_kernels():
+  """A context in which JAX lowers threefry to its GPU kernel (`jax_threefry_gpu_kernel_lowering`,
+  part of the trace context, so only what is traced inside takes it); no other platform reads
+  the setting. A JAX without it gets a context that changes nothing."""
+  setting = getattr(jax_config, "threefry_gpu_kernel_lowering", None)
+  return setting(True) if setting is not None else contextlib.nullcontext()
