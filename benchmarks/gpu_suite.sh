@@ -44,10 +44,11 @@
 #       there does the trace name each kernel), cuDNN LayerNorm on. Each flag is
 #       parsed by jaxlib 0.11.2 (and by 0.10.2, except --xla_gpu_enable_pdl_launch; an unknown
 #       one aborts XLA at start: the abort is recorded, the sweep goes on)
-#   (c) large 64×512: ours paper-cudnn-fusedln stacked; large's "everything" (as (e)'s: the
-#       fused sites with the epilogues, the tanh GELU and pdl) beside the peer compiled with
-#       that GELU; ours paper-cudnn with unrolled, then stacked layers (one process); FP8
-#       matmuls with the fused sites (paper-cudnn-fp8-fusedln stacked, FP8 scales stacked too)
+#   (c) large 64×512: ours paper-cudnn-fusedln stacked; FP8 matmuls with the fused sites
+#       (paper-cudnn-fp8-fusedln stacked, FP8 scales stacked too); large's "everything" (as
+#       (e)'s: the fused sites with the epilogues, the tanh GELU and pdl) beside the peer
+#       compiled with that GELU; ours paper-cudnn with unrolled, then stacked layers (one
+#       process)
 #   (d) A/B on base: ours paper-cudnn-f32res, paper-cudnn-bits32 (against (a)'s paper-cudnn)
 #       and paper (the explicit path); ours fast-cudnn on large
 #   (g) the peer with the MLM head gathered at the masked positions (as ours), eager and
@@ -70,6 +71,10 @@
 #   (c) ≈ 140 + 140 s (large fused sites stacked: 137 s alone, compile 36 s), the peer
 #       ≈ 100 s, then 150 + 140 s (FP8: cut at its earlier 130 s cap, now 190 s)
 #   (d) ≈ 150 s   (g) ≈ 100 s
+# Those times include creating the train state, whose program XLA compiled in about 60 s
+# (base) and 140 s (large) for an H200 before its random draws went through JAX's threefry
+# kernel (10 and 19 s, compiled on a 2-core machine: RESULTS.md, "The initial state's
+# program"); each process's SETUP lines now say what every phase takes.
 #   (h) ≈ 40 s   (f) ≈ 140 s per file present
 # All of it: ≈ 1,600 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
 # (b) and part of (e); the rest needs another run (SUITE_PARTS="e c d g h f"), which leaves out
@@ -478,10 +483,13 @@ if want e; then
     "cudnn_layer_norm|paper-cudnn|--xla_gpu_enable_cudnn_layer_norm=true"
 fi
 if want c; then
-  # Large's best program first (fused sites, then with the epilogues, the tanh GELU and pdl,
-  # as (e)'s "everything"), beside the peer compiled with the same GELU; then the layouts.
+  # Large's best program first (fused sites), then FP8 with them, then with the epilogues, the
+  # tanh GELU and pdl (as (e)'s "everything") beside the peer compiled with the same GELU;
+  # then the layouts.
   ours c-large-fusedln 190 "$LARGE" paper-cudnn-fusedln --layers=stacked \
     --batch="$LARGE=$LARGE_BATCH"
+  fp8=$(with_fused_sites c-large-fusedln paper-cudnn-fp8-fusedln paper-cudnn-fp8)
+  ours c-fp8 190 "$LARGE" "$fp8" --layers=stacked --batch="$LARGE=$LARGE_BATCH"
   everything=$(with_fused_sites c-large-fusedln paper-cudnn-tanh-fusedln paper-cudnn-tanh)
   XLA_FLAGS="${XLA_FLAGS:-} $EPILOGUES $PDL" ours c-large-everything 190 "$LARGE" \
     "$everything" --layers=stacked --batch="$LARGE=$LARGE_BATCH"
@@ -491,8 +499,6 @@ if want c; then
   # process, so that the pair shares a machine whatever part (b) ran on.
   ours c-large-layouts 210 "$LARGE" paper-cudnn --layers=unrolled,stacked \
     --batch="$LARGE=$LARGE_BATCH"
-  fp8=$(with_fused_sites c-large-fusedln paper-cudnn-fp8-fusedln paper-cudnn-fp8)
-  ours c-fp8 190 "$LARGE" "$fp8" --layers=stacked --batch="$LARGE=$LARGE_BATCH"
 fi
 if want d; then
   ours d-ab 150 "$BASE" paper-cudnn-f32res,paper-cudnn-bits32,paper
