@@ -410,11 +410,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: list[str]
                         ) -> dict[str, Any]:
   pack_sequences = config.data.max_sequences_per_row if config.data.get("packing") else None
-  ckpt = checkpointing.run_checkpoints(workdir, max_to_keep=config.max_checkpoints_to_keep)
   # A run resuming here keeps its layers' layout, whatever this platform's default.
   run = build(config, max_sequences_per_row=(input_pipeline.detect_packing(files[0])
                                              or pack_sequences),
-              resumed_layout=ckpt.stored_layout())
+              resumed_layout=checkpointing.stored_layout(workdir))
   seq_len, max_pred = config.data.max_seq_length, config.data.max_predictions_per_seq
   eval_files = input_pipeline.list_files(config.data.eval_files) if config.data.eval_files else None
   train_files, eval_files = input_pipeline.split_train_eval(files, eval_files)
@@ -431,6 +430,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, files: 
                                              shuffle=False, repeat=False, **data_kwargs)
 
   writer = metrics.MetricWriter(workdir, tensorboard=config.tensorboard)
+  ckpt = checkpointing.run_checkpoints(workdir, max_to_keep=config.max_checkpoints_to_keep)
   records = records_summary.records_identity(train_files)
   init = init_order.initial_state(
       run.objective, run.model, run.tx, run.mesh, run.rules,

@@ -160,6 +160,19 @@ def _layout_hint(stored: set[str], wanted: set[str]) -> str:
           "converts the layout.")
 
 
+def stored_layout(run_dir: str) -> str | None:
+  """How the layers of the newest readable checkpoint of the run in `run_dir` are laid out
+  (`CheckpointManager.stored_layout`); None where it has none. Creates nothing: a run refused
+  after asking leaves its directory as it was."""
+  if not file_io.exists(file_io.join(run_dir, kinds.CHECKPOINTS)):
+    return None
+  manager = run_checkpoints(run_dir, max_to_keep=None, async_save=False)
+  try:
+    return manager.stored_layout()
+  finally:
+    manager.close()
+
+
 def run_checkpoints(run_dir: str, *, max_to_keep: int | None = 3, async_save: bool = True
                     ) -> CheckpointManager:
   """The checkpoint manager of a run directory (where runs save and resume)."""

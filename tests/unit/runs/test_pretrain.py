@@ -108,9 +108,10 @@ def test_a_run_resumes_in_the_layout_it_started_in(records, tmp_path, caplog):
   assert max(b) == 8
   for s in range(6, 9):  # after the restart's first step
     assert a[s] == b[s], (s, a[s], b[s])
-  stored = checkpointing.run_checkpoints(resumed, async_save=False)
-  assert stored.stored_layout() == "stacked"
-  stored.close()
+  assert checkpointing.stored_layout(resumed) == "stacked"
+  assert checkpointing.stored_layout(straight) == "stacked"
+  fresh = tmp_path / "fresh"  # no run there yet: nothing to keep, and nothing created
+  assert checkpointing.stored_layout(str(fresh)) is None and not fresh.exists()
 
 
 def _fused(config, capability=(9, 0), platform="gpu"):
