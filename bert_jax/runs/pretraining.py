@@ -296,7 +296,7 @@ def keep_vocabulary(config: ml_collections.ConfigDict, files: list[str], workdir
 def build(config: ml_collections.ConfigDict, devices=None,
           max_sequences_per_row: int | None = None, resumed_layout: str | None = None) -> Run:
   """What `config` builds for `devices` (default: all); `resumed_layout` is the layers' layout
-  of the checkpoint the run resumes from (`CheckpointManager.stored_layout`), None for a new
+  of the checkpoint the run resumes from (`checkpointing.stored_layout`), None for a new
   run."""
   config = resolve_record_shapes(config)  # a config's unset shapes, where no records decided
   check_config(config)

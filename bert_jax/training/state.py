@@ -152,9 +152,10 @@ def lower_initial_state(model: nn.Module, tx: optax.GradientTransformation, mesh
   Its random draws lowered to JAX's threefry kernel on GPUs (`_threefry_kernels`): the same
   numbers (the algorithm is the same, written once as a CUDA kernel), and a program XLA's GPU
   compiler turns out in a fraction of the time. Lowered inline, every parameter's draws become
-  unrolled hashing inside large fusions: BERT-base's init took 38.5 s to compile for an H100
-  on a 2-core machine, against 8.3 s with the kernel (`benchmarks/RESULTS.md`). Only here: in
-  the train step the dropout bits stay inline, fused into the kernels that use them.
+  unrolled hashing inside a few large fusions: BERT-base's took 60.7 s to compile for an H200
+  on a 2-core machine, against 10.1 s with the kernel, BERT-large's 137.4 s against 19.2 s
+  (`benchmarks/init_compile.py`). Only here: in the train step the dropout bits stay inline,
+  fused into the kernels that use them.
   """
   init_variables = _init_variables_fn(model, batch, input_names)
 
