@@ -16,7 +16,6 @@ many small fusions. Each row is one compile (the step's model at the suite's sha
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -43,20 +42,15 @@ def compile_init(preset: str, variant: str, layers: str, target: str) -> list[di
   _, state_sh = state_lib.abstract_train_state(run.model, run.tx, run.mesh, run.rules, example,
                                                run.objective.input_names)
   rows = []
-  as_built = state_lib._threefry_kernels  # pylint: disable=protected-access
   for kernel in (True, False):
-    state_lib._threefry_kernels = as_built if kernel else contextlib.nullcontext
-    try:
-      start = time.perf_counter()
-      lowered = state_lib.lower_initial_state(
-          run.model, run.tx, run.mesh, run.rules, example, run.objective.input_names,
-          state_sh, jax.ShapeDtypeStruct((), jnp.uint32))
-      lower_s = time.perf_counter() - start
-      start = time.perf_counter()
-      text = lowered.compile().as_text()
-      compile_s = time.perf_counter() - start
-    finally:
-      state_lib._threefry_kernels = as_built
+    start = time.perf_counter()
+    lowered = state_lib.lower_initial_state(
+        run.model, run.tx, run.mesh, run.rules, example, run.objective.input_names, state_sh,
+        jax.ShapeDtypeStruct((), jnp.uint32), threefry_kernel=kernel)
+    lower_s = time.perf_counter() - start
+    start = time.perf_counter()
+    text = lowered.compile().as_text()
+    compile_s = time.perf_counter() - start
     rows.append(dict(preset=preset, variant=variant, layers=layers, target=target,
                      jax=jax.__version__, threefry_kernel=kernel, lower_s=round(lower_s, 1),
                      compile_s=round(compile_s, 1),

@@ -145,11 +145,13 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh:
 
 def lower_initial_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
                         rules, batch: dict[str, Any], input_names: Sequence[str],
-                        state_sh: TrainState, seed_array: Any) -> jax.stages.Lowered:
+                        state_sh: TrainState, seed_array: Any,
+                        threefry_kernel: bool = True) -> jax.stages.Lowered:
   """The program `create_train_state` runs, lowered for `mesh` (`seed_array`: a uint32 scalar
-  or its ShapeDtypeStruct).
+  or its ShapeDtypeStruct; `threefry_kernel=False`: the draws lowered inline, JAX's default,
+  for comparison).
 
-  Its random draws lowered to JAX's threefry kernel on GPUs (`_threefry_kernels`): the same
+  Its random draws lowered to JAX's threefry kernel on GPUs: the same
   numbers (the algorithm is the same, written once as a CUDA kernel), and a program XLA's GPU
   compiler turns out in a fraction of the time. Lowered inline, every parameter's draws become
   unrolled hashing inside a few large fusions: BERT-base's took 60.7 s to compile for an H200
@@ -165,13 +167,9 @@ def lower_initial_state(model: nn.Module, tx: optax.GradientTransformation, mesh
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                       opt_state=tx.init(params), rng=dropout_rng, model_state=model_state)
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules), _threefry_kernels():
-    return jax.jit(init_state, out_shardings=state_sh).lower(seed_array)
-
-
-def _threefry_kernels():
-  """A context in which JAX lowers threefry to its GPU kernel (`jax_threefry_gpu_kernel_lowering`,
-  part of the trace context, so only what is traced inside takes it); no other platform reads
-  the setting. A JAX without it gets a context that changes nothing."""
+  # JAX's `jax_threefry_gpu_kernel_lowering` is part of the trace context, so only what is
+  # traced inside takes it; no other platform reads it. A JAX without it lowers inline.
   setting = getattr(jax_config, "threefry_gpu_kernel_lowering", None)
-  return setting(True) if setting is not None else contextlib.nullcontext()
+  kernels = setting(True) if threefry_kernel and setting is not None else contextlib.nullcontext()
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules), kernels:
+    return jax.jit(init_state, out_shardings=state_sh).lower(seed_array)
