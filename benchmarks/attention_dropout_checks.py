@@ -13,7 +13,10 @@ the one attention call site (`modeling.dot_product_attention`) on whatever devic
 2. masks change from call to call (cuDNN: its counter advances per execution; Pallas: a new key)
    and from call site to call site (cuDNN: one static seed per layer);
 3. the backward pass regenerates the forward's mask: dV equals P̃ᵀ·dO and dQ the explicit
-   gradient under the recovered mask, in one execution of forward and backward.
+   gradient under the recovered mask, in one execution of forward and backward;
+4. padded rows (a row of 50 real tokens beside a row of padding alone, as a batch filled up at
+   the end of an epoch holds): without dropout the real row's real positions equal XLA's
+   attention; with dropout, forward and backward, every output and gradient is finite.
 
 Each line says PASS or FAIL with its numbers; the exit status is the number of failures.
 """
@@ -21,6 +24,7 @@ Each line says PASS or FAIL with its numbers; the exit status is the number of f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -31,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.pallas import tpu as pltpu
 
 from bert_jax.model import cudnn_runtime
 from bert_jax.model import modeling
@@ -152,6 +157,33 @@ def main() -> int:
              / np.linalg.norm(dq_expected))
   report(error_q <= 2 * tolerance, f"dQ equals the explicit gradient under the forward's mask "
          f"(relative error {error_q:.2e})")
+
+  # 4. padded rows: a row of 50 real tokens and a row of padding alone
+  real = 50
+  padded = jnp.asarray(np.arange(LENGTH)[None, :] < np.array([[real], [0]]), jnp.int32)
+
+  def attend(implementation, deterministic):
+    return lambda q, k, v: modeling.dot_product_attention(
+        q, k, v, padded, dropout_rate=RATE, dropout_rng=key_a, deterministic=deterministic,
+        implementation=implementation,
+        cudnn_seed=modeling.cudnn_dropout_seed(("bert", "encoder", "layer_0")))
+  interpreted = args.implementation == "pallas" and jax.default_backend() != "tpu"
+  with (pltpu.force_tpu_interpret_mode() if interpreted  # JAX's kernel without dropout
+        else contextlib.nullcontext()):
+    fused = jax.jit(attend(args.implementation, True))(q, k, v)
+  reference = jax.jit(attend("xla", True))(q, k, v)
+  got, want = (np.asarray(x[0, :real], np.float32) for x in (fused, reference))
+  error_p = np.linalg.norm(got - want) / np.linalg.norm(want)
+  report(error_p <= tolerance, f"a right-padded row's real positions equal XLA's attention "
+         f"(relative error {error_p:.2e})")
+
+  @jax.jit
+  def padded_step(q, k, v):
+    out, vjp = jax.vjp(attend(args.implementation, False), q, k, v)
+    return (out, *vjp(cotangent))
+  finite = [bool(np.isfinite(np.asarray(x, np.float32)).all()) for x in padded_step(q, k, v)]
+  report(all(finite), "a row of padding alone beside it: output and dQ, dK, dV finite, with "
+         f"dropout (finite: {finite})")
 
   checks.write(args.out, f"Attention dropout inside the {args.implementation} kernel",
                f"`python benchmarks/attention_dropout_checks.py "

@@ -588,10 +588,8 @@ def _cudnn_attention(query, key, value, input_mask, sequence_ids, dropout_rate, 
   """
   if dropout_rate == 0.0:
     if sequence_ids is None:
-      # cuDNN's fused kernel takes padding as per-row lengths, not a mask: BERT rows are always
-      # right-padded (real tokens first), so the length is the mask's sum.
-      lengths = jnp.sum(input_mask.astype(jnp.int32), axis=-1)
-      return jax.nn.dot_product_attention(query, key, value, key_value_seq_lengths=lengths,
+      return jax.nn.dot_product_attention(query, key, value,
+                                          key_value_seq_lengths=_row_lengths(input_mask),
                                           implementation="cudnn")
     # Packed rows: lengths cannot say "block-diagonal", so the full (b, 1, q, kv) mask goes in;
     # `jax.nn.dot_product_attention` hands cuDNN a mask as an additive bias.
@@ -603,13 +601,21 @@ def _cudnn_attention(query, key, value, input_mask, sequence_ids, dropout_rate, 
   common = dict(scale=1.0 / math.sqrt(query.shape[-1]), seed=int(seed),
                 dropout_rate=float(dropout_rate), qkv_layout="BTNH")
   if sequence_ids is None:
-    lengths = jnp.sum(input_mask.astype(jnp.int32), axis=-1)
+    lengths = _row_lengths(input_mask)
     return cudnn_fmha.dot_product_attention(query, key, value, q_seqlen=lengths,
                                             kv_seqlen=lengths,
                                             mask_type=cudnn_fmha.MaskType.PADDING, **common)
   return cudnn_fmha.dot_product_attention(query, key, value,
                                           mask=attention_mask(input_mask, sequence_ids),
                                           **common)
+
+
+def _row_lengths(input_mask: jax.Array) -> jax.Array:
+  """Each row's length, as cuDNN's fused kernel takes padding: per-row lengths, not a mask.
+  BERT rows are right-padded (real tokens first), so the length is the mask's sum. A row of
+  padding alone (a batch filled up at the end of an epoch, weighted 0) counts one token: its
+  output is never used, and a row without a single key is left out of what cuDNN is asked."""
+  return jnp.maximum(jnp.sum(input_mask.astype(jnp.int32), axis=-1), 1)
 
 
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,

@@ -1,8 +1,18 @@
-"""Which platform a program is being built for, where the model's choices depend on it."""
+"""Which platform a program is being built for, where the model's choices depend on it, and the
+fused kernels a GPU of a given compute capability runs when a run leaves them unset (one rule
+for pre-training and fine-tuning)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
+
+from bert_jax.model import configuration
+
+# The GPUs that run the fused kernels by default: cuDNN's flash attention and Pallas' Triton
+# kernels need Ampere (compute capability 8.0) or newer.
+FUSED_GPU_CAPABILITY = (8, 0)
 
 
 def target_platform() -> str:
@@ -10,3 +20,48 @@ def target_platform() -> str:
   compiled for ahead of time from a CPU machine is "tpu"), else the default backend."""
   device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
   return device.platform if device is not None else jax.default_backend()
+
+
+def is_fused_gpu(platform: str, capability: tuple[int, int] | None) -> bool:
+  """Whether a device of `platform` and CUDA compute `capability` (None: not a CUDA GPU) runs
+  the fused kernels by default."""
+  return (platform == "gpu" and capability is not None
+          and tuple(capability) >= FUSED_GPU_CAPABILITY)
+
+
+def cudnn_heads_fit(config: configuration.BertConfig,
+                    capability: tuple[int, int] | None = None) -> bool:
+  """Whether cuDNN's flash attention takes the heads of `config`: a multiple of 8 values, up to
+  128 (256 on Hopper, compute capability 9.0; None: any Ampere or newer GPU)."""
+  limit = 256 if capability is not None and tuple(capability) >= (9, 0) else 128
+  return config.head_dim % 8 == 0 and config.head_dim <= limit
+
+
+def fused_kernel_fields(config: configuration.BertConfig, given: set[str],
+                        capability: tuple[int, int] | None,
+                        max_seq_length: int | None = None) -> dict[str, Any]:
+  """The kernel fields left unset (not in `given`) that a CUDA GPU of compute `capability`
+  (`is_fused_gpu`) runs with, as `BertConfig.replace` arguments; `config` is the model with its
+  layers' layout decided. Each only where the model allows it:
+
+  - `attention_implementation="cudnn"` (attention dropout inside cuDNN's flash kernel): a
+    bfloat16 or float16 compute dtype, heads cuDNN takes (`cudnn_heads_fit`) in the model and
+    its ELECTRA generator, an even sequence length (`max_seq_length`; packed rows reach cuDNN as
+    a bias), and unshared layers outside a scanned loop when attention dropout is on (cuDNN's
+    dropout needs one call site per layer, as `BertConfig` enforces);
+  - `layer_norm_implementation="pallas"` (each block's dropout + residual add + LayerNorm one
+    Triton kernel each way): the low-precision LayerNorm of a bfloat16 or float16 model.
+  """
+  narrow = config.dtype in ("bfloat16", "float16")
+  models = [config] + ([config.generator_config()] if config.has_generator else [])
+  heads_fit = all(cudnn_heads_fit(m, capability) for m in models)
+  one_site_per_layer = config.share_parameters == "none" and not config.scanned_loop
+  fields: dict[str, Any] = {}
+  if ("attention_implementation" not in given and narrow and heads_fit
+      and (max_seq_length is None or max_seq_length % 2 == 0)
+      and (one_site_per_layer or config.attention_probs_dropout_prob == 0)):
+    fields["attention_implementation"] = "cudnn"
+  if ("layer_norm_implementation" not in given and narrow
+      and config.low_precision_layer_norm):
+    fields["layer_norm_implementation"] = "pallas"
+  return fields

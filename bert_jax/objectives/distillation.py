@@ -41,7 +41,7 @@ import numpy as np
 from absl import logging
 from flax import traverse_util
 
-from bert_jax.model import modeling
+from bert_jax.model import modeling, target
 from bert_jax.model.configuration import BertConfig, get_preset
 from bert_jax.objectives.mlm import MaskedLm, MaskedLmModel
 from bert_jax.text import features
@@ -80,8 +80,13 @@ class TeacherStudent(nn.Module):
 
 # ------------------------------------------------------------------ loading the teacher's weights
 def teacher_compute_config(teacher_config: BertConfig, student_config: BertConfig) -> BertConfig:
-  """The teacher's shape, computed as the student is (dtype, layout, attention kernel)."""
-  return teacher_config.replace(**{k: getattr(student_config, k) for k in _COMPUTE_FIELDS})
+  """The teacher's shape, computed as the student is (dtype, layout, attention kernel), except
+  for cuDNN's attention where the teacher's heads are not ones it takes
+  (`target.cudnn_heads_fit`): the teacher then attends through XLA's kernel."""
+  teacher = teacher_config.replace(**{k: getattr(student_config, k) for k in _COMPUTE_FIELDS})
+  if teacher.attention_implementation == "cudnn" and not target.cudnn_heads_fit(teacher):
+    teacher = teacher.replace(attention_implementation="xla")
+  return teacher
 
 
 def teacher_loader(reader, path: str) -> Callable[[bool], tuple[str, dict]]:

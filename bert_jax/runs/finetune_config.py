@@ -66,6 +66,13 @@ def get_config() -> ml_collections.ConfigDict:
       "mesh_shape": (-1, 1, 1),
       "logical_axis_rules": None,
       "dtype": "float32",            # compute dtype of the encoder (bfloat16 on TPU)
+      # The attention and LayerNorm kernels (`BertConfig` fields). None: the platform's choice
+      # (`runs/finetune_job.compute_config`): with a bfloat16 or float16 dtype on a CUDA GPU of
+      # compute capability 8.0 or newer, cuDNN's flash attention (its dropout inside the kernel)
+      # and one Triton kernel per dropout + residual + LayerNorm site, as pre-training runs
+      # there; "xla" keeps XLA's.
+      "attention_implementation": config_dict.placeholder(str),
+      "layer_norm_implementation": config_dict.placeholder(str),
       "weight_decay": 0.01,
       "grad_clip_norm": 1.0,
       "bias_correction": False,      # the released BERT optimizer has none

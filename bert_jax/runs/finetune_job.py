@@ -32,8 +32,8 @@ import numpy as np
 from bert_jax import file_io, inference
 from bert_jax.data import arrays, packed_examples
 from bert_jax.interop import checkpoints, hf_config
-from bert_jax.model import configuration
-from bert_jax.parallel import sharding
+from bert_jax.model import configuration, modeling, target
+from bert_jax.parallel import gpu_targets, sharding
 from bert_jax.text import vocab_files
 from bert_jax.training import checkpointing, init_order, loop, metrics, optimizer
 from bert_jax.training import selection as selection_lib
@@ -93,16 +93,44 @@ def setup(config, tokenizer, max_seq_length: int,
     bert_config = checkpoints.read_config(output_dir, bert_config_file)
   else:
     bert_config = checkpoints.read_config(init_checkpoint, bert_config_file)
-  overrides = {"dtype": config.dtype}
-  if config.hidden_dropout_prob is not None:
-    overrides["hidden_dropout_prob"] = config.hidden_dropout_prob
-  bert_config = bert_config.replace(**overrides)
+  device = mesh.devices.flat[0]
+  bert_config = compute_config(config, bert_config, max_seq_length, device.platform,
+                               gpu_targets.compute_capability(device))
+  if bert_config.attention_implementation in ("cudnn", "pallas"):
+    metrics.log(modeling.attention_kernel_description(bert_config))
   bert_config.check_sequence_length(max_seq_length, "--max_seq_length")
   if tokenizer.vocab_size != bert_config.vocab_size:
     raise ValueError(f"The vocabulary has {tokenizer.vocab_size} entries but the model "
                      f"{bert_config.vocab_size}: pass the checkpoint's vocab file.")
   return Job(config, output_dir, mesh, rules, sharding.batch_sharding(mesh), bert_config, ckpt,
               metrics.MetricWriter(output_dir), started)
+
+
+def compute_config(config: ml_collections.ConfigDict, bert_config: configuration.BertConfig,
+                   max_seq_length: int, platform: str,
+                   capability: tuple[int, int] | None = None) -> configuration.BertConfig:
+  """The checkpoint's model as the run computes it: the config's `dtype`, `hidden_dropout_prob`
+  and kernels, and, where the kernels are unset, those the run's devices run (`platform`; a
+  CUDA GPU's `capability`, `gpu_targets.compute_capability`): on a CUDA GPU of
+  compute capability 8.0 or newer, the fused kernels of pre-training's step
+  (`target.fused_kernel_fields`: cuDNN's attention with its dropout, the Triton LayerNorm
+  sites) wherever the model and dtype allow them; XLA's elsewhere. The layers' layout stays the
+  one the model is built in here (unrolled), which every checkpoint loads into."""
+  fields: dict[str, Any] = {"dtype": config.dtype}
+  if config.hidden_dropout_prob is not None:
+    fields["hidden_dropout_prob"] = config.hidden_dropout_prob
+  kernels = ("attention_implementation", "layer_norm_implementation")
+  given = {k for k in kernels if config.get(k) is not None}
+  fields.update({k: config[k] for k in given})
+  bert_config = bert_config.replace(**fields)
+  if not target.is_fused_gpu(platform, capability):
+    return bert_config
+  defaults = target.fused_kernel_fields(bert_config, given, capability, max_seq_length)
+  if defaults:
+    metrics.log(f"defaults for this GPU of compute capability {capability[0]}.{capability[1]}: "
+                + ", ".join(f"{k}={v}" for k, v in defaults.items())
+                + " (set --config.<field> to choose otherwise)")
+  return bert_config.replace(**defaults)
 
 
 def num_train_steps(num_examples: int, batch_size: int, epochs: float) -> int:

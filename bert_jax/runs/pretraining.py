@@ -20,18 +20,12 @@ from absl import logging
 from bert_jax import file_io, objectives
 from bert_jax.data import input_pipeline, records_summary
 from bert_jax.interop import checkpoints, hf_config
-from bert_jax.model import configuration, modeling
+from bert_jax.model import configuration, modeling, target
 from bert_jax.parallel import gpu_targets, sharding
 from bert_jax.text import masking, tokenization, vocab_files
 from bert_jax.training import checkpointing, init_order, loop, metrics, optimizer
 from bert_jax.training import step as step_lib, workdir_lock
-from bert_jax.training import state as state_lib
 from bert_jax.training.objective import Objective
-
-
-# The GPUs whose step runs fused by default: cuDNN's flash attention and Pallas' Triton
-# kernels need Ampere (compute capability 8.0) or newer.
-FUSED_GPU_CAPABILITY = (8, 0)
 
 
 def platform_defaults(bert_config: configuration.BertConfig, given: set[str], platform: str,
@@ -47,20 +41,13 @@ def platform_defaults(bert_config: configuration.BertConfig, given: set[str], pl
   measured 1.05-1.10x (CPU) and 1.45x (H100) slower (benchmarks/RESULTS.md) although it compiles
   BERT-large's step in 0.55x the time, so the unrolled step pays for its compile within a few
   dozen steps; on a CUDA GPU of compute capability 8.0 or newer (`capability`; None: not one),
-  the stacked layout run unrolled, with the fused kernels: the program measured fastest on the
+  the stacked layout run unrolled, with the fused kernels (`target.fused_kernel_fields`, each
+  only where the model allows it): the program measured fastest on the
   H200 (benchmarks/RESULTS.md, "Stacked layers with the fused LayerNorm sites": 49.9 ms per
   BERT-base step, 1.23x torch.compile's paper recipe; the explicit attention path with XLA's
-  LayerNorm measured 69.9 ms on an earlier build). There each field only where the model
-  allows it:
-
-  - `scan_layers=True, stack_unrolled=True` (one optimizer kernel per stacked leaf; checkpoints
-    load into either layout): unshared, unpruned layers;
-  - `attention_implementation="cudnn"` (attention dropout inside cuDNN's flash kernel): a
-    bfloat16 or float16 compute dtype, heads of a multiple of 8 values up to 128 (Hopper: 256)
-    in the model and its ELECTRA generator, an even sequence length (packed rows reach cuDNN as
-    a bias), and unshared layers outside a scanned loop when attention dropout is on;
-  - `layer_norm_implementation="pallas"` (each block's dropout + residual add + LayerNorm one
-    Triton kernel each way): the low-precision LayerNorm of a bfloat16 or float16 model.
+  LayerNorm measured 69.9 ms on an earlier build). The stacked layout run unrolled (one
+  optimizer kernel per stacked leaf; checkpoints load into either layout) needs unshared,
+  unpruned layers.
 
   A run resuming from its checkpoint (`resumed_layout`: "stacked" or "unrolled", as
   `checkpointing.layers_layout` reads the checkpoint) keeps its layers' layout where the
@@ -68,8 +55,7 @@ def platform_defaults(bert_config: configuration.BertConfig, given: set[str], pl
   restores is laid out so. Stacked layers then run as the platform runs them (unrolled on a
   recent GPU, scanned elsewhere)."""
   layout_given = bool({"scan_layers", "stack_unrolled"} & given)
-  fused_gpu = (platform == "gpu" and capability is not None
-               and tuple(capability) >= FUSED_GPU_CAPABILITY)
+  fused_gpu = target.is_fused_gpu(platform, capability)
   unshared = bert_config.share_parameters == "none"
   fields: dict[str, Any] = {}
   if not layout_given and unshared and bert_config.pruned_heads is None:
@@ -83,20 +69,8 @@ def platform_defaults(bert_config: configuration.BertConfig, given: set[str], pl
     fields["scan_layers"] = True
   if not fused_gpu:
     return fields
-  narrow = bert_config.dtype in ("bfloat16", "float16")
-  head_limit = 256 if tuple(capability) >= (9, 0) else 128
-  models = [bert_config] + ([bert_config.generator_config()] if bert_config.has_generator
-                            else [])
-  heads_fit = all(m.head_dim % 8 == 0 and m.head_dim <= head_limit for m in models)
-  # cuDNN's dropout needs one call site per layer: no scanned loop (`BertConfig` refuses it).
-  one_site_per_layer = unshared and not bert_config.replace(**fields).scanned_loop
-  if ("attention_implementation" not in given and narrow and heads_fit
-      and (max_seq_length is None or max_seq_length % 2 == 0)
-      and (one_site_per_layer or bert_config.attention_probs_dropout_prob == 0)):
-    fields["attention_implementation"] = "cudnn"
-  if ("layer_norm_implementation" not in given and narrow
-      and bert_config.low_precision_layer_norm):
-    fields["layer_norm_implementation"] = "pallas"
+  fields.update(target.fused_kernel_fields(bert_config.replace(**fields), given, capability,
+                                           max_seq_length))
   return fields
 
 
@@ -336,15 +310,9 @@ def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_
     devices = devices[:int(np.prod(shape))]
   packed_rows = config.data.max_sequences_per_row if config.data.get("packing") else None
   run = build(config, devices, max_sequences_per_row=packed_rows)
-  example = run.objective.example_batch(config.global_batch_size)
-  abstract, state_sh = state_lib.abstract_train_state(run.model, run.tx, run.mesh, run.rules,
-                                                      example, run.objective.input_names)
-  batch_sh = sharding.batch_sharding(run.mesh)
-  abstract_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sh)
-                    for k, v in example.items()}
-  step = step_lib.build_train_step(run.objective, run.model, run.tx, run.schedule, state_sh,
-                                   batch_sh, run.mesh, run.rules, config.grad_accum_steps)
-  lowered = step.lower(abstract, abstract_batch)
+  lowered, abstract, state_sh = step_lib.lower_train_step(
+      run.objective, run.model, run.tx, run.schedule, run.mesh, run.rules,
+      config.global_batch_size, config.grad_accum_steps)
   out = {"mesh": dict(run.mesh.shape), "lowered": lowered, "state_shardings": state_sh,
          "vocab_size": run.bert_config.vocab_size,
          "num_parameters": sum(int(np.prod(p.shape)) for p in jax.tree.leaves(abstract.params)),

@@ -30,7 +30,9 @@ import jax.numpy as jnp
 import optax
 
 from bert_jax.model import int8
+from bert_jax.parallel import sharding
 from bert_jax.training.objective import Objective
+from bert_jax.training import state as state_lib
 from bert_jax.training.state import MODEL_STATE_COLLECTIONS, TrainState
 
 # Step metrics that are not the objective's sums. `real_tokens` / `row_tokens`: the batch's
@@ -237,6 +239,22 @@ def build_train_step(objective: Objective, model: nn.Module, tx, schedule, state
   """`make_train_step` + `jit_train_step`: what a run calls."""
   return jit_train_step(make_train_step(objective, model, tx, schedule, grad_accum_steps),
                         state_shardings, batch_sharding, mesh, rules)
+
+
+def lower_train_step(objective: Objective, model: nn.Module, tx, schedule, mesh, rules,
+                     batch_size: int, grad_accum_steps: int = 1):
+  """The train step of `batch_size` rows lowered for `mesh` without data or parameters (ahead
+  of time; the mesh may be of compile-only devices): `(lowered, abstract state, state
+  shardings)`. The step is the one `build_train_step` gives a run."""
+  example = objective.example_batch(batch_size)
+  abstract, state_sh = state_lib.abstract_train_state(model, tx, mesh, rules, example,
+                                                      objective.input_names)
+  batch_sh = sharding.batch_sharding(mesh)
+  abstract_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sh)
+                    for k, v in example.items()}
+  step = build_train_step(objective, model, tx, schedule, state_sh, batch_sh, mesh, rules,
+                          grad_accum_steps)
+  return step.lower(abstract, abstract_batch), abstract, state_sh
 
 
 def with_mesh(fn, mesh, rules):

@@ -196,6 +196,38 @@ def init_program(threefry_kernel):
 out["init"] = init_program(True)
 out["init_inline"] = init_program(False)
 
+# A fine-tuning step (a GLUE pair task in bfloat16, its kernels left unset) built for an H200:
+# the model as `finetune_job.compute_config` computes it there, and the kernels its step runs.
+from bert_jax.model import configuration
+from bert_jax.parallel import sharding
+from bert_jax.runs import finetune_config, finetune_job
+from bert_jax.tasks.classification import data as glue
+from bert_jax.tasks.classification import objective as sequence_classification
+from bert_jax.training import step as step_lib
+def finetune_program():
+  h200s = gpu_targets.topology_devices("h200")
+  config = finetune_config.make(dtype="bfloat16")
+  shape = tiny({}).model
+  model_config = finetune_job.compute_config(
+      config, configuration.BertConfig(
+          vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
+          num_hidden_layers=shape.num_hidden_layers,
+          num_attention_heads=shape.num_attention_heads,
+          intermediate_size=shape.intermediate_size),
+      128, h200s[0].platform, gpu_targets.compute_capability(h200s[0]))
+  objective = sequence_classification.SequenceClassification(glue.get_task("mrpc"), 128)
+  mesh, rules = sharding.mesh_from_config(config, h200s)
+  tx, schedule = finetune_job.make_optimizer(config, 100, config.learning_rate,
+                                             config.warmup_proportion,
+                                             num_layers=shape.num_hidden_layers)
+  lowered, _, _ = step_lib.lower_train_step(objective, objective.model(model_config), tx,
+                                            schedule, mesh, rules, config.train_batch_size)
+  module = hlo_costs.parse(lowered.compile().as_text())
+  return {"attention_implementation": model_config.attention_implementation,
+          "layer_norm_implementation": model_config.layer_norm_implementation,
+          "custom_calls": hlo_costs.custom_calls(module)}
+out["finetune"] = finetune_program()
+
 big = tiny({})
 big.global_batch_size = 1 << 17
 try:
@@ -327,6 +359,19 @@ def test_a_gpu_runs_the_fused_program_unless_told_otherwise(compiled):
   assert row["custom_calls"].get("__cudnn$fmhaSoftmaxDropout") == LAYERS, row["custom_calls"]
   assert row["custom_calls"].get("__gpu$xla.gpu.triton") == 2 * 2 * LAYERS
   assert row["num_parameters"] == unrolled["num_parameters"]
+
+
+def test_fine_tuning_in_bfloat16_runs_the_fused_kernels_on_a_recent_gpu(compiled):
+  """A GLUE fine-tuning step in bfloat16 with its kernels left unset, built for an H200: its
+  attention dropout inside cuDNN's kernel forward and backward, each LayerNorm site one Triton
+  kernel each way, as pre-training's step there (`finetune_job.compute_config`)."""
+  row = compiled["finetune"]
+  assert (row["attention_implementation"], row["layer_norm_implementation"]) == (
+      "cudnn", "pallas")
+  calls = row["custom_calls"]
+  assert calls.get("__cudnn$fmhaSoftmaxDropout") == LAYERS, calls
+  assert calls.get("__cudnn$fmhaSoftmaxDropoutBackward") == LAYERS, calls
+  assert calls.get("__gpu$xla.gpu.triton") == 2 * 2 * LAYERS, calls
 
 
 def test_the_initial_state_draws_its_parameters_through_the_threefry_kernel(compiled):
