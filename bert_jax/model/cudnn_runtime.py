@@ -18,7 +18,7 @@ the user's) gets this explanation instead of the abort.
 from __future__ import annotations
 
 import os
-from typing import MutableMapping
+from typing import Mapping, MutableMapping
 
 COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer"
 _ALL_BUT_CUDNN = "-CUDNN"  # the default kinds, less cuDNN's
@@ -70,11 +70,23 @@ def prepare(environ: MutableMapping[str, str] = os.environ) -> None:
   default_xla_flag(COMMAND_BUFFER_FLAG, _ALL_BUT_CUDNN, environ)
 
 
+def cudnn_dropout_runs_here(platform: str | None = None,
+                            environ: Mapping[str, str] = os.environ) -> bool:
+  """Whether a process of `platform` (None: this process's default backend) with `environ`'s
+  XLA_FLAGS can run cuDNN's attention dropout: anywhere but on a GPU whose XLA_FLAGS leave
+  cuDNN's kernels in command buffers (which `check_cudnn_dropout` refuses). A program compiled
+  ahead of time for a GPU from a CPU process runs in another process: True."""
+  if platform is None:
+    import jax  # only once the backends may start: after `prepare`
+    platform = jax.default_backend()
+  return platform != "gpu" or not cudnn_in_command_buffers(environ.get("XLA_FLAGS", ""))
+
+
 def check_cudnn_dropout(platform: str,
                         environ: MutableMapping[str, str] = os.environ) -> None:
   """Raises ValueError, before anything is compiled, where cuDNN's attention dropout would run
   on a GPU inside a command buffer and stop the process."""
-  if platform != "gpu" or not cudnn_in_command_buffers(environ.get("XLA_FLAGS", "")):
+  if cudnn_dropout_runs_here(platform, environ):
     return
   raise ValueError(
       "attention_implementation='cudnn' with attention dropout needs cuDNN's kernels kept out "

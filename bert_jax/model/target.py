@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+from absl import logging
 
-from bert_jax.model import configuration
+from bert_jax.model import configuration, cudnn_runtime
 
 # The GPUs that run the fused kernels by default: cuDNN's flash attention and Pallas' Triton
 # kernels need Ampere (compute capability 8.0) or newer.
@@ -39,7 +40,8 @@ def cudnn_heads_fit(config: configuration.BertConfig,
 
 def fused_kernel_fields(config: configuration.BertConfig, given: set[str],
                         capability: tuple[int, int] | None,
-                        max_seq_length: int | None = None) -> dict[str, Any]:
+                        max_seq_length: int | None = None,
+                        cudnn_dropout: bool | None = None) -> dict[str, Any]:
   """The kernel fields left unset (not in `given`) that a CUDA GPU of compute `capability`
   (`is_fused_gpu`) runs with, as `BertConfig.replace` arguments; `config` is the model with its
   layers' layout decided. Each only where the model allows it:
@@ -47,8 +49,11 @@ def fused_kernel_fields(config: configuration.BertConfig, given: set[str],
   - `attention_implementation="cudnn"` (attention dropout inside cuDNN's flash kernel): a
     bfloat16 or float16 compute dtype, heads cuDNN takes (`cudnn_heads_fit`) in the model and
     its ELECTRA generator, an even sequence length (`max_seq_length`; packed rows reach cuDNN as
-    a bias), and unshared layers outside a scanned loop when attention dropout is on (cuDNN's
-    dropout needs one call site per layer, as `BertConfig` enforces);
+    a bias), and, when attention dropout is on, unshared layers outside a scanned loop (cuDNN's
+    dropout needs one call site per layer, as `BertConfig` enforces) and a process that can
+    run its dropout (`cudnn_dropout`; None: `cudnn_runtime.cudnn_dropout_runs_here`, false in a
+    GPU process started without the XLA_FLAGS the commands set, such as a notebook's: there
+    XLA's attention runs, and a line says how to get cuDNN's);
   - `layer_norm_implementation="pallas"` (each block's dropout + residual add + LayerNorm one
     Triton kernel each way): the low-precision LayerNorm of a bfloat16 or float16 model.
   """
@@ -60,7 +65,14 @@ def fused_kernel_fields(config: configuration.BertConfig, given: set[str],
   if ("attention_implementation" not in given and narrow and heads_fit
       and (max_seq_length is None or max_seq_length % 2 == 0)
       and (one_site_per_layer or config.attention_probs_dropout_prob == 0)):
-    fields["attention_implementation"] = "cudnn"
+    if cudnn_dropout is None:
+      cudnn_dropout = cudnn_runtime.cudnn_dropout_runs_here()
+    if cudnn_dropout or config.attention_probs_dropout_prob == 0:
+      fields["attention_implementation"] = "cudnn"
+    else:
+      logging.warning("Attention runs XLA's kernel: cuDNN's, with its dropout, needs this "
+                      "process started with XLA_FLAGS='%s' (the bert_jax commands set it).",
+                      cudnn_runtime.CUDNN_OUTSIDE_COMMAND_BUFFERS)
   if ("layer_norm_implementation" not in given and narrow
       and config.low_precision_layer_norm):
     fields["layer_norm_implementation"] = "pallas"

@@ -13,6 +13,7 @@ import pytest
 
 from bert_jax.model import cudnn_runtime
 from bert_jax.model import modeling
+from bert_jax.model import target
 
 FLAG = cudnn_runtime.COMMAND_BUFFER_FLAG
 
@@ -88,3 +89,31 @@ def test_the_attention_call_site_checks_before_lowering(monkeypatch):
     modeling.dot_product_attention(q, q, q, mask, dropout_rate=0.1, dropout_rng=None,
                                    deterministic=False, implementation="cudnn", cudnn_seed=3)
   assert "command buffers" not in str(raised.value)
+
+
+def test_defaults_choose_cudnn_attention_only_where_its_dropout_runs(monkeypatch, caplog):
+  """A GPU process started without the flags the commands set (a notebook's) cannot run cuDNN's
+  attention dropout: the defaults of a recent GPU then leave attention to XLA and say how to get
+  cuDNN's, instead of choosing a kernel the call site refuses. Without attention dropout, with
+  the flags, or compiling ahead of time from a CPU process, cuDNN's attention stays."""
+  assert not cudnn_runtime.cudnn_dropout_runs_here("gpu", {"XLA_FLAGS": ""})
+  assert cudnn_runtime.cudnn_dropout_runs_here(
+      "gpu", {"XLA_FLAGS": cudnn_runtime.CUDNN_OUTSIDE_COMMAND_BUFFERS})
+  assert cudnn_runtime.cudnn_dropout_runs_here("cpu", {"XLA_FLAGS": ""})
+  base = modeling.get_preset("base").replace(dtype="bfloat16")
+  assert target.fused_kernel_fields(base, set(), (9, 0), 128, cudnn_dropout=False) == {
+      "layer_norm_implementation": "pallas"}
+  assert target.fused_kernel_fields(base, set(), (9, 0), 128, cudnn_dropout=True) == {
+      "attention_implementation": "cudnn", "layer_norm_implementation": "pallas"}
+  no_dropout = base.replace(attention_probs_dropout_prob=0.0)
+  assert target.fused_kernel_fields(no_dropout, set(), (9, 0), 128, cudnn_dropout=False)[
+      "attention_implementation"] == "cudnn"
+  # This process decides by its own backend and XLA_FLAGS: a CPU process compiling for a GPU
+  # chooses cuDNN's; a GPU process without the flags does not, and says why.
+  monkeypatch.setenv("XLA_FLAGS", "")
+  assert "attention_implementation" in target.fused_kernel_fields(base, set(), (9, 0), 128)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  with caplog.at_level("WARNING"):
+    fields = target.fused_kernel_fields(base, set(), (9, 0), 128)
+  assert "attention_implementation" not in fields
+  assert cudnn_runtime.CUDNN_OUTSIDE_COMMAND_BUFFERS in caplog.text
