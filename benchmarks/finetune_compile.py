@@ -106,8 +106,7 @@ def render(rows: list[dict]) -> str:
     lines.append(f"| {r['preset']} {r['task']} {r['batch']}×{r['length']} | {r['kernels']} "
                  f"(attention {r['attention_implementation']}, LayerNorm "
                  f"{r['layer_norm_implementation']}) | {r['jax']} | {r['hbm_gib']:.1f} | {count} | "
-                 f"{moved} | "
-                 f"{r['other_ms']:.2f} | {calls or '—'} |")
+                 f"{moved} | {r['other_ms']:.2f} | {calls or '—'} |")
   return "\n".join(lines)
 
 
