@@ -16,6 +16,13 @@ compute with float32 parameters, for each attention variant:
   its A/B twins `-f32res` (float32 residual stream and LayerNorm at every site), `-bits32` (one
   random word per dropout decision instead of 16 bits) and `-fp8` (fp8 matmuls).
 
+`--task=glue` or `--task=squad` times the fine-tuning step instead (the task's objective and
+head as `finetune` builds them, MNLI's classifier or SQuAD's span head, at the paper's
+fine-tuning shapes `FINETUNE_SHAPES`, full-length random rows, the same optimizer): the
+variants then say which kernels fine-tuning runs (`paper`: XLA's, what a bfloat16 fine-tuning
+run computed before it took the fused kernels; `paper-cudnn-fusedln`: what it runs now on a
+recent GPU).
+
 `--layers` picks unrolled layers, `nn.scan` over layers, stacked parameters run unrolled, or
 several (`LAYOUTS`). Shapes per preset (`SHAPES`) are the paper's sequence lengths; the batch is
 random ids at full length (every row is real tokens, so hardware MFU and useful-token MFU
@@ -90,6 +97,10 @@ _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the results as JSO
 _DUMP_HLO = flags.DEFINE_string(
     "dump_hlo_dir", None, "Write each compiled step's optimized HLO text here and print its "
     "kernel counts (fusions, custom calls, kernels per LayerNorm site).")
+_TASK = flags.DEFINE_enum(
+    "task", "pretrain", ["pretrain", "glue", "squad"],
+    "The step timed: pre-training (MLM + NSP), or fine-tuning at the paper's shapes "
+    "(`FINETUNE_SHAPES`): a GLUE pair task (MNLI's three labels) or SQuAD's spans.")
 _BATCH_FILE = flags.DEFINE_string(
     "batch_file", None, "A real batch (.npz of the input pipeline's arrays, packed or not) "
     "instead of random full rows; its shape overrides the preset's.")
@@ -101,6 +112,10 @@ SHAPES = {
     "base": dict(batch=256, length=128, predictions=20),
     "large": dict(batch=32, length=512, predictions=76),
 }
+
+# The paper's fine-tuning shapes (Devlin et al. 2019, section 4): GLUE at 128 tokens, SQuAD at
+# 384, batch 32. Rows are full length (SQuAD's windows mostly are; GLUE's pairs are shorter).
+FINETUNE_SHAPES = {"glue": dict(batch=32, length=128), "squad": dict(batch=32, length=384)}
 
 VARIANTS = {
     "paper": dict(attention_probs_dropout_prob=0.1, attention_implementation=None),
@@ -163,6 +178,34 @@ def random_batch(rng: np.random.RandomState, batch: int, length: int, prediction
       features.MASKED_LM_WEIGHTS: np.ones((batch, predictions), np.float32),
       features.NEXT_SENTENCE_LABELS: rng.randint(0, 2, size=(batch, 1)).astype(np.int32),
   }
+
+
+def finetune_objective_and_batch(task: str, rng: np.random.RandomState, batch: int,
+                                 length: int, vocab_size: int):
+  """The fine-tuning objective of `task` ("glue": MNLI's classifier, "squad": SQuAD's span
+  head, each as `finetune` builds it) and a batch of full-length random rows with random
+  labels for it."""
+  from bert_jax.tasks.classification import data as glue  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks.classification import objective as classification  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks.squad import objective as squad  # pylint: disable=g-import-not-at-top
+  if task == "glue":
+    objective = classification.SequenceClassification(glue.get_task("mnli"), length)
+  else:
+    objective = squad.SquadSpans(length)
+  np_batch = objective.example_batch(batch)
+  np_batch.update({
+      features.INPUT_IDS: rng.randint(1000, vocab_size, size=(batch, length)).astype(np.int32),
+      features.INPUT_MASK: np.ones((batch, length), np.int32),
+      features.SEGMENT_IDS: (np.arange(length)[None, :] >= length // 2).astype(np.int32
+                                                                                ).repeat(batch, 0),
+      "weight": np.ones((batch,), np.float32)})
+  if task == "glue":
+    np_batch["label"] = rng.randint(0, 3, size=(batch,)).astype(np.int32)
+  else:
+    starts = rng.randint(length // 2, length - 8, size=(batch,)).astype(np.int32)
+    np_batch.update(start_positions=starts, end_positions=starts + rng.randint(0, 8, (batch,)
+                                                                               ).astype(np.int32))
+  return objective, np_batch
 
 
 def _xla_flops(compiled) -> float | None:
@@ -331,7 +374,11 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
   config = configuration.get_preset(name, dtype=_DTYPE.value, **LAYOUTS[layers],
                                     **VARIANTS[variant])
   packing = {}
-  if _BATCH_FILE.value:
+  if _TASK.value != "pretrain":
+    shape = dict(FINETUNE_SHAPES[_TASK.value], batch=batch_size, predictions=0)
+    objective, np_batch = finetune_objective_and_batch(
+        _TASK.value, np.random.RandomState(0), batch_size, shape["length"], config.vocab_size)
+  elif _BATCH_FILE.value:
     with np.load(_BATCH_FILE.value, allow_pickle=False) as stored:
       np_batch = {k: stored[k] for k in stored.files}
     shape = dict(batch=np_batch[features.INPUT_IDS].shape[0],
@@ -345,7 +392,8 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
                             shape["predictions"], config.vocab_size)
   shape["real"] = float(np.mean(np_batch[features.INPUT_MASK]))
   shape["packed"] = bool(packing)
-  objective = mlm_nsp.MaskedLmNextSentence(shape["length"], shape["predictions"], **packing)
+  if _TASK.value == "pretrain":
+    objective = mlm_nsp.MaskedLmNextSentence(shape["length"], shape["predictions"], **packing)
   tx, schedule = optimizer.create_optimizer(
       {"name": "adamw", "learning_rate": 1e-4, "total_steps": 10000, "warmup_steps": 100,
        "weight_decay": 0.01, "eps": 1e-6, "grad_clip_norm": 1.0})
@@ -408,7 +456,8 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
   analytic = objective.flops_per_step(config, batch_size)
   peak = perf.peak_flops_per_device(jax.devices()[0])
   median = statistics.median(times)
-  result = dict(name=name, variant=variant, layers=layers, hidden_act=config.hidden_act,
+  result = dict(name=name, task=_TASK.value, variant=variant, layers=layers,
+                hidden_act=config.hidden_act,
                 shape=shape, compile_s=compile_s,
                 step_s=median, spread=(min(times), max(times)), analytic=analytic,
                 xla=_xla_flops(compiled), peak=peak,
@@ -537,7 +586,9 @@ def _row(r: dict) -> str:
   xla = f"{r['xla'] * jax.device_count() / 1e12:.2f}" if r["xla"] else "n/a"
   mem = f"{r['memory']:.1f}" if r["memory"] is not None else "n/a"
   layout = "packed" if s["packed"] else ("real" if _BATCH_FILE.value else "random")
-  return (f"| {r['name']} | {s['batch']} × {s['length']} ({s['predictions']}) {layout}, "
+  what = (f"({s['predictions']})" if r.get("task", "pretrain") == "pretrain"
+          else f"{r['task']} fine-tuning,")
+  return (f"| {r['name']} | {s['batch']} × {s['length']} {what} {layout}, "
           f"{100 * s['real']:.0f}% real | {r['variant']} | "
           f"{r['layers']} | {r['compile_s']:.1f} | {1000 * r['step_s']:.1f} "
           f"({1000 * r['spread'][0]:.1f}–{1000 * r['spread'][1]:.1f}) | {tokens:,.0f} | "
@@ -547,12 +598,18 @@ def _row(r: dict) -> str:
 
 def report(results: list[dict], failures: list[str]) -> str:
   device = jax.devices()[0]
+  step_name, objective_name = {
+      "pretrain": ("pre-training", "MLM at the masked positions + NSP"),
+      "glue": ("fine-tuning", "MNLI's classifier (3 labels) on the pooled [CLS]"),
+      "squad": ("fine-tuning", "SQuAD's start and end over every position"),
+  }[_TASK.value]
   peak = perf.peak_flops_per_device(device)
   lines = [
-      f"## MFU of the production pre-training step on {device.device_kind} "
+      f"## MFU of the production {step_name} step on {device.device_kind} "
       f"({datetime.date.today().isoformat()})", "",
       f"- Command: `python benchmarks/accelerator_step.py --configs={','.join(_CONFIGS.value)} "
       f"--variants={','.join(_VARIANTS.value)} --layers={','.join(_LAYERS.value)}"
+      + (f" --task={_TASK.value}" if _TASK.value != "pretrain" else "")
       + (f" --batch={','.join(_BATCH.value)}" if _BATCH.value else "")
       + (f" --prng={_PRNG.value}" if _PRNG.value else "")
       + (f" --batch_file={_BATCH_FILE.value}" if _BATCH_FILE.value else "")
@@ -563,7 +620,7 @@ def report(results: list[dict], failures: list[str]) -> str:
       f"- Peak used for MFU: {peak / 1e12:.0f} TFLOP/s dense bf16 per device" if peak else
       "- Peak: unknown device, no MFU",
       "- Step: `training.step.build_train_step` (the paper's AdamW, clipping, schedule, donated "
-      "sharded state), MLM at the masked positions + NSP; "
+      f"sharded state), {objective_name}; "
       + (f"the rows of `{_BATCH_FILE.value}`." if _BATCH_FILE.value
          else "full-length random rows."), "",
       "| config | batch × seq (masked) | attention | layers | compile (s) | step ms (min–max) "
@@ -609,6 +666,8 @@ def main(argv):
     if set(given) - set(known):
       raise app.UsageError(f"{flag}: {', '.join(sorted(set(given) - set(known)))} unknown; "
                            f"expected some of {', '.join(known)}.")
+  if _TASK.value != "pretrain" and _BATCH_FILE.value:
+    raise app.UsageError("--batch_file holds pre-training rows; --task=pretrain reads it.")
   cudnn_runtime.prepare()  # before JAX starts its backends
   profile_without_command_buffers()
   if _PRNG.value:
@@ -618,7 +677,9 @@ def main(argv):
   for name in _CONFIGS.value:
     for layers in _LAYERS.value:
       for variant in _VARIANTS.value:
-        batch_size = int(batch_override.get(name, SHAPES[name]["batch"]))
+        default = (SHAPES[name] if _TASK.value == "pretrain"
+                   else FINETUNE_SHAPES[_TASK.value])["batch"]
+        batch_size = int(batch_override.get(name, default))
         try:
           r = run_one(name, variant, layers, batch_size)
         except Exception as e:  # pylint: disable=broad-except

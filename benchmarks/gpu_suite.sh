@@ -55,6 +55,10 @@
 #       compiled, on base
 #   (h) int8 inference against bfloat16 on base 256×128 (`int8_speed.py`: Q8BERT-style int8
 #       kernels, tables and per-token activations, int8 matmuls with int32 accumulation)
+#   (t) fine-tuning steps (`accelerator_step.py --task`), one process each: SQuAD 32×384 on
+#       base and on large, GLUE (MNLI) 32×128 on base; XLA's kernels ("paper": what a bfloat16
+#       fine-tuning run computed before) against the fused ones it now takes on a recent GPU
+#       (paper-cudnn-fusedln)
 #   (f) real rows, if .bench_batches/*.npz exist (128_* on base, 512_* on large): ours
 #       paper-cudnn and the peer compiled, paper recipe. `python benchmarks/bench_batches.py`
 #       writes them from a real corpus (git ignores them: copy the folder along)
@@ -75,7 +79,7 @@
 # (base) and 140 s (large) for an H200 before its random draws went through JAX's threefry
 # kernel (10 and 19 s, compiled on a 2-core machine: RESULTS.md, "The initial state's
 # program"); each process's SETUP lines now say what every phase takes.
-#   (h) ≈ 40 s   (f) ≈ 140 s per file present
+#   (h) ≈ 40 s   (f) ≈ 140 s per file present   (t) not yet run: ≈ 120 + 200 + 100 s expected
 # All of it: ≈ 1,600 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
 # (b) and part of (e); the rest needs another run (SUITE_PARTS="e c d g h f"), which leaves out
 # the labels a run finished with SUITE_SKIP, e.g. SUITE_SKIP="e-default e-pdl" (its
@@ -91,7 +95,7 @@ OUT=${OUT:-/tmp/gpu_suite_out}
 WORK=${SUITE_WORK:-$(mktemp -d /tmp/gpu_suite.XXXXXX)}
 BUDGET_S=${SUITE_BUDGET_S:-565}
 MIN_PART_S=${SUITE_MIN_PART_S:-45}
-PARTS=" ${SUITE_PARTS:-checks a b c d e f g h} "
+PARTS=" ${SUITE_PARTS:-checks a b c d e f g h t} "
 SKIP=" ${SUITE_SKIP:-} "
 PY=${PYTHON:-$(command -v python3 || command -v python)}
 mkdir -p "$OUT" "$WORK/hlo"
@@ -272,7 +276,9 @@ def tokens(r):
 def what(r):
   if r["impl"] == "jax":
     layers = r.get("layers", "unrolled")
-    return f"ours {r['variant']}" + ("" if layers == "unrolled" else f", {layers} layers")
+    task = "" if r.get("task", "pretrain") == "pretrain" else f" ({r['task']} fine-tuning)"
+    return (f"ours {r['variant']}" + ("" if layers == "unrolled" else f", {layers} layers")
+            + task)
   return f"peer {r['recipe']} {r['mode']} (MLM head {r['mlm']})"
 
 def grouped(rows, key):
@@ -291,8 +297,10 @@ device = next((r.get("device") for r in rows if r.get("device")), "unknown devic
 lines += [f"Device: {device}.", "", "## Ours paper-cudnn against the peer compiled, paper recipe",
           "", "| config | rows | ours ms | ours MFU | peer ms | peer MFU "
           "| peer / ours (step time) |", "|---|---|---|---|---|---|---|"]
-main = [r for r in rows if not r["part"].startswith(("e-", "f-"))]
-for part_rows in (main, [r for r in rows if r["part"].startswith("f-")]):
+pretraining = [r for r in rows if r.get("task", "pretrain") == "pretrain"]
+finetuning = [r for r in rows if r.get("task", "pretrain") != "pretrain"]
+main = [r for r in pretraining if not r["part"].startswith(("e-", "f-"))]
+for part_rows in (main, [r for r in pretraining if r["part"].startswith("f-")]):
   for key, same in grouped(part_rows, lambda r: (r["name"], r["shape"]["batch"],
                                                  r["shape"]["length"], r["shape"]["packed"],
                                                  r["shape"]["real"])):
@@ -315,7 +323,7 @@ if lines[-1].startswith("|---"):
 lines += ["", "## Our fastest paper-recipe step against the peer compiled with the same GELU",
           "", "| config | rows | GELU | ours: part, variant | ours ms | ours MFU | peer ms "
           "| peer MFU | peer / ours (step time) |", "|---|---|---|---|---|---|---|---|---|"]
-full = [r for r in rows if not r["part"].startswith("f-")]
+full = [r for r in pretraining if not r["part"].startswith("f-")]
 for key, same in grouped(full, lambda r: (r["name"], r["shape"]["batch"], r["shape"]["length"],
                                           r["hidden_act"])):
   o = sorted((r for r in same if r["impl"] == "jax" and r["variant"].startswith("paper")
@@ -330,6 +338,19 @@ for key, same in grouped(full, lambda r: (r["name"], r["shape"]["batch"], r["sha
                f"{f'{ms(p[0]):.1f}' if p else '—'} | {mfu(p[0]) if p else '—'} | {ratio} |")
 if lines[-1].startswith("|---"):
   lines.append("| (no pair measured yet) | | | | | | | | |")
+if finetuning:
+  # Fine-tuning's step with XLA's kernels ("paper") against the fused ones.
+  lines += ["", "## Fine-tuning steps: XLA's kernels against the fused ones", "",
+            "| config | task | rows | XLA's kernels ms (MFU) | fused ms (MFU) | XLA's / fused |",
+            "|---|---|---|---|---|---|"]
+  for key, same in grouped(finetuning, lambda r: (r["name"], r["task"], r["shape"]["batch"],
+                                                  r["shape"]["length"])):
+    xla = [r for r in same if r["variant"] == "paper"]
+    fused = [r for r in same if r["variant"] != "paper"]
+    cell = lambda r: f"{ms(r[0]):.1f} ({mfu(r[0])})" if r else "—"
+    ratio = f"**{ms(xla[0]) / ms(fused[0]):.2f}×**" if xla and fused else "—"
+    lines.append(f"| {key[0]} | {key[1]} | {key[2]} × {key[3]} | {cell(xla)} | {cell(fused)} | "
+                 f"{ratio} |")
 lines += ["", "## Every run", "", "| part | config | rows | run | compile / first step (s) | "
           "step ms | real tokens/s | MFU | peak GiB |", "|---|---|---|---|---|---|---|---|---|"]
 for r in rows:
@@ -510,6 +531,12 @@ fi
 if want h; then
   run h-int8 90 "$PY" benchmarks/int8_speed.py --preset="$BASE" --dtype=bfloat16 \
     --out="$WORK/h-int8.md" "${INT8_ARGS[@]}"
+fi
+if want t; then
+  # Fine-tuning's step before (XLA's kernels) and now (cuDNN's attention, the fused sites).
+  ours t-squad-base 150 "$BASE" paper,paper-cudnn-fusedln --task=squad
+  ours t-squad-large 220 "$LARGE" paper,paper-cudnn-fusedln --task=squad
+  ours t-glue-base 120 "$BASE" paper,paper-cudnn-fusedln --task=glue
 fi
 if want f; then
   for batch_file in .bench_batches/*.npz; do

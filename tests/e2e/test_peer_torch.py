@@ -371,6 +371,28 @@ def test_our_step_profiled_on_the_cpu(tmp_path):
   assert "PROFILE tiny paper unrolled" in text and "by part (ms): " in text
 
 
+@pytest.mark.parametrize("task, length, classes", [("squad", 384, 384), ("glue", 128, 3)])
+def test_our_fine_tuning_step_timed_as_the_suite_times_it(tmp_path, task, length, classes):
+  """`accelerator_step.py --task` times the fine-tuning step (the suite's part t): the task's
+  objective at the paper's fine-tuning length, and a first loss near that of guessing among its
+  classes (SQuAD: every position), as a freshly initialised head gives."""
+  js = tmp_path / "ours.json"
+  cmd = [sys.executable, "benchmarks/accelerator_step.py", "--configs=tiny", "--variants=paper",
+         f"--task={task}", "--batch=tiny=4", "--steps=1", "--repeats=1", "--warmup=1",
+         f"--json_out={js}", f"--out={tmp_path / 'o.md'}"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+                        check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  with open(js, encoding="utf-8") as f:
+    (row,) = json.load(f)["results"]
+  assert row["task"] == task and (row["shape"]["batch"], row["shape"]["length"]) == (4, length)
+  assert abs(row["losses"][0] - math.log(classes)) < 0.1 * math.log(classes), row["losses"]
+  assert row["analytic"] > 0
+  text = (tmp_path / "o.md").read_text(encoding="utf-8")
+  assert "fine-tuning step" in text and f"--task={task}" in text
+
+
 def test_bench_batches_from_a_real_corpus(tmp_path):
   """`bench_batches.py` writes the suite's real rows: the input pipeline's first batch over
   Shakespeare, whole files only, packed rows with their packing arrays and less padding."""
