@@ -8,8 +8,9 @@ over NVLink, the low-precision LayerNorm, GELU recomputed in the backward pass a
 float32, the gather-free masked-LM loss, LayerNorm outputs written once, LayerNorm statistics
 in one pass, dropout masks kept as bits and the key projection without its bias each move fewer
 bytes than what they replace, GELU's tanh form runs in cuBLASLt's GEMM epilogue, each kernel is
-counted in the part of the step it serves, a step that cannot fit is refused with the fix, and
-names and errors say what is expected.
+counted in the part of the step it serves, a step that cannot fit is refused with the fix,
+fine-tuning in bfloat16 takes the same fused kernels, and names and errors say what is
+expected.
 
 The compiles run in one fresh subprocess (JAX registers plugins once, when it starts) and each
 test reads its part of the result.
@@ -204,7 +205,7 @@ from bert_jax.runs import finetune_config, finetune_job
 from bert_jax.tasks.classification import data as glue
 from bert_jax.tasks.classification import objective as sequence_classification
 from bert_jax.training import step as step_lib
-def finetune_program():
+def finetune_program(max_sequences_per_row=None):
   h200s = gpu_targets.topology_devices("h200")
   config = finetune_config.make(dtype="bfloat16")
   shape = tiny({}).model
@@ -215,7 +216,8 @@ def finetune_program():
           num_attention_heads=shape.num_attention_heads,
           intermediate_size=shape.intermediate_size),
       128, h200s[0].platform, gpu_targets.compute_capability(h200s[0]))
-  objective = sequence_classification.SequenceClassification(glue.get_task("mrpc"), 128)
+  objective = sequence_classification.SequenceClassification(glue.get_task("mrpc"), 128,
+                                                             max_sequences_per_row)
   mesh, rules = sharding.mesh_from_config(config, h200s)
   tx, schedule = finetune_job.make_optimizer(config, 100, config.learning_rate,
                                              config.warmup_proportion,
@@ -227,6 +229,7 @@ def finetune_program():
           "layer_norm_implementation": model_config.layer_norm_implementation,
           "custom_calls": hlo_costs.custom_calls(module)}
 out["finetune"] = finetune_program()
+out["finetune_packed"] = finetune_program(max_sequences_per_row=4)
 
 big = tiny({})
 big.global_batch_size = 1 << 17
@@ -364,7 +367,8 @@ def test_a_gpu_runs_the_fused_program_unless_told_otherwise(compiled):
 def test_fine_tuning_in_bfloat16_runs_the_fused_kernels_on_a_recent_gpu(compiled):
   """A GLUE fine-tuning step in bfloat16 with its kernels left unset, built for an H200: its
   attention dropout inside cuDNN's kernel forward and backward, each LayerNorm site one Triton
-  kernel each way, as pre-training's step there (`finetune_job.compute_config`)."""
+  kernel each way, as pre-training's step there (`finetune_job.compute_config`); over packed
+  rows too."""
   row = compiled["finetune"]
   assert (row["attention_implementation"], row["layer_norm_implementation"]) == (
       "cudnn", "pallas")
@@ -372,6 +376,11 @@ def test_fine_tuning_in_bfloat16_runs_the_fused_kernels_on_a_recent_gpu(compiled
   assert calls.get("__cudnn$fmhaSoftmaxDropout") == LAYERS, calls
   assert calls.get("__cudnn$fmhaSoftmaxDropoutBackward") == LAYERS, calls
   assert calls.get("__gpu$xla.gpu.triton") == 2 * 2 * LAYERS, calls
+  # Packed rows (`--packing`): lengths cannot say "block-diagonal", so each row's mask reaches
+  # cuDNN's kernel as a bias, with the dropout still inside it.
+  packed = compiled["finetune_packed"]["custom_calls"]
+  assert packed.get("__cudnn$fmhaScaleBiasSoftmaxDropout") == LAYERS, packed
+  assert packed.get("__cudnn$fmhaScaleBiasSoftmaxDropoutBackward") == LAYERS, packed
 
 
 def test_the_initial_state_draws_its_parameters_through_the_threefry_kernel(compiled):
