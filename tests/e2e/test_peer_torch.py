@@ -336,20 +336,27 @@ def test_compiled_peer_gives_sdpa_a_mask_only_for_padded_rows():
     assert all(c["mask"] is has_mask and c["dropout"] == 0.1 for c in seen[name]), seen
 
 
-def test_our_step_profiled_on_the_cpu(tmp_path):
-  """`accelerator_step.py --profile_dir` as the suite runs it: the trace's kernels are read from
-  its .xplane.pb, matched to the compiled step's HLO instructions and their kinds, and the
-  device's busy time is no more than the kernels' summed time allows."""
+def _our_step_on_the_cpu(tmp_path, *args: str) -> tuple[dict, str]:
+  """`accelerator_step.py` on the tiny preset with `args`, as the suite runs it: its one row
+  (the JSON output) and its markdown section."""
   js = tmp_path / "ours.json"
   cmd = [sys.executable, "benchmarks/accelerator_step.py", "--configs=tiny", "--variants=paper",
-         "--batch=tiny=4", "--steps=2", "--repeats=1", "--warmup=1",
-         f"--profile_dir={tmp_path / 'trace'}", f"--json_out={js}", f"--out={tmp_path / 'o.md'}"]
+         "--batch=tiny=4", "--repeats=1", "--warmup=1", *args, f"--json_out={js}",
+         f"--out={tmp_path / 'o.md'}"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
                         check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   with open(js, encoding="utf-8") as f:
     (row,) = json.load(f)["results"]
+  return row, (tmp_path / "o.md").read_text(encoding="utf-8")
+
+
+def test_our_step_profiled_on_the_cpu(tmp_path):
+  """`accelerator_step.py --profile_dir` as the suite runs it: the trace's kernels are read from
+  its .xplane.pb, matched to the compiled step's HLO instructions and their kinds, and the
+  device's busy time is no more than the kernels' summed time allows."""
+  row, text = _our_step_on_the_cpu(tmp_path, "--steps=2", f"--profile_dir={tmp_path / 'trace'}")
   profile = row["profile"]
   assert "error" not in profile, profile
   kinds = profile["kinds_ms"]
@@ -367,7 +374,6 @@ def test_our_step_profiled_on_the_cpu(tmp_path):
   assert top and all(t["ms"] > 0 for t in top)
   assert [t["ms"] for t in top] == sorted((t["ms"] for t in top), reverse=True)
   assert any(t["gb_per_s"] for t in top)  # bytes from hlo_costs for the groups it counts
-  text = (tmp_path / "o.md").read_text(encoding="utf-8")
   assert "PROFILE tiny paper unrolled" in text and "by part (ms): " in text
 
 
@@ -376,20 +382,10 @@ def test_our_fine_tuning_step_timed_as_the_suite_times_it(tmp_path, task, length
   """`accelerator_step.py --task` times the fine-tuning step (the suite's part t): the task's
   objective at the paper's fine-tuning length, and a first loss near that of guessing among its
   classes (SQuAD: every position), as a freshly initialised head gives."""
-  js = tmp_path / "ours.json"
-  cmd = [sys.executable, "benchmarks/accelerator_step.py", "--configs=tiny", "--variants=paper",
-         f"--task={task}", "--batch=tiny=4", "--steps=1", "--repeats=1", "--warmup=1",
-         f"--json_out={js}", f"--out={tmp_path / 'o.md'}"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-                        check=False)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  with open(js, encoding="utf-8") as f:
-    (row,) = json.load(f)["results"]
+  row, text = _our_step_on_the_cpu(tmp_path, f"--task={task}", "--steps=1")
   assert row["task"] == task and (row["shape"]["batch"], row["shape"]["length"]) == (4, length)
   assert abs(row["losses"][0] - math.log(classes)) < 0.1 * math.log(classes), row["losses"]
   assert row["analytic"] > 0
-  text = (tmp_path / "o.md").read_text(encoding="utf-8")
   assert "fine-tuning step" in text and f"--task={task}" in text
 
 
