@@ -18,7 +18,7 @@ compute with float32 parameters, for each attention variant:
 
 `--task=glue` or `--task=squad` times the fine-tuning step instead (the task's objective and
 head as `finetune` builds them, MNLI's classifier or SQuAD's span head, at the paper's
-fine-tuning shapes `FINETUNE_SHAPES`, full-length random rows, the same optimizer): the
+fine-tuning shapes `finetune_compile.TASKS`, full-length random rows, the same optimizer): the
 variants then say which kernels fine-tuning runs (`paper`: XLA's, what a bfloat16 fine-tuning
 run computed before it took the fused kernels; `paper-cudnn-fusedln`: what it runs now on a
 recent GPU).
@@ -66,6 +66,7 @@ from absl import app, flags
 import jax
 import numpy as np
 
+from benchmarks import finetune_compile
 from bert_jax.model import configuration
 from bert_jax.model import cudnn_runtime
 from bert_jax.objectives import mlm_nsp
@@ -100,7 +101,7 @@ _DUMP_HLO = flags.DEFINE_string(
 _TASK = flags.DEFINE_enum(
     "task", "pretrain", ["pretrain", "glue", "squad"],
     "The step timed: pre-training (MLM + NSP), or fine-tuning at the paper's shapes "
-    "(`FINETUNE_SHAPES`): a GLUE pair task (MNLI's three labels) or SQuAD's spans.")
+    "(`finetune_compile.TASKS`): a GLUE pair task (MNLI's three labels) or SQuAD's spans.")
 _BATCH_FILE = flags.DEFINE_string(
     "batch_file", None, "A real batch (.npz of the input pipeline's arrays, packed or not) "
     "instead of random full rows; its shape overrides the preset's.")
@@ -112,10 +113,6 @@ SHAPES = {
     "base": dict(batch=256, length=128, predictions=20),
     "large": dict(batch=32, length=512, predictions=76),
 }
-
-# The paper's fine-tuning shapes (Devlin et al. 2019, section 4): GLUE at 128 tokens, SQuAD at
-# 384, batch 32. Rows are full length (SQuAD's windows mostly are; GLUE's pairs are shorter).
-FINETUNE_SHAPES = {"glue": dict(batch=32, length=128), "squad": dict(batch=32, length=384)}
 
 VARIANTS = {
     "paper": dict(attention_probs_dropout_prob=0.1, attention_implementation=None),
@@ -182,23 +179,13 @@ def random_batch(rng: np.random.RandomState, batch: int, length: int, prediction
 
 def finetune_objective_and_batch(task: str, rng: np.random.RandomState, batch: int,
                                  length: int, vocab_size: int):
-  """The fine-tuning objective of `task` ("glue": MNLI's classifier, "squad": SQuAD's span
-  head, each as `finetune` builds it) and a batch of full-length random rows with random
-  labels for it."""
-  from bert_jax.tasks.classification import data as glue  # pylint: disable=g-import-not-at-top
-  from bert_jax.tasks.classification import objective as classification  # pylint: disable=g-import-not-at-top
-  from bert_jax.tasks.squad import objective as squad  # pylint: disable=g-import-not-at-top
-  if task == "glue":
-    objective = classification.SequenceClassification(glue.get_task("mnli"), length)
-  else:
-    objective = squad.SquadSpans(length)
-  np_batch = objective.example_batch(batch)
-  np_batch.update({
-      features.INPUT_IDS: rng.randint(1000, vocab_size, size=(batch, length)).astype(np.int32),
-      features.INPUT_MASK: np.ones((batch, length), np.int32),
-      features.SEGMENT_IDS: (np.arange(length)[None, :] >= length // 2).astype(np.int32
-                                                                                ).repeat(batch, 0),
-      "weight": np.ones((batch,), np.float32)})
+  """The fine-tuning objective of `task` (`finetune_compile.objective`) and a batch for it:
+  `random_batch`'s full-length rows, with random labels."""
+  objective = finetune_compile.objective(task, length)
+  rows = random_batch(rng, batch, length, 0, vocab_size)
+  np_batch = {**objective.example_batch(batch),
+              **{k: rows[k] for k in features.ENCODER_INPUTS},
+              "weight": np.ones((batch,), np.float32)}
   if task == "glue":
     np_batch["label"] = rng.randint(0, 3, size=(batch,)).astype(np.int32)
   else:
@@ -375,7 +362,7 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
                                     **VARIANTS[variant])
   packing = {}
   if _TASK.value != "pretrain":
-    shape = dict(FINETUNE_SHAPES[_TASK.value], batch=batch_size, predictions=0)
+    shape = dict(finetune_compile.TASKS[_TASK.value], batch=batch_size, predictions=0)
     objective, np_batch = finetune_objective_and_batch(
         _TASK.value, np.random.RandomState(0), batch_size, shape["length"], config.vocab_size)
   elif _BATCH_FILE.value:
@@ -678,7 +665,7 @@ def main(argv):
     for layers in _LAYERS.value:
       for variant in _VARIANTS.value:
         default = (SHAPES[name] if _TASK.value == "pretrain"
-                   else FINETUNE_SHAPES[_TASK.value])["batch"]
+                   else finetune_compile.TASKS[_TASK.value])["batch"]
         batch_size = int(batch_override.get(name, default))
         try:
           r = run_one(name, variant, layers, batch_size)

@@ -28,7 +28,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-# The paper's fine-tuning shapes (Devlin et al. 2019, section 4 and appendix A.3).
+# The paper's fine-tuning shapes (Devlin et al. 2019, section 4 and appendix A.3): GLUE at 128
+# tokens, SQuAD at 384, batch 32. `accelerator_step.py --task` times the same tasks.
 TASKS = {"glue": {"batch": 32, "length": 128}, "squad": {"batch": 32, "length": 384}}
 KERNELS = {
     # What a bfloat16 fine-tuning run computed before: XLA's kernels.
@@ -39,18 +40,23 @@ KERNELS = {
 DEFAULT_ROWS = "base:glue,base:squad,large:squad"
 
 
-def _objective(task: str, length: int):
+def objective(task: str, length: int, max_sequences_per_row: int | None = None):
+  """The objective of `task` as `finetune` builds it: "glue", MNLI's classifier (a pair task of
+  three labels); "squad", SQuAD's span head. Imports nothing that the GPU image lacks."""
   from bert_jax.tasks.classification import data as glue  # pylint: disable=g-import-not-at-top
   from bert_jax.tasks.classification import objective as classification  # pylint: disable=g-import-not-at-top
   from bert_jax.tasks.squad import objective as squad  # pylint: disable=g-import-not-at-top
   if task == "glue":
-    return classification.SequenceClassification(glue.get_task("mnli"), length)
-  return squad.SquadSpans(length)
+    return classification.SequenceClassification(glue.get_task("mnli"), length,
+                                                 max_sequences_per_row)
+  return squad.SquadSpans(length, max_sequences_per_row=max_sequences_per_row)
 
 
-def compile_row(preset: str, task: str, kernels: str, target: str) -> dict:
-  """The fine-tuning step of `preset` on `task`'s shape with `kernels`, compiled for `target`:
-  what it needs and moves."""
+def compile_row(preset: str, task: str, kernels: str, target: str, bert_config=None,
+                max_sequences_per_row: int | None = None) -> dict:
+  """The fine-tuning step of `preset` (or of `bert_config`, named `preset`) on `task`'s shape
+  with `kernels`, over packed rows with `max_sequences_per_row`, compiled for `target`: what it
+  needs and moves, and the kernels it calls."""
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax.model import configuration  # pylint: disable=g-import-not-at-top
   from bert_jax.parallel import gpu_targets, hlo_costs, sharding  # pylint: disable=g-import-not-at-top
@@ -61,20 +67,19 @@ def compile_row(preset: str, task: str, kernels: str, target: str) -> dict:
   config = finetune_config.make(dtype="bfloat16", train_batch_size=shape["batch"],
                                 **KERNELS[kernels])
   bert_config = finetune_job.compute_config(
-      config, configuration.get_preset(preset), shape["length"], devices[0].platform,
-      gpu_targets.compute_capability(devices[0]))
-  objective = _objective(task, shape["length"])
+      config, bert_config or configuration.get_preset(preset), shape["length"],
+      devices[0].platform, gpu_targets.compute_capability(devices[0]))
+  task_objective = objective(task, shape["length"], max_sequences_per_row)
   mesh, rules = sharding.mesh_from_config(config, devices)
   tx, schedule = finetune_job.make_optimizer(config, 1000, config.learning_rate,
                                              config.warmup_proportion,
                                              num_layers=bert_config.num_hidden_layers)
   start = time.perf_counter()
-  lowered, _, _ = step_lib.lower_train_step(objective, objective.model(bert_config), tx,
-                                            schedule, mesh, rules, shape["batch"])
+  lowered, _, _ = step_lib.lower_train_step(task_objective, task_objective.model(bert_config),
+                                            tx, schedule, mesh, rules, shape["batch"])
   compiled = lowered.compile()
   seconds = time.perf_counter() - start
   module = hlo_costs.parse(compiled.as_text())
-  memory = compiled.memory_analysis()
   chip = gpu_targets.parse(target).chip
   traffic = hlo_costs.traffic_by_kind(module)
   return {"preset": preset, "task": task, "kernels": kernels, "target": target,
@@ -82,8 +87,7 @@ def compile_row(preset: str, task: str, kernels: str, target: str) -> dict:
           **shape, "attention_implementation": bert_config.attention_implementation,
           "layer_norm_implementation": bert_config.layer_norm_implementation,
           "compile_seconds": seconds,
-          "hbm_gib": (memory.argument_size_in_bytes + memory.output_size_in_bytes
-                      + memory.temp_size_in_bytes - memory.alias_size_in_bytes) / 2**30,
+          "hbm_gib": step_lib.device_bytes(compiled.memory_analysis()) / 2**30,
           "traffic": traffic, "custom_calls": hlo_costs.custom_calls(module),
           "other_ms": traffic["other"]["bytes"] / chip.hbm_bandwidth * 1e3}
 

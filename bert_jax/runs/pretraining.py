@@ -328,8 +328,7 @@ def compile_train_step(config: ml_collections.ConfigDict, devices=None, compile_
     memory = compiled.memory_analysis()
     if memory is not None:
       out["memory"] = memory
-      out["bytes_per_device"] = int(memory.argument_size_in_bytes + memory.output_size_in_bytes
-                                    + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+      out["bytes_per_device"] = step_lib.device_bytes(memory)
   return out
 
 

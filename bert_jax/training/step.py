@@ -257,6 +257,13 @@ def lower_train_step(objective: Objective, model: nn.Module, tx, schedule, mesh,
   return step.lower(abstract, abstract_batch), abstract, state_sh
 
 
+def device_bytes(memory) -> int:
+  """What a compiled step holds on a device, from its `memory_analysis()`: the arguments, the
+  outputs that do not reuse them (donation) and the temporaries."""
+  return int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+             + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+
+
 def with_mesh(fn, mesh, rules):
   """Traces (and runs) `fn` with the mesh and logical rules in scope, so the model's
   activation constraints resolve to this mesh. `.lower(...)` does the same for AOT."""

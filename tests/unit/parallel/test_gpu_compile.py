@@ -197,39 +197,19 @@ def init_program(threefry_kernel):
 out["init"] = init_program(True)
 out["init_inline"] = init_program(False)
 
-# A fine-tuning step (a GLUE pair task in bfloat16, its kernels left unset) built for an H200:
-# the model as `finetune_job.compute_config` computes it there, and the kernels its step runs.
+# A fine-tuning step (a GLUE pair task in bfloat16, its kernels left unset) built for an H200,
+# as `benchmarks/finetune_compile.py` builds it: the model as `finetune_job.compute_config`
+# computes it there, and the kernels its step calls; unpacked and over packed rows.
+from benchmarks import finetune_compile
 from bert_jax.model import configuration
-from bert_jax.parallel import sharding
-from bert_jax.runs import finetune_config, finetune_job
-from bert_jax.tasks.classification import data as glue
-from bert_jax.tasks.classification import objective as sequence_classification
-from bert_jax.training import step as step_lib
-def finetune_program(max_sequences_per_row=None):
-  h200s = gpu_targets.topology_devices("h200")
-  config = finetune_config.make(dtype="bfloat16")
-  shape = tiny({}).model
-  model_config = finetune_job.compute_config(
-      config, configuration.BertConfig(
-          vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
-          num_hidden_layers=shape.num_hidden_layers,
-          num_attention_heads=shape.num_attention_heads,
-          intermediate_size=shape.intermediate_size),
-      128, h200s[0].platform, gpu_targets.compute_capability(h200s[0]))
-  objective = sequence_classification.SequenceClassification(glue.get_task("mrpc"), 128,
-                                                             max_sequences_per_row)
-  mesh, rules = sharding.mesh_from_config(config, h200s)
-  tx, schedule = finetune_job.make_optimizer(config, 100, config.learning_rate,
-                                             config.warmup_proportion,
-                                             num_layers=shape.num_hidden_layers)
-  lowered, _, _ = step_lib.lower_train_step(objective, objective.model(model_config), tx,
-                                            schedule, mesh, rules, config.train_batch_size)
-  module = hlo_costs.parse(lowered.compile().as_text())
-  return {"attention_implementation": model_config.attention_implementation,
-          "layer_norm_implementation": model_config.layer_norm_implementation,
-          "custom_calls": hlo_costs.custom_calls(module)}
-out["finetune"] = finetune_program()
-out["finetune_packed"] = finetune_program(max_sequences_per_row=4)
+shape = tiny({}).model
+tiny_model = configuration.BertConfig(
+    vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
+    num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
+    intermediate_size=shape.intermediate_size)
+out["finetune"] = finetune_compile.compile_row("tiny", "glue", "fused", "h200", tiny_model)
+out["finetune_packed"] = finetune_compile.compile_row("tiny", "glue", "fused", "h200", tiny_model,
+                                                      max_sequences_per_row=4)
 
 big = tiny({})
 big.global_batch_size = 1 << 17
