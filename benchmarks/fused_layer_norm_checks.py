@@ -10,7 +10,10 @@ on whatever device JAX has (a CPU interprets):
    XLA), within 1e-4 relative;
 2. the kept fraction is the quantised rate within 5 standard errors, and the backward kernel
    drops the forward's elements (the input's gradient is zero exactly there);
-3. at one block site of BERT (rows × width, bfloat16 in and out), the time of forward +
+3. the output as four copies (`uses=4`, as a block's output goes to the next block): the
+   gradients of all five inputs are those of one output whose gradient is the copies' sum,
+   added inside the backward kernel, within 1e-5 relative;
+4. at one block site of BERT (rows × width, bfloat16 in and out), the time of forward +
    backward through the kernels against XLA's form of the same site (the dense bias add,
    `dropout.dropout`, `modeling.residual_layer_norm` as the GPU step builds it), median of
    `--repeats` runs of `--steps` each, for the default tiling and each of `--tilings`
@@ -112,7 +115,25 @@ def main() -> int:
   report(bool((d_x[~kept] == 0).all() and (d_x[kept] != 0).all()),
          "the backward kernel drops the forward's elements (d_x is zero exactly there)")
 
-  # 3.: one site forward + backward, kernels against XLA, bfloat16.
+  # 3.: four copies, their gradients added in the backward kernel.
+  cotangents = [jax.random.normal(k, x.shape, jnp.float32)
+                for k in jax.random.split(jax.random.PRNGKey(4), 4)]
+
+  @jax.jit
+  def copies(*operands):
+    fused = lambda uses: lambda *o: pallas_layer_norm.dropout_residual_layer_norm(
+        *o, rate=RATE, seed=SEED, epsilon=EPS, out_dtype=jnp.float32, uses=uses)
+    _, vjp = jax.vjp(fused(4), *operands)
+    _, vjp_one = jax.vjp(fused(1), *operands)
+    return vjp(tuple(cotangents)), vjp_one(sum(cotangents))
+
+  got, want = copies(x, dense_bias, residual, scale, bias)
+  errors = [np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)))
+            / max(np.max(np.abs(np.asarray(b, np.float64))), 1e-30) for a, b in zip(got, want)]
+  report(max(errors) <= 1e-5, "four copies' gradients added in the backward kernel: the five "
+         f"inputs' gradients are those of their sum (max error {max(errors):.1e})")
+
+  # 4.: one site forward + backward, kernels against XLA, bfloat16.
   operands = _inputs(args.rows, args.width, jnp.bfloat16)
   key = jax.random.PRNGKey(3)
 

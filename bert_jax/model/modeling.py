@@ -330,7 +330,9 @@ class DropoutResidualLayerNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, dense_bias: jax.Array, residual: jax.Array,
-               deterministic: bool) -> jax.Array:
+               deterministic: bool, uses: int = 1) -> jax.Array | tuple[jax.Array, ...]:
+    """The site's output; `uses` > 1: that many copies of it, one per consumer, whose
+    gradients the backward kernel adds (`pallas_layer_norm.dropout_residual_layer_norm`)."""
     from bert_jax.model import pallas_layer_norm
     scale, bias = _norm_parameters(self, x.shape[-1], self.param_dtype)
     rate = 0.0 if deterministic else self.rate
@@ -342,7 +344,7 @@ class DropoutResidualLayerNorm(nn.Module):
         seed = pallas_layer_norm.shard_seed(seed, shard)
       return pallas_layer_norm.dropout_residual_layer_norm(
           x, dense_bias, residual, scale, bias, rate=rate, seed=seed, epsilon=self.epsilon,
-          out_dtype=self.out_dtype, bits=self.bits)
+          out_dtype=self.out_dtype, bits=self.bits, uses=uses)
 
     operands = (x, dense_bias, residual, scale, bias, seed)
     mesh = jax.sharding.get_abstract_mesh()
@@ -350,7 +352,8 @@ class DropoutResidualLayerNorm(nn.Module):
       return kernel(*operands)
     axes = _dividing_mesh_axes(mesh, x.shape, (BATCH, LENGTH, None))
     spec, whole = jax.sharding.PartitionSpec(*axes), jax.sharding.PartitionSpec()
-    return _per_shard(kernel, operands, (spec, whole, spec, whole, whole, whole), spec, axes)
+    return _per_shard(kernel, operands, (spec, whole, spec, whole, whole, whole),
+                      spec if uses == 1 else (spec,) * uses, axes)
 
 
 def _per_shard(kernel: Callable[..., jax.Array], operands: tuple, in_specs: tuple, out_spec,
@@ -473,6 +476,18 @@ def _fan_out_bwd(uses, _, grads):
 
 
 fan_out.defvjp(_fan_out_fwd, _fan_out_bwd)
+
+
+def sites_take_copies(config: BertConfig) -> bool:
+  """Whether a block's LayerNorm sites hand their output to its consumers as copies, one each,
+  so that the site's backward kernel adds their gradients as it reads them: with the fused
+  sites (`DropoutResidualLayerNorm`), whose kernel can. Autodiff would otherwise add them in a
+  kernel of XLA's, which writes the sum the site's kernel then reads: per layer, the attention
+  output's two consumers and the block output's four, about 190 MB per BERT-base/128 layer on
+  the H200, where XLA's GPU compiler does not fold those adds into the GEMMs whose outputs
+  they are once its autotuner has chosen cuBLAS. A block's output goes to the next block as its
+  residual, query, key and value, the copies `fan_out` would make."""
+  return config.layer_norm_implementation == "pallas"
 
 
 def _between_fp8_matmuls(activation: Callable[[jax.Array], jax.Array], x: jax.Array
@@ -823,7 +838,9 @@ class BertResidualOutput(nn.Module):
   in_axis: str
 
   @nn.compact
-  def __call__(self, x, residual, deterministic: bool):
+  def __call__(self, x, residual, deterministic: bool, uses: int = 1):
+    """The block's output; `uses` > 1 (fused sites only, `sites_take_copies`): a copy for
+    each of its consumers, whose gradients the site's backward kernel adds."""
     cfg = self.config
     if cfg.layer_norm_implementation == "pallas":
       # The dense layer's bias, dropout, the add and the LayerNorm in one kernel each way.
@@ -831,8 +848,13 @@ class BertResidualOutput(nn.Module):
       y = DropoutResidualLayerNorm(cfg.hidden_dropout_prob, cfg.dropout_bits,
                                    cfg.layer_norm_eps, _dtype(cfg.param_dtype),
                                    _dtype(cfg.dtype), name="LayerNorm")(
-                                       y, dense_bias, residual.astype(y.dtype), deterministic)
-      return nn.with_logical_constraint(y, (BATCH, LENGTH, EMBED))
+                                       y, dense_bias, residual.astype(y.dtype), deterministic,
+                                       uses)
+      constrain = lambda y: nn.with_logical_constraint(y, (BATCH, LENGTH, EMBED))
+      return constrain(y) if uses == 1 else tuple(constrain(copy) for copy in y)
+    if uses != 1:
+      raise ValueError(f"BertResidualOutput: uses={uses} takes the fused sites "
+                       "(layer_norm_implementation='pallas').")
     if x.shape[-1]:
       y = dense(cfg, cfg.hidden_size, (self.in_axis, "embed"), "dense")(x)
     else:  # a layer whose every head was pruned: the projection of nothing is its bias
@@ -883,21 +905,26 @@ class BertAttention(nn.Module):
   num_heads: int | None = None  # None: config.num_attention_heads
 
   @nn.compact
-  def __call__(self, x, input_mask, deterministic: bool, sequence_ids=None):
-    if self.num_heads == 0:  # every head pruned: nothing attends
-      context = jnp.zeros(x.shape[:-1] + (0,), x.dtype)
-      residual = x
+  def __call__(self, x, input_mask, deterministic: bool, sequence_ids=None, uses: int = 1):
+    """`x`: the block's input, or (fused sites, `sites_take_copies`) the previous block's
+    copies of it for the residual, query, key and value. `uses`: as `BertResidualOutput`."""
+    if isinstance(x, tuple):
+      residual, *copies = x
+      projected = tuple(copies)
     else:
       residual, projected = x, x
-      if target.target_platform() == "gpu":
+      if target.target_platform() == "gpu" and self.num_heads != 0:
         # Where XLA's GPU compiler folds each input gradient into its GEMM (`fan_out`); a
         # TPU's program moves more with it (1.2 GB per BERT-base step on a v4-8).
         residual, *copies = fan_out(x, 4)
         projected = tuple(copies)
+    if self.num_heads == 0:  # every head pruned: nothing attends
+      context = jnp.zeros(residual.shape[:-1] + (0,), residual.dtype)
+    else:
       context = BertSelfAttention(self.config, self.num_heads, name="self")(
           projected, input_mask, deterministic, sequence_ids)
     return BertResidualOutput(self.config, "joined_kv", name="output")(
-        context, residual, deterministic)
+        context, residual, deterministic, uses)
 
 
 class BertIntermediate(nn.Module):
@@ -928,6 +955,9 @@ class BertLayer(nn.Module):
   collect_hidden_states: bool = False
   shared: "SharedLayerParts | None" = None
   num_heads: int | None = None  # this layer's attention heads (pruned); None: the config's
+  # Copies of the output for the next block's residual, query, key and value (4), when the
+  # encoder hands them over (`sites_take_copies`); 1: the output itself.
+  output_uses: int = 1
 
   @nn.compact
   def __call__(self, x, input_mask, deterministic: bool, sequence_ids=None):
@@ -939,8 +969,11 @@ class BertLayer(nn.Module):
                     else BertIntermediate(cfg, name="intermediate"))
     output = (self.shared.output if "ffn" in parts
               else BertResidualOutput(cfg, "mlp", name="output"))
-    x = attention(x, input_mask, deterministic, sequence_ids)
-    y = output(intermediate(x), x, deterministic)
+    if sites_take_copies(cfg):  # the attention output read by the feed-forward and its residual
+      x, residual = attention(x, input_mask, deterministic, sequence_ids, uses=2)
+    else:
+      x = residual = attention(x, input_mask, deterministic, sequence_ids)
+    y = output(intermediate(x), residual, deterministic, self.output_uses)
     if self.scanned:
       return y, (y if self.collect_hidden_states else None)
     return y
@@ -1012,9 +1045,12 @@ class BertEncoder(nn.Module):
       return x, hidden_states
     hidden_states = []
     for i in range(cfg.num_hidden_layers):
-      x = layer_cls(cfg, shared=shared, num_heads=cfg.heads_in_layer(i), name=f"layer_{i}")(
-          x, input_mask, deterministic, sequence_ids)
-      hidden_states.append(x)
+      # A block's output goes to the next block as its copies (`sites_take_copies`).
+      uses = (4 if sites_take_copies(cfg) and i + 1 < cfg.num_hidden_layers
+              and cfg.heads_in_layer(i + 1) != 0 else 1)
+      x = layer_cls(cfg, shared=shared, num_heads=cfg.heads_in_layer(i), output_uses=uses,
+                    name=f"layer_{i}")(x, input_mask, deterministic, sequence_ids)
+      hidden_states.append(x[0] if isinstance(x, tuple) else x)
     return x, (tuple(hidden_states) if self.collect_hidden_states else ())
 
   def _shared(self, layer_cls, x, input_mask, deterministic, sequence_ids):

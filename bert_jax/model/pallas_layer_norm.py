@@ -12,7 +12,9 @@ backward (Pallas' Triton backend, `jax.experimental.pallas.triton`):
   as `modeling.residual_layer_norm` keeps it) and two float32 numbers per row (mean, 1/std);
 - backward: reads the output's gradient and the saved sum; writes the gradients of both inputs
   and, per program, partial column sums for the dense bias, scale and bias gradients (XLA adds
-  those up).
+  those up). An output handed to several consumers as copies (`uses`) brings back one gradient
+  per copy, which the kernel adds as it reads them: the sum a kernel of XLA's would otherwise
+  write and this kernel read again (`dropout_residual_layer_norm`).
 
 A row of the residual stream (768 or 1024 values) stays in registers between the two row
 reductions, so the statistics are two-pass (mean, then the variance of the centred values) at
@@ -171,9 +173,9 @@ def _forward_kernel(seed_ref, x_ref, r_ref, params_ref, y_ref, total_ref, stats_
   plgpu.store(stats_ref.at[rows, 1], rstd, mask=row_ok)
 
 
-def _backward_kernel(seed_ref, g_ref, total_ref, stats_ref, params_ref, dx_ref, dr_ref,
-                     part_ref, *, static: _Static, num_blocks: int, programs: int):
-  num_rows = g_ref.shape[0]
+def _backward_kernel(seed_ref, *refs, static: _Static, num_blocks: int, programs: int):
+  *g_refs, total_ref, stats_ref, params_ref, dx_ref, dr_ref, part_ref = refs
+  num_rows = g_refs[0].shape[0]
   program = pl.program_id(0)
   cols = jnp.arange(static.padded)
   col_ok = cols < static.width
@@ -181,7 +183,8 @@ def _backward_kernel(seed_ref, g_ref, total_ref, stats_ref, params_ref, dx_ref, 
 
   def body(step, sums):
     rows, cols, row_ok, col_ok, mask, idx = _block(static, program + step * programs, num_rows)
-    g = plgpu.load(g_ref.at[idx], mask=mask, other=0.0).astype(jnp.float32)
+    g = sum(plgpu.load(g_ref.at[idx], mask=mask, other=0.0).astype(jnp.float32)
+            for g_ref in g_refs)
     total = plgpu.load(total_ref.at[idx], mask=mask, other=0.0).astype(jnp.float32)
     mean = plgpu.load(stats_ref.at[rows, 0], mask=row_ok, other=0.0)
     rstd = plgpu.load(stats_ref.at[rows, 1], mask=row_ok, other=0.0)
@@ -225,35 +228,37 @@ def _forward(static: _Static, x, residual, params, seed):
       name="dropout_residual_layer_norm_fwd")(seed, x, residual, params)
 
 
-def _backward(static: _Static, seed, grad, total, stats, params):
-  rows = grad.shape[0]
+def _backward(static: _Static, seed, grads, total, stats, params):
+  """The gradients of x, residual and params from the output's (one per copy, `grads`)."""
+  rows = total.shape[0]
   num_blocks = pl.cdiv(rows, static.block_rows)
   programs = min(num_blocks, static.tiling.backward_programs)
-  out_shape = (jax.ShapeDtypeStruct(grad.shape, static.x_dtype),
-               jax.ShapeDtypeStruct(grad.shape, static.residual_dtype),
+  out_shape = (jax.ShapeDtypeStruct(total.shape, static.x_dtype),
+               jax.ShapeDtypeStruct(total.shape, static.residual_dtype),
                jax.ShapeDtypeStruct((programs, 3, static.width), jnp.float32))
   d_x, d_residual, parts = pl.pallas_call(
       functools.partial(_backward_kernel, static=static, num_blocks=num_blocks,
                         programs=programs),
-      out_shape=out_shape, grid=(programs,), in_specs=[_ANY] * 5, out_specs=(_ANY,) * 3,
-      compiler_params=_params(static), interpret=static.interpret,
-      name="dropout_residual_layer_norm_bwd")(seed, grad, total, stats, params)
+      out_shape=out_shape, grid=(programs,), in_specs=[_ANY] * (4 + len(grads)),
+      out_specs=(_ANY,) * 3, compiler_params=_params(static), interpret=static.interpret,
+      name="dropout_residual_layer_norm_bwd")(seed, *grads, total, stats, params)
   return d_x, d_residual, jnp.sum(parts, axis=0)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused(static: _Static, x, residual, params, seed):
-  return _forward(static, x, residual, params, seed)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _fused(static: _Static, uses: int, x, residual, params, seed):
+  return (_forward(static, x, residual, params, seed)[0],) * uses
 
 
-def _fused_fwd(static, x, residual, params, seed):
+def _fused_fwd(static, uses, x, residual, params, seed):
   y, total, stats = _forward(static, x, residual, params, seed)
-  return y, (seed, total, stats, params)
+  return (y,) * uses, (seed, total, stats, params)
 
 
-def _fused_bwd(static, saved, grad):
+def _fused_bwd(static, uses, saved, grads):
+  del uses  # one gradient per copy, `grads`
   seed, total, stats, params = saved
-  d_x, d_residual, d_params = _backward(static, seed, grad, total, stats, params)
+  d_x, d_residual, d_params = _backward(static, seed, grads, total, stats, params)
   return d_x, d_residual, d_params, np.zeros(seed.shape, jax.dtypes.float0)
 
 
@@ -264,9 +269,17 @@ def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
                                 residual: jax.Array, scale: jax.Array, bias: jax.Array, *,
                                 rate: float, seed: jax.Array | None, epsilon: float, out_dtype,
                                 bits: int = 16, interpret: bool | None = None,
-                                tiling: Tiling = Tiling()) -> jax.Array:
+                                tiling: Tiling = Tiling(), uses: int = 1
+                                ) -> jax.Array | tuple[jax.Array, ...]:
   """LayerNorm(dropout(x + dense_bias) + residual) · scale + bias over the last axis, in one
   kernel each way.
+
+  `uses` > 1 returns that many copies of the output, one for each of its consumers: their
+  gradients reach the backward kernel apart, which adds them as it reads them. Autodiff would
+  add them first, in a kernel of XLA's reading them all and writing their sum, which the
+  backward kernel then reads again (a block's output, read by the next block's residual and its
+  query, key and value projections: 4 arrays read and 1 written, then read; BERT-base/128 on
+  the H200 2.3 GB per step in all).
 
   `x` (the dense layer's output before its bias) and `residual` (..., width) in the compute
   dtype; `dense_bias` (None: none), `scale` and `bias` (width,); `seed` two uint32 words
@@ -303,8 +316,11 @@ def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
   # One (3, width) float32 operand: a kernel of XLA's prepares it (on stacked layers, slicing
   # this layer's rows) instead of one per vector.
   params = jnp.stack([dense_bias, scale, bias]).astype(jnp.float32)
-  y = _fused(static, x.reshape(-1, width), residual.reshape(-1, width), params, seed)
-  return y.reshape(*x.shape)
+  if uses < 1:
+    raise ValueError(f"dropout_residual_layer_norm: uses={uses}; expected at least 1.")
+  ys = _fused(static, uses, x.reshape(-1, width), residual.reshape(-1, width), params, seed)
+  ys = tuple(y.reshape(*x.shape) for y in ys)
+  return ys[0] if uses == 1 else ys
 
 
 def shard_seed(seed: jax.Array, shard: jax.Array) -> jax.Array:

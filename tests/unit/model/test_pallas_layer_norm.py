@@ -80,6 +80,32 @@ def test_forward_and_gradients_are_the_reference_with_the_kernels_mask(rows, wid
   assert (d_x[~np.asarray(keep)] == 0).all() and (d_x[np.asarray(keep)] != 0).all()
 
 
+def test_copies_for_several_consumers_bring_back_the_sum_of_their_gradients():
+  """`uses=3`: three copies of the output, and every input's gradient that of one output
+  whose gradient is the three copies' sum (added in the backward kernel, not before it)."""
+  rows, width = 21, 48
+  x, dense_bias, residual, scale, bias = _inputs(rows, width)
+  run = lambda uses: jax.jit(lambda *args: pallas_layer_norm.dropout_residual_layer_norm(
+      *args, rate=RATE, seed=SEED, epsilon=EPS, out_dtype=jnp.float32, uses=uses))
+  args = (x, dense_bias, residual, scale, bias)
+  copies, vjp = jax.vjp(run(3), *args)
+  single, vjp_single = jax.vjp(run(1), *args)
+  assert len(copies) == 3
+  for copy in copies:
+    np.testing.assert_array_equal(copy, single)
+  rng = np.random.default_rng(2)
+  cotangents = tuple(jnp.asarray(rng.normal(size=(rows, width)), jnp.float32)
+                     for _ in range(3))
+  got, want = vjp(cotangents), vjp_single(sum(cotangents))
+  for name, a, b in zip(("x", "dense_bias", "residual", "scale", "bias"), got, want):
+    assert _max_relative(a, b) < 1e-6, name
+  # Each copy's gradient counts: without the third, the gradients change.
+  partial = vjp(cotangents[:2] + (jnp.zeros_like(cotangents[2]),))
+  assert _max_abs(partial[0], got[0]) > 1e-3
+  with pytest.raises(ValueError, match="uses=0"):
+    run(0)(*args)
+
+
 def test_without_dropout_or_dense_bias_it_is_the_residual_layer_norm():
   x, _, residual, scale, bias = _inputs(13, 40)
   out = pallas_layer_norm.dropout_residual_layer_norm(
@@ -268,5 +294,5 @@ def test_the_gpu_checks_pass_in_the_interpreter(tmp_path):
   text = helpers.run_device_checks(
       "fused_layer_norm_checks.py", tmp_path / "checks.md", "--rows=64", "--width=48",
       "--check_rows=24", "--steps=1", "--repeats=1", "--tilings=2048:4:2,256:2:1")
-  assert text.count("- PASS") == 8 and "FAIL" not in text and "failed" not in text, text
+  assert text.count("- PASS") == 9 and "FAIL" not in text and "failed" not in text, text
   assert text.count("ms (**") == 3, text

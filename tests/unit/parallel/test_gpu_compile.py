@@ -7,7 +7,8 @@ bfloat16 operands (the tied decoder's gradient matmuls too), eight GPUs reduce t
 over NVLink, the low-precision LayerNorm, GELU recomputed in the backward pass and computed in
 float32, the gather-free masked-LM loss, LayerNorm outputs written once, LayerNorm statistics
 in one pass, dropout masks kept as bits and the key projection without its bias each move fewer
-bytes than what they replace, GELU's tanh form runs in cuBLASLt's GEMM epilogue, each kernel is
+bytes than what they replace, the fused sites add their consumers' gradients in their own
+backward kernel, GELU's tanh form runs in cuBLASLt's GEMM epilogue, each kernel is
 counted in the part of the step it serves, a step that cannot fit is refused with the fix,
 fine-tuning in bfloat16 takes the same fused kernels, and names and errors say what is
 expected.
@@ -138,6 +139,12 @@ for name, module, attr, stand_in, hidden, overrides in (
      lambda activation, x: activation(x), 256, fp8)):
   with swapped(module, attr, stand_in):
     out[name] = compile_check.check(tiny(overrides, hidden), "h100", config_name=name).traffic
+
+# The fused sites' outputs handed over as one array, their consumers' gradients summed by
+# autodiff before the site's backward kernel reads them.
+with swapped(modeling, "sites_take_copies", lambda config: False):
+  out["fused_ln_summed_apart"] = compile_check.check(
+      tiny(cases["paper_cudnn_fused_ln"][1]), "h100", config_name="fused_ln_summed_apart").traffic
 
 # The tied decoder differentiated as written: its gradient's matmuls (what they read).
 untied = lambda spec, a, b: jnp.einsum(spec, a, b.astype(a.dtype),
@@ -327,6 +334,19 @@ def test_fused_layer_norm_sites_are_one_kernel_each_way_and_move_fewer_bytes(com
   assert other(fused)["bytes"] < other(xla)["bytes"]
   # The matmuls are the same (the dense layers' biases moved into the kernels).
   assert fused["traffic"]["matmul"]["count"] == xla["traffic"]["matmul"]["count"]
+
+
+def test_fused_sites_add_their_consumers_gradients_in_their_backward_kernel(compiled):
+  """With the fused sites each hands its output to its consumers as copies
+  (`modeling.sites_take_copies`): the attention output to the feed-forward block and its
+  residual, a block's output to the next block's residual, query, key and value. Their
+  gradients are added inside the site's backward kernel, so the kernels of XLA's that added
+  them (one per site whose output has several consumers: 2 x layers - 1) are gone, and with
+  them the sums they wrote and the kernel read again."""
+  copies = compiled["paper_cudnn_fused_ln"]["traffic"]["other"]
+  apart = compiled["fused_ln_summed_apart"]["other"]
+  assert copies["count"] == apart["count"] - (2 * LAYERS - 1), (copies, apart)
+  assert copies["bytes"] < apart["bytes"], (copies, apart)
 
 
 def test_a_gpu_runs_the_fused_program_unless_told_otherwise(compiled):
