@@ -35,7 +35,7 @@
 #       programmatic dependent launch: a kernel is let in while the one before drains, which
 #       matters for a step of ~1,300 kernels, ~600 of them under 1 MB; off by default in jaxlib
 #       0.11.2); "epilogues" (Triton GEMM off, so that every GEMM goes through cuBLASLt, whose
-#       epilogues take bias adds, and XLA's dot merger off: on the H200 it joined Q's and V's
+#       epilogues take bias adds, and XLA's dot merger off: on the H200 it joined Q's and K's
 #       GEMMs, forward and weight gradient, 3.6 GB of copies per step); the same with GELU's
 #       tanh form (paper-cudnn-tanh: bias + GELU in the first feed-forward GEMM's epilogue) and
 #       the peer compiled with that GELU (--hidden_act=gelu_new); all of these together
@@ -493,7 +493,8 @@ if want e; then
     --hidden_act=gelu_new
   # The dot merger and command buffers on "fusedln"'s step. On the H200 the merger joined Q's
   # and K's GEMMs, forward and weight gradient, and the cuBLAS GEMMs the autotuner chose then
-  # needed a slice copied out and a concatenation in (3.6 GB per BERT-base step). Without
+  # needed a slice copied out and a concatenation in (3.6 GB per BERT-base step); the fused
+  # sites' copies now keep those two apart, so this times the pass off elsewhere. Without
   # command buffers, the profile names every kernel (in them, JAX 0.11.2's trace gives the
   # command buffer's name whatever --xla_enable_command_buffers_during_profiling says).
   fused=$(with_fused_sites e-fusedln paper-cudnn-fusedln paper-cudnn)

@@ -245,14 +245,24 @@ def _backward(static: _Static, seed, grads, total, stats, params):
   return d_x, d_residual, jnp.sum(parts, axis=0)
 
 
+def _copies(y: jax.Array, uses: int) -> tuple[jax.Array, ...]:
+  """`uses` copies of `y`, each a value of its own to the compiler (an optimization barrier:
+  no data moves). As one value, XLA's dot merger joins two GEMMs that read it (a block's
+  query and key projections) into one, then copies the key out of the joined output and, in
+  the backward pass, writes the two output gradients side by side for the joined weight
+  gradient: 300 MB per BERT-base/128 layer on the H200, against the 100 MB the joined GEMMs
+  save by reading the input once."""
+  return (y,) if uses == 1 else jax.lax.optimization_barrier((y,) * uses)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _fused(static: _Static, uses: int, x, residual, params, seed):
-  return (_forward(static, x, residual, params, seed)[0],) * uses
+  return _copies(_forward(static, x, residual, params, seed)[0], uses)
 
 
 def _fused_fwd(static, uses, x, residual, params, seed):
   y, total, stats = _forward(static, x, residual, params, seed)
-  return (y,) * uses, (seed, total, stats, params)
+  return _copies(y, uses), (seed, total, stats, params)
 
 
 def _fused_bwd(static, uses, saved, grads):

@@ -8,7 +8,8 @@ over NVLink, the low-precision LayerNorm, GELU recomputed in the backward pass a
 float32, the gather-free masked-LM loss, LayerNorm outputs written once, LayerNorm statistics
 in one pass, dropout masks kept as bits and the key projection without its bias each move fewer
 bytes than what they replace, the fused sites add their consumers' gradients in their own
-backward kernel, GELU's tanh form runs in cuBLASLt's GEMM epilogue, each kernel is
+backward kernel and keep the query and key GEMMs apart, GELU's tanh form runs in cuBLASLt's
+GEMM epilogue, each kernel is
 counted in the part of the step it serves, a step that cannot fit is refused with the fix,
 fine-tuning in bfloat16 takes the same fused kernels, and names and errors say what is
 expected.
@@ -140,11 +141,18 @@ for name, module, attr, stand_in, hidden, overrides in (
   with swapped(module, attr, stand_in):
     out[name] = compile_check.check(tiny(overrides, hidden), "h100", config_name=name).traffic
 
-# The fused sites' outputs handed over as one array, their consumers' gradients summed by
-# autodiff before the site's backward kernel reads them.
-with swapped(modeling, "sites_take_copies", lambda config: False):
-  out["fused_ln_summed_apart"] = compile_check.check(
-      tiny(cases["paper_cudnn_fused_ln"][1]), "h100", config_name="fused_ln_summed_apart").traffic
+# The fused sites' outputs handed over as copies whose gradients the site's backward kernel
+# adds, or as one array, their consumers' gradients summed by autodiff before the kernel reads
+# them. The copies as one value in both (their optimization barrier is the next test's), so
+# that XLA's dot merger treats the two alike.
+from bert_jax.model import pallas_layer_norm
+fused_ln = cases["paper_cudnn_fused_ln"][1]
+with swapped(pallas_layer_norm, "_copies", lambda y, uses: (y,) * uses):
+  out["fused_ln_summed_in_kernel"] = compile_check.check(
+      tiny(fused_ln), "h100", config_name="fused_ln_summed_in_kernel").traffic
+  with swapped(modeling, "sites_take_copies", lambda config: False):
+    out["fused_ln_summed_apart"] = compile_check.check(
+        tiny(fused_ln), "h100", config_name="fused_ln_summed_apart").traffic
 
 # The tied decoder differentiated as written: its gradient's matmuls (what they read).
 untied = lambda spec, a, b: jnp.einsum(spec, a, b.astype(a.dtype),
@@ -177,6 +185,16 @@ def accumulation(text):
 out["fan_out"] = accumulation(cublas_program(paper))
 with swapped(modeling, "fan_out", lambda x, uses: (x,) * uses):
   out["fan_out_as_is"] = accumulation(cublas_program(paper))
+
+# The fused sites' copies as one value (without their optimization barrier), with cuBLAS's
+# GEMMs: XLA's dot merger joins each block's query and key GEMMs, copies the key out, and
+# concatenates their output gradients for the joined weight gradient.
+def joined(text):
+  other = hlo_costs.traffic_by_kind(hlo_costs.parse(text))["other"]
+  return {"concatenates": text.count(" concatenate("), "other_bytes": other["bytes"]}
+out["copies_apart"] = joined(cublas_program(fused_ln))
+with swapped(pallas_layer_norm, "_copies", lambda y, uses: (y,) * uses):
+  out["copies_one_value"] = joined(cublas_program(fused_ln))
 
 # What the defaults case was built with: the compile-only H200's compute capability, read
 # from its device kind, selects the fused fields.
@@ -332,8 +350,11 @@ def test_fused_layer_norm_sites_are_one_kernel_each_way_and_move_fewer_bytes(com
   other = lambda row: row["traffic"]["other"]
   assert other(fused)["count"] < other(xla)["count"]
   assert other(fused)["bytes"] < other(xla)["bytes"]
-  # The matmuls are the same (the dense layers' biases moved into the kernels).
-  assert fused["traffic"]["matmul"]["count"] == xla["traffic"]["matmul"]["count"]
+  # The same matmuls (the dense layers' biases moved into the kernels), but for the query and
+  # key GEMMs, which XLA's dot merger joins on the other path and the fused sites' copies keep
+  # apart: one more GEMM per layer each way.
+  assert (fused["traffic"]["matmul"]["count"]
+          == xla["traffic"]["matmul"]["count"] + 2 * LAYERS), (fused["traffic"], xla["traffic"])
 
 
 def test_fused_sites_add_their_consumers_gradients_in_their_backward_kernel(compiled):
@@ -343,10 +364,20 @@ def test_fused_sites_add_their_consumers_gradients_in_their_backward_kernel(comp
   gradients are added inside the site's backward kernel, so the kernels of XLA's that added
   them (one per site whose output has several consumers: 2 x layers - 1) are gone, and with
   them the sums they wrote and the kernel read again."""
-  copies = compiled["paper_cudnn_fused_ln"]["traffic"]["other"]
+  copies = compiled["fused_ln_summed_in_kernel"]["other"]
   apart = compiled["fused_ln_summed_apart"]["other"]
   assert copies["count"] == apart["count"] - (2 * LAYERS - 1), (copies, apart)
   assert copies["bytes"] < apart["bytes"], (copies, apart)
+
+
+def test_the_fused_sites_copies_keep_the_query_and_key_gemms_apart(compiled):
+  """Each copy a site hands over is a value of its own to the compiler
+  (`pallas_layer_norm._copies`), so XLA's dot merger does not join a block's query and key
+  GEMMs: with cuBLAS's GEMMs, no concatenation of their output gradients per layer, and fewer
+  bytes outside the GEMMs than with the copies as one value."""
+  apart, one = compiled["copies_apart"], compiled["copies_one_value"]
+  assert apart["concatenates"] <= one["concatenates"] - LAYERS, (apart, one)
+  assert apart["other_bytes"] < one["other_bytes"], (apart, one)
 
 
 def test_a_gpu_runs_the_fused_program_unless_told_otherwise(compiled):
