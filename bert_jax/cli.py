@@ -51,6 +51,13 @@ def define_vocab_flags(vocab_help: str = "The model's vocabulary: WordPiece voca
                     "what is recorded beside the model, else true.")
 
 
+def define_dtype_flag() -> None:
+  """`--dtype`: what an inference command's model computes in (`inference.compute_config`)."""
+  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_enum("dtype", "float32", list(inference.COMPUTE_DTYPES), "What the model "
+                    "computes in: float32, or bfloat16 (float32 parameters and outputs).")
+
+
 def define_distributed_flags() -> None:
   """The flags of a multi-process run outside Cloud TPU (TPU slices are found by themselves)."""
   flags.DEFINE_string("coordinator_address", None,

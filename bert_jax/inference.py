@@ -26,6 +26,20 @@ from bert_jax.text import features, pairs
 from bert_jax.training.step import apply_variables, with_mesh
 
 
+# The dtypes a model computes in at inference (`compute_config`); parameters stay as stored.
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+def compute_config(config: BertConfig, dtype: str) -> BertConfig:
+  """`config` computing in `dtype` ("float32", the checkpoint's numbers to ~1e-5 of its
+  reference; "bfloat16": matmuls and activations in bfloat16 with float32 parameters, LayerNorm
+  statistics and softmax, as a bfloat16 training step computes: a few 1e-3 of the outputs'
+  scale away). Outputs are float32 either way."""
+  if dtype not in COMPUTE_DTYPES:
+    raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(COMPUTE_DTYPES)}.")
+  return config.replace(dtype=dtype)
+
+
 class Predictor:
   """`predictor(params, feats, batch_size)` → the module's outputs for every row of `feats`.
 

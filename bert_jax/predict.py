@@ -46,7 +46,9 @@ checkpoint (in the directory of a TF1 prefix, a Hugging Face directory or a run 
 token (RoBERTa's `<mask>`).
 `--output_file` writes one JSON object per input; `--json` prints them. `--int8` quantizes the
 model on load and computes its dense layers and embeddings in int8 (`model/int8.py`), in
-every mode; a checkpoint written by `convert --int8` is int8 already.
+every mode; a checkpoint written by `convert --int8` is int8 already. `--dtype=bfloat16`
+computes in bfloat16 (parameters as stored, outputs float32), a few 1e-3 of the outputs'
+scale from float32, the default.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def define_flags() -> None:
                        "qa: question tokens kept.")
   flags.DEFINE_integer("max_answer_length", 30, "qa: longest answer, in tokens.")
   flags.DEFINE_integer("batch_size", 32, "Inputs per forward pass (classify, qa).")
+  cli.define_dtype_flag()
   flags.DEFINE_bool("int8", False, "Quantize the float model on load and compute its dense "
                     "layers and embedding lookups in int8 (int8 weights, tables and "
                     "activations, bert_jax/model/int8.py); an "
@@ -244,7 +247,7 @@ def run_from_flags() -> None:
   model = pipeline.load(info, mode=mode, vocab=cli.vocabulary_from_flags(),
                         vocab_flag="--spm_model_file" if FLAGS.spm_model_file else "--vocab_file",
                         label_list=FLAGS.label_list, task_name=FLAGS.task_name,
-                        int8=FLAGS.int8, **given)
+                        int8=FLAGS.int8, dtype=FLAGS.dtype, **given)
   if mode == "fill_mask":
     results = model.fill_mask(inputs, FLAGS.top_k)
     # One object per input, like the other modes: `--output_file` and `--json` alike.

@@ -101,7 +101,8 @@ class FinetunedModel:
     return "v2" in (self.info.task or "")  # fine-tuning records "squad v1.1" / "squad v2.0"
 
 
-def load_finetuned(info: CheckpointInfo, mode: str, int8: bool = False) -> FinetunedModel:
+def load_finetuned(info: CheckpointInfo, mode: str, int8: bool = False,
+                   dtype: str = "float32") -> FinetunedModel:
   """The model behind a fine-tuned output directory, for `mode` ("classify", "qa", "tag" or
   "choose").
 
@@ -109,13 +110,16 @@ def load_finetuned(info: CheckpointInfo, mode: str, int8: bool = False) -> Finet
   with the config it was trained with); only the head module differs by task, and is the one
   the task's kind builds from what the run recorded (`<kind>/predict.py`: `head`, `model`).
   `int8`: the float model quantized on load (`model/int8.py`); an int8 export is int8 anyway.
+  `dtype`: what it computes in (`inference.compute_config`).
   """
   check_mode(info, mode)
+  inference.compute_config(configuration.BertConfig(), dtype)  # refused before any read
   predict = registry.for_mode(mode).module("predict")
   head = predict.head(info)
   config, params = _load(info, require_heads=False)
   if int8:
     config, params = int8_lib.quantize_model(config, params)
+  config = inference.compute_config(config, dtype)
   if head not in params:
     raise PredictError(f"{info.path}: the checkpoint records task {info.task!r} but holds no "
                        f"'{head}' parameters (it has {sorted(params)}).")
@@ -208,14 +212,18 @@ def finetuned_metadata(path: str) -> dict[str, Any] | None:
 
 
 # -------------------------------------------------------------------------------- fill-mask
-def load_fill_mask_model(info: CheckpointInfo, int8: bool = False
+def load_fill_mask_model(info: CheckpointInfo, int8: bool = False, dtype: str = "float32"
                          ) -> tuple[configuration.BertConfig, Any]:
   """The encoder and its masked-LM head, from any kind of checkpoint (a next-sentence head is
-  not needed: a Hugging Face `BertForMaskedLM` serves); with `int8`, quantized on load."""
+  not needed: a Hugging Face `BertForMaskedLM` serves); with `int8`, quantized on load;
+  computing in `dtype` (`inference.compute_config`)."""
   check_mode(info, "fill_mask")
+  inference.compute_config(configuration.BertConfig(), dtype)  # refused before any read
   try:
     config, params = checkpoints.load_masked_lm(info.where)
   except (ValueError, FileNotFoundError) as e:
     raise PredictError(str(e)) from e
-  return int8_lib.quantize_model(config, params) if int8 else (config, params)
+  if int8:
+    config, params = int8_lib.quantize_model(config, params)
+  return inference.compute_config(config, dtype), params
 

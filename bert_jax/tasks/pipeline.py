@@ -135,14 +135,15 @@ class Model:
 def load(checkpoint: str | finetuned.CheckpointInfo, *, mode: str = "auto",
          vocab: vocab_files.VocabularyFiles | None = None, vocab_flag: str = "--vocab_file",
          label_list: Sequence[str] | None = None, task_name: str | None = None,
-         int8: bool = False, **settings: Any) -> Model:
+         int8: bool = False, dtype: str = "float32", **settings: Any) -> Model:
   """The checkpoint at a path (or one `finetuned.inspect_checkpoint` has read), ready for its
   mode (`auto`: the task a fine-tuned model records, else `fill_mask`). `vocab`: the vocabulary
   to use, checked against the model's own (default: the one kept beside it). `settings`:
   `do_lower_case`, `max_seq_length`, `doc_stride`, `max_query_length` over the recorded ones.
   `label_list` / `task_name`: a classifier's label names over the recorded ones. `int8`: the
   float model quantized on load, its dense layers and tables int8 (`model/int8.py`); an int8
-  export (`convert --int8`) is read as int8 without it."""
+  export (`convert --int8`) is read as int8 without it. `dtype`: what the model computes in,
+  "float32" or "bfloat16" (`inference.compute_config`)."""
   unknown = sorted(set(settings) - set(SETTINGS))
   if unknown:
     raise TypeError(f"load() got unknown settings {unknown}; it takes {', '.join(SETTINGS)}.")
@@ -152,10 +153,10 @@ def load(checkpoint: str | finetuned.CheckpointInfo, *, mode: str = "auto",
   setting = _settings(info, settings)
   files = finetuned.find_vocab(info, vocab, vocab_flag)  # before any weights are read
   if mode == "fill_mask":
-    config, params = finetuned.load_fill_mask_model(info, int8=int8)
+    config, params = finetuned.load_fill_mask_model(info, int8=int8, dtype=dtype)
     tokenizer = finetuned.load_tokenizer(info, config, files, setting["do_lower_case"])
     return Model(info, mode, config, tokenizer, setting, params=params)
-  model = finetuned.load_finetuned(info, mode, int8=int8)
+  model = finetuned.load_finetuned(info, mode, int8=int8, dtype=dtype)
   tokenizer = finetuned.load_tokenizer(info, model.config, files, setting["do_lower_case"])
   labels = (classification.resolve_labels(model, task_name, label_list) if mode == "classify"
             else None)

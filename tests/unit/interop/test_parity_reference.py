@@ -173,6 +173,21 @@ def test_extract_features_layers_match_reference_hidden_states(minilm, tmp_path)
   # Our token ids are the reference tokenizer's.
   expected = tokenizer(lines[0], padding="max_length", max_length=32)["input_ids"]
   np.testing.assert_array_equal(arrays["input_ids"][0], expected)
+  # Computed in bfloat16: float32 layers within bfloat16's rounding of the reference's, and
+  # not the float32 ones (the flag took effect).
+  low = tmp_path / "features_bf16.npz"
+  proc = helpers.run_command(
+      "bert_jax.extract_features", f"--input_file={tmp_path / 'in.txt'}",
+      f"--output_file={low}", f"--init_checkpoint={path}",
+      f"--vocab_file={os.path.join(path, 'vocab.txt')}", "--layers=-1,0",
+      "--max_seq_length=32", "--dtype=bfloat16")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  low_arrays = np.load(low)
+  for layer in (-1, 0):
+    got = low_arrays[f"layer_{layer}"]
+    assert got.dtype == np.float32
+    diff = np.abs(got - ref[layer].numpy())[real].max() / np.abs(ref[layer].numpy()).max()
+    assert 1e-5 < diff < 3e-2, (layer, diff)
 
 
 def test_masked_lm_checkpoint_fills_masks_like_the_reference(tmp_path):

@@ -89,6 +89,28 @@ def test_fill_mask_on_every_familys_directory_gives_transformers_probabilities(
     np.testing.assert_allclose([p for _, p in predicted], probs[position][top], atol=1e-5)
 
 
+def test_bfloat16_compute_gives_the_float32_predictions_closely(vocabularies, sst2_model,
+                                                                tmp_path):
+  """`dtype="bfloat16"`: the model computes in bfloat16 (parameters as stored) and predicts
+  what float32 does, to bfloat16's rounding; another dtype is refused by name."""
+  _family_dir("bert", vocabularies, str(tmp_path / "bert"))
+  exact = pipeline.load(str(tmp_path / "bert"))
+  fast = pipeline.load(str(tmp_path / "bert"), dtype="bfloat16")
+  assert (exact.config.dtype, fast.config.dtype) == ("float32", "bfloat16")
+  for want, got in zip(exact.fill_mask(TEXT, top_k=3)[0]["predictions"],
+                       fast.fill_mask(TEXT, top_k=20)[0]["predictions"]):
+    found = dict(got)
+    for token, probability in want:  # float32's best three among bfloat16's best twenty
+      assert found[token] == pytest.approx(probability, rel=0.05), (token, want, got)
+  texts = ["a moving and beautiful film", ("a dull mess", "so boring")]
+  exact = pipeline.load(sst2_model["out"]).classify(texts)
+  fast = pipeline.load(sst2_model["out"], dtype="bfloat16").classify(texts)
+  for a, b in zip(exact, fast):
+    assert b["probability"] == pytest.approx(a["probability"], abs=0.02), (a, b)
+  with pytest.raises(ValueError, match="dtype 'float16': expected one of float32, bfloat16"):
+    pipeline.load(sst2_model["out"], dtype="float16")
+
+
 def test_the_fine_tuned_modes_and_their_refusals(sst2_model, squad_v2_model):
   classifier = pipeline.load(sst2_model["out"])
   assert classifier.mode == "classify" and classifier.labels == ["0", "1"]
