@@ -459,8 +459,9 @@ def fan_out(x: jax.Array, uses: int) -> tuple[jax.Array, ...]:
   GEMMs' one read: 3.2 GB less). Summed here, each GEMM's output comes first onto the sum
   before it, and all three fold. Values are the same up to the order of a sum. Used for GPUs
   only: compiled for a TPU, whose compiler fuses the adds its own way, the same step moved
-  more with it than without."""
-  return (x,) * uses
+  more with it than without. Each copy is a value of its own to the compiler, as the fused
+  sites' are (`pallas_layer_norm._copies`: XLA's dot merger then joins no two projections)."""
+  return jax.lax.optimization_barrier((x,) * uses)
 
 
 def _fan_out_fwd(x, uses):
