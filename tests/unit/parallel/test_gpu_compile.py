@@ -9,10 +9,9 @@ float32, the gather-free masked-LM loss, LayerNorm outputs written once, LayerNo
 in one pass, dropout masks kept as bits and the key projection without its bias each move fewer
 bytes than what they replace, the fused sites add their consumers' gradients in their own
 backward kernel and keep the query and key GEMMs apart, GELU's tanh form runs in cuBLASLt's
-GEMM epilogue, each kernel is
-counted in the part of the step it serves, a step that cannot fit is refused with the fix,
-fine-tuning in bfloat16 takes the same fused kernels, and names and errors say what is
-expected.
+GEMM epilogue, each kernel is counted in the part of the step it serves, a step that cannot
+fit is refused with the fix, fine-tuning in bfloat16 takes the same fused kernels, and names
+and errors say what is expected.
 
 The compiles run in one fresh subprocess (JAX registers plugins once, when it starts) and each
 test reads its part of the result.
