@@ -93,6 +93,7 @@ def compile_row(preset: str, task: str, kernels: str, target: str, bert_config=N
 
 
 def _key(row: dict) -> tuple:
+  """What names a row: the step, the GPU, JAX's version and the compiler's flags."""
   return (row["preset"], row["task"], row["kernels"], row["target"], row["jax"],
           row.get("xla_flags", ""))
 
@@ -135,9 +136,9 @@ def main() -> None:
   for item in args.rows.split(","):
     preset, task = item.split(":")
     for kernels in KERNELS:
-      key = (preset, task, kernels, args.target, jax.__version__,
-             os.environ.get("XLA_FLAGS", ""))
-      if key in have:
+      head = {"preset": preset, "task": task, "kernels": kernels, "target": args.target,
+              "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", "")}
+      if _key(head) in have:
         continue
       print(f"compiling {preset} {task} {kernels} for {args.target} ...", flush=True)
       row = compile_row(preset, task, kernels, args.target)

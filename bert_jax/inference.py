@@ -30,13 +30,18 @@ from bert_jax.training.step import apply_variables, with_mesh
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
+def check_dtype(dtype: str) -> None:
+  """Refuses a compute dtype inference does not offer, by name."""
+  if dtype not in COMPUTE_DTYPES:
+    raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(COMPUTE_DTYPES)}.")
+
+
 def compute_config(config: BertConfig, dtype: str) -> BertConfig:
   """`config` computing in `dtype` ("float32", the checkpoint's numbers to ~1e-5 of its
   reference; "bfloat16": matmuls and activations in bfloat16 with float32 parameters, LayerNorm
   statistics and softmax, as a bfloat16 training step computes: a few 1e-3 of the outputs'
   scale away). Outputs are float32 either way."""
-  if dtype not in COMPUTE_DTYPES:
-    raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(COMPUTE_DTYPES)}.")
+  check_dtype(dtype)
   return config.replace(dtype=dtype)
 
 

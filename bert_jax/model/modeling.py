@@ -479,6 +479,11 @@ def _fan_out_bwd(uses, _, grads):
 fan_out.defvjp(_fan_out_fwd, _fan_out_bwd)
 
 
+# An attention block's input is read four times: by the residual, and by the query, key and
+# value projections (`fan_out`, `sites_take_copies`), in that order.
+ATTENTION_INPUT_USES = 4
+
+
 def sites_take_copies(config: BertConfig) -> bool:
   """Whether a block's LayerNorm sites hand their output to its consumers as copies, one each,
   so that the site's backward kernel adds their gradients as it reads them: with the fused
@@ -917,7 +922,7 @@ class BertAttention(nn.Module):
       if target.target_platform() == "gpu" and self.num_heads != 0:
         # Where XLA's GPU compiler folds each input gradient into its GEMM (`fan_out`); a
         # TPU's program moves more with it (1.2 GB per BERT-base step on a v4-8).
-        residual, *copies = fan_out(x, 4)
+        residual, *copies = fan_out(x, ATTENTION_INPUT_USES)
         projected = tuple(copies)
     if self.num_heads == 0:  # every head pruned: nothing attends
       context = jnp.zeros(residual.shape[:-1] + (0,), residual.dtype)
@@ -956,8 +961,9 @@ class BertLayer(nn.Module):
   collect_hidden_states: bool = False
   shared: "SharedLayerParts | None" = None
   num_heads: int | None = None  # this layer's attention heads (pruned); None: the config's
-  # Copies of the output for the next block's residual, query, key and value (4), when the
-  # encoder hands them over (`sites_take_copies`); 1: the output itself.
+  # Copies of the output for the next block's residual, query, key and value
+  # (`ATTENTION_INPUT_USES`), when the encoder hands them over (`sites_take_copies`); 1: the
+  # output itself.
   output_uses: int = 1
 
   @nn.compact
@@ -1047,7 +1053,7 @@ class BertEncoder(nn.Module):
     hidden_states = []
     for i in range(cfg.num_hidden_layers):
       # A block's output goes to the next block as its copies (`sites_take_copies`).
-      uses = (4 if sites_take_copies(cfg) and i + 1 < cfg.num_hidden_layers
+      uses = (ATTENTION_INPUT_USES if sites_take_copies(cfg) and i + 1 < cfg.num_hidden_layers
               and cfg.heads_in_layer(i + 1) != 0 else 1)
       x = layer_cls(cfg, shared=shared, num_heads=cfg.heads_in_layer(i), output_uses=uses,
                     name=f"layer_{i}")(x, input_mask, deterministic, sequence_ids)

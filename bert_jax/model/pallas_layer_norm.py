@@ -305,6 +305,8 @@ def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
     interpret = platform != "gpu"
   if bits not in dropout.DROPOUT_BITS:
     raise ValueError(f"dropout bits={bits}; expected one of {dropout.DROPOUT_BITS}.")
+  if uses < 1:
+    raise ValueError(f"dropout_residual_layer_norm: uses={uses}; expected at least 1.")
   cut, keep_prob = dropout.threshold(rate, bits) if rate > 0.0 else (0, 1.0)
   if cut and seed is None:
     raise ValueError("dropout_residual_layer_norm: a seed is required when rate > 0.")
@@ -326,8 +328,6 @@ def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
   # One (3, width) float32 operand: a kernel of XLA's prepares it (on stacked layers, slicing
   # this layer's rows) instead of one per vector.
   params = jnp.stack([dense_bias, scale, bias]).astype(jnp.float32)
-  if uses < 1:
-    raise ValueError(f"dropout_residual_layer_norm: uses={uses}; expected at least 1.")
   ys = _fused(static, uses, x.reshape(-1, width), residual.reshape(-1, width), params, seed)
   ys = tuple(y.reshape(*x.shape) for y in ys)
   return ys[0] if uses == 1 else ys

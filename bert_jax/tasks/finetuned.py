@@ -113,7 +113,7 @@ def load_finetuned(info: CheckpointInfo, mode: str, int8: bool = False,
   `dtype`: what it computes in (`inference.compute_config`).
   """
   check_mode(info, mode)
-  inference.compute_config(configuration.BertConfig(), dtype)  # refused before any read
+  inference.check_dtype(dtype)  # before any weights are read
   predict = registry.for_mode(mode).module("predict")
   head = predict.head(info)
   config, params = _load(info, require_heads=False)
@@ -218,7 +218,7 @@ def load_fill_mask_model(info: CheckpointInfo, int8: bool = False, dtype: str = 
   not needed: a Hugging Face `BertForMaskedLM` serves); with `int8`, quantized on load;
   computing in `dtype` (`inference.compute_config`)."""
   check_mode(info, "fill_mask")
-  inference.compute_config(configuration.BertConfig(), dtype)  # refused before any read
+  inference.check_dtype(dtype)  # before any weights are read
   try:
     config, params = checkpoints.load_masked_lm(info.where)
   except (ValueError, FileNotFoundError) as e:
