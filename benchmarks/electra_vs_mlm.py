@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -36,6 +35,7 @@ from absl import app, flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from benchmarks import stages  # pylint: disable=wrong-import-position
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "/tmp/electra_vs_mlm", "Corpus, vocabulary, records and runs.")
@@ -60,20 +60,8 @@ MODELS = {
 
 
 def _run(title: str, args: list[str], log_file: str | None = None) -> float:
-  shown = " ".join(args[1:])
-  print(f"\n=== {title}\n$ python {shown}", flush=True)
-  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  start = time.time()
-  with open(log_file or os.devnull, "a", encoding="utf-8") as log:
-    proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
-    for line in proc.stdout:
-      log.write(line)
-      if any(w in line for w in ("step ", "eval", "rror", "BERT", "accuracy")):
-        print("  " + line.rstrip()[:200], flush=True)
-    if proc.wait():
-      raise SystemExit(f"{shown} failed (exit {proc.returncode}); see {log_file}")
-  return time.time() - start
+  return stages.run_stage(title, args, log_file or os.devnull,
+                          ("step ", "eval", "rror", "BERT", "accuracy"))
 
 
 def write_corpus(train_tsv: str, path: str, per_document: int = 20) -> int:

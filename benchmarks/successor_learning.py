@@ -32,7 +32,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -40,6 +39,7 @@ from absl import app, flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from benchmarks.stages import run_stage as _run, shakespeare  # pylint: disable=wrong-import-position
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "/tmp/succ_learn", "Where corpus, vocabulary, records and runs go.")
@@ -58,40 +58,6 @@ flags.DEFINE_integer("heldout_every", 5, "Every n-th document (scene) is held ou
 flags.DEFINE_integer("vocab_size", 3000, "WordPiece vocabulary size (the demo's).")
 flags.DEFINE_integer("dupe_factor", 5, "Passes over the training documents in static records.")
 flags.DEFINE_string("tag", "", "Suffix of the run directories (to try other settings beside).")
-
-
-def _run(title: str, args: list[str], log_file: str | None = None) -> float:
-  """Runs one stage as its own command (printed first); returns its wall time in seconds."""
-  shown = " ".join(a if " " not in a else repr(a) for a in args[1:])
-  print(f"\n=== {title}\n$ python {shown}", flush=True)
-  env = dict(os.environ)
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-  start = time.time()
-  if log_file is None:
-    subprocess.run(args, check=True, env=env, cwd=REPO)
-  else:  # progress lines to the console and to a log beside the run
-    with open(log_file, "a", encoding="utf-8") as log:
-      proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, bufsize=1)
-      for line in proc.stdout:
-        log.write(line)
-        if "step" in line or "error" in line.lower() or "BERT" in line:
-          print("  " + line.rstrip(), flush=True)
-      if proc.wait():
-        raise SystemExit(f"{shown} failed (exit {proc.returncode}); see {log_file}")
-  return time.time() - start
-
-
-def split_corpus(corpus: str, train_file: str, heldout_file: str, every: int) -> tuple[int, int]:
-  """Documents (blank-line separated) → every `every`-th to held out, the rest to train."""
-  with open(corpus, encoding="utf-8") as f:
-    documents = [d.strip("\n") for d in f.read().split("\n\n") if d.strip()]
-  train = [d for i, d in enumerate(documents) if i % every != every - 1]
-  heldout = [d for i, d in enumerate(documents) if i % every == every - 1]
-  for path, docs in ((train_file, train), (heldout_file, heldout)):
-    with open(path, "w", encoding="utf-8") as f:
-      f.write("\n\n".join(docs) + "\n")
-  return len(train), len(heldout)
 
 
 def count_records(pattern: str) -> int:
@@ -174,23 +140,10 @@ def main(argv):
   py = sys.executable
   work = os.path.abspath(FLAGS.workdir)
   os.makedirs(work, exist_ok=True)
-  corpus = os.path.join(work, "corpus_all.txt")
-  train_txt, heldout_txt = os.path.join(work, "train.txt"), os.path.join(work, "heldout.txt")
-  vocab_prefix = os.path.join(work, "vocab")
-  vocab = vocab_prefix + ".vocab.txt"
   seq, pred = FLAGS.max_seq_length, max(1, round(0.15 * FLAGS.max_seq_length) + 1)
-
-  if not os.path.exists(corpus):
-    _run("corpus: Shakespeare's plays, one sentence per line, a blank line between scenes",
-         [py, "-m", "data_prep.demo_corpus", f"--output_file={corpus}"])
-  n_train, n_heldout = split_corpus(corpus, train_txt, heldout_txt, FLAGS.heldout_every)
-  print(f"\n=== split: {n_train} training documents, {n_heldout} held out (every "
-        f"{FLAGS.heldout_every}th scene)", flush=True)
-  if not os.path.exists(vocab):
-    _run("vocabulary: uncased WordPiece trained on the training documents",
-         [py, "-m", "data_prep.train_tokenizer", f"--input_file={train_txt}",
-          "--model_type=wordpiece", f"--vocab_size={FLAGS.vocab_size}",
-          f"--output_prefix={vocab_prefix}"])
+  text = shakespeare(work, py, FLAGS.heldout_every, FLAGS.vocab_size)
+  train_txt, heldout_txt, vocab = text["train"], text["heldout"], text["vocab"]
+  n_train, n_heldout = text["n_train"], text["n_heldout"]
 
   # pylint: disable=g-import-not-at-top
   from bert_jax.data import baselines

