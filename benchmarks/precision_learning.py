@@ -34,6 +34,7 @@ output exists is not redone (delete the workdir to start over).
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -85,7 +86,8 @@ def noise_verdict(value: float, reference: list[float]) -> tuple[float, bool]:
   sd = statistics.stdev(reference) if len(reference) > 1 else 0.0
   low, high = min(reference), max(reference)
   margin = (high - low) / 2
-  z = (value - mean) / sd if sd > 0 else float("inf") * (value != mean)
+  z = (value - mean) / sd if sd > 0 else (0.0 if value == mean else math.copysign(math.inf,
+                                                                                 value - mean))
   return z, low - margin <= value <= high + margin
 
 
@@ -228,19 +230,18 @@ def main(argv):
   print("|---|---|---|---|---|---|---|---|")
   for name, c in curves.items():
     losses = [v for _, v, *_ in c["eval"]]
-    verdicts = []
-    for i, value in enumerate(losses):
-      ref = [r["eval"][i][1] for r in reference.values() if len(r["eval"]) > i]
-      verdicts.append(noise_verdict(value, ref) if len(ref) > 1 else (float("nan"), True))
-    mlm_acc = c["eval"][-1][2]
-    within = "—" if name in reference else ("yes" if all(v for _, v in verdicts) else
-                                             "no: " + ", ".join(
-                                                 str(eval_steps_logged[i])
-                                                 for i, (_, v) in enumerate(verdicts) if not v))
+    judged = [(i, value, [r["eval"][i][1] for r in reference.values() if len(r["eval"]) > i])
+              for i, value in enumerate(losses)]
+    verdicts = [(i, *noise_verdict(value, ref)) for i, value, ref in judged if len(ref) > 1]
+    if name in reference or not verdicts:  # a seed itself, or fewer than two seeds to judge by
+      z_column = within = "—"
+    else:
+      z_column = ", ".join(f"{z:+.1f}" for _, z, _ in verdicts)
+      outside = [str(eval_steps_logged[i]) for i, _, inside in verdicts if not inside]
+      within = "no: " + ", ".join(outside) if outside else "yes"
     print(f"| {name} | " + ", ".join(f"{v:.3f}" for v in losses)
-          + f" | {mlm_acc:.1%} | {c['train'][-1][1]:.3f} | "
-          + ("—" if name in reference else ", ".join(f"{z:+.1f}" for z, _ in verdicts))
-          + f" | {within} | {paired_difference(c, curves.get(f'float32/seed {seed_of(name)}'))} | "
+          + f" | {c['eval'][-1][2]:.1%} | {c['train'][-1][1]:.3f} | {z_column} | {within} | "
+          + f"{paired_difference(c, curves.get(f'float32/seed {seed_of(name)}'))} | "
           + f"{seconds[name] / 60:.1f} min |")
   spread = max((max(r["eval"][i][1] for r in reference.values())
                 - min(r["eval"][i][1] for r in reference.values()))

@@ -1,5 +1,6 @@
-"""What the learning benchmarks share: each stage run as its own printed command, and the
-Shakespeare corpus (`make demo`'s) split by document into training and held-out text."""
+"""What the learning benchmarks share: each stage run as its own printed command, the
+Shakespeare corpus (`make demo`'s) split by document into training and held-out text with a
+vocabulary trained on the first, and the count of records a stage wrote."""
 
 from __future__ import annotations
 
