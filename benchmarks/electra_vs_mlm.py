@@ -59,9 +59,12 @@ MODELS = {
 }
 
 
-def _run(title: str, args: list[str], log_file: str | None = None) -> float:
-  return stages.run_stage(title, args, log_file or os.devnull,
-                          ("step ", "eval", "rror", "BERT", "accuracy"))
+# The lines of a stage's output shown on the console (all go to its log).
+_SHOWN = ("step ", "eval", "rror", "BERT", "accuracy")
+
+
+def _run(title: str, args: list[str]) -> float:
+  return stages.run_stage(title, args, os.devnull, _SHOWN)
 
 
 def write_corpus(train_tsv: str, path: str, per_document: int = 20) -> int:
@@ -84,7 +87,7 @@ def prepare(work: str, data_dir: str) -> dict:
   vocab_prefix = os.path.join(work, "vocab")
   vocab = vocab_prefix + ".vocab.txt"
   seq = FLAGS.max_seq_length
-  pred = max(1, round(0.15 * seq) + 1)
+  pred = stages.max_predictions(seq)
   if not os.path.exists(vocab):
     _run("vocabulary: uncased WordPiece on the training reviews",
          [py, "-m", "data_prep.train_tokenizer", f"--input_file={corpus}",
@@ -119,12 +122,9 @@ def pretrain(setup: dict, name: str, model: dict, steps: int) -> tuple[str, floa
   run_dir = os.path.join(setup["work"], f"pretrain_{name}")
   if os.path.exists(os.path.join(run_dir, "checkpoints", str(steps))):
     return run_dir, None
-  os.makedirs(run_dir, exist_ok=True)
-  return run_dir, _run(f"{name}: pre-training, {steps} steps", [
-      sys.executable, "-m", "bert_jax.pretrain", "--config=configs/pretrain.py:demo",
-      f"--workdir={run_dir}"] + [f"--config.{k}={v}" for k, v in
-                                 run_config(setup, model, steps).items()],
-      os.path.join(run_dir, "console.log"))
+  return run_dir, stages.pretrain_demo(sys.executable, run_dir,
+                                       run_config(setup, model, steps),
+                                       f"{name}: pre-training, {steps} steps", _SHOWN)
 
 
 def finetune(setup: dict, name: str, init_checkpoint: str, seed: int, **distill) -> float:

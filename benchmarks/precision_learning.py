@@ -91,8 +91,9 @@ def noise_verdict(value: float, reference: list[float]) -> tuple[float, bool]:
   return z, low - margin <= value <= high + margin
 
 
-def seed_of(name: str) -> int:
-  return int(name.rsplit(" ", 1)[1])
+def label(run: tuple[str, int]) -> str:
+  """How a run (precision, seed) is named in the table, the plot and curves.json."""
+  return f"{run[0]}/seed {run[1]}"
 
 
 def paired_difference(curve: dict, reference: dict | None) -> str:
@@ -101,6 +102,12 @@ def paired_difference(curve: dict, reference: dict | None) -> str:
   if reference is None or curve is reference:
     return "—"
   return f"{max(abs(a[1] - b[1]) for a, b in zip(curve['eval'], reference['eval'])):.4f}"
+
+
+def reference_losses(curves: dict[tuple[str, int], dict]) -> list[list[float]]:
+  """Per evaluation that every float32 run reached, their held-out losses."""
+  reference = [c["eval"] for (precision, _), c in curves.items() if precision == "float32"]
+  return [[e[i][1] for e in reference] for i in range(min(map(len, reference), default=0))]
 
 
 def curves_of(run_dir: str) -> dict:
@@ -115,7 +122,7 @@ def curves_of(run_dir: str) -> dict:
   }
 
 
-def plot(curves: dict[str, dict], path: str, title: str) -> None:
+def plot(curves: dict[tuple[str, int], dict], path: str, title: str) -> None:
   """Training masked-LM loss, held-out masked-LM loss, and the held-out loss's difference from
   the float32 seeds' mean (the seeds' own differences drawn too: the noise), by step."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -123,17 +130,14 @@ def plot(curves: dict[str, dict], path: str, title: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
   colours = {"float32": "0.55", "bfloat16": "tab:blue", "fp8": "tab:red"}
-  reference = [c["eval"] for n, c in curves.items() if n.startswith("float32/")]
-  evaluations = min(len(e) for e in reference) if reference else 0
-  mean = [statistics.fmean(e[i][1] for e in reference) for i in range(evaluations)]
-  for name, c in curves.items():
-    precision = name.split("/")[0]
+  mean = [statistics.fmean(losses) for losses in reference_losses(curves)]
+  for (precision, seed), c in curves.items():
     style = dict(color=colours.get(precision, "k"), lw=1.0 if precision == "float32" else 1.6,
-                 label=name)
+                 label=label((precision, seed)))
     steps, losses = [s for s, *_ in c["eval"]], [v for _, v, *_ in c["eval"]]
     axes[0].plot([s for s, *_ in c["train"]], [v for _, v, *_ in c["train"]], **style)
     axes[1].plot(steps, losses, marker="o", ms=3, **style)
-    axes[2].plot(steps[:evaluations], [v - m for v, m in zip(losses, mean)], marker="o", ms=3,
+    axes[2].plot(steps[:len(mean)], [v - m for v, m in zip(losses, mean)], marker="o", ms=3,
                  **style)
   axes[0].set(title="training masked-LM loss (window means)", xlabel="step", ylabel="loss")
   axes[1].set(title="held-out masked-LM loss", xlabel="step", ylabel="loss")
@@ -158,36 +162,23 @@ def main(argv):
   seeds = [int(s) for s in FLAGS.seeds]
   todo = runs_to_do(FLAGS.precisions, seeds)
   seq = FLAGS.max_seq_length
-  pred = max(1, round(0.15 * seq) + 1)
+  pred = stages.max_predictions(seq)
   text = stages.shakespeare(work, py, FLAGS.heldout_every, FLAGS.vocab_size)
-  common = [f"--vocab_file={text['vocab']}", f"--max_seq_length={seq}",
-            f"--max_predictions_per_seq={pred}", "--noprogress"]
-  train_dir, heldout_dir = os.path.join(work, "records", "train"), os.path.join(work, "records",
-                                                                                 "heldout")
-  if not os.path.exists(os.path.join(train_dir, "summary.json")):
-    stages.run_stage("training records: the original's sentence pairs, masked once per pass", [
-        py, "-m", "data_prep.create_pretraining_data", f"--input_file={text['train']}",
-        f"--output_dir={train_dir}", "--num_output_shards=4",
-        f"--dupe_factor={FLAGS.dupe_factor}", *common])
-  if not os.path.exists(os.path.join(heldout_dir, "summary.json")):
-    stages.run_stage("held-out records (other scenes, masked once)", [
-        py, "-m", "data_prep.create_pretraining_data", f"--input_file={text['heldout']}",
-        f"--output_dir={heldout_dir}", "--num_output_shards=1", "--dupe_factor=1",
-        "--random_seed=777", *common])
-  heldout_glob = os.path.join(heldout_dir, "*.tfrecord")
-  heldout_rows = stages.count_records(heldout_glob)
+  records = stages.train_and_heldout_records(
+      py, text, os.path.join(work, "records"), seq, [f"--dupe_factor={FLAGS.dupe_factor}"], [])
+  heldout_rows = records["heldout_rows"]
   eval_steps = heldout_rows // FLAGS.batch_size
 
   curves, seconds = {}, {}
-  for precision, seed in todo:
-    name = f"{precision}/seed {seed}"
+  for run in todo:
+    precision, seed = run
     run_dir = os.path.join(work, f"run_{precision}_{seed}")
     overrides = {
         "model.preset": FLAGS.preset, "model.max_position_embeddings": seq,
         "model.hidden_dropout_prob": 0.1, "model.attention_probs_dropout_prob": 0.1,
         **ARITHMETIC[precision],
-        "data.train_files": os.path.join(train_dir, "*.tfrecord"),
-        "data.eval_files": heldout_glob, "data.vocab_file": text["vocab"],
+        "data.train_files": records["train"],
+        "data.eval_files": records["heldout"], "data.vocab_file": text["vocab"],
         "data.max_seq_length": seq, "data.max_predictions_per_seq": pred,
         "global_batch_size": FLAGS.batch_size, "seed": seed,
         "total_steps": FLAGS.steps, "train_until_step": FLAGS.steps,
@@ -197,20 +188,17 @@ def main(argv):
         "log_every_steps": FLAGS.log_every, "checkpoint_every_steps": FLAGS.steps}
     done = os.path.join(run_dir, "done.json")
     if not os.path.exists(done):
-      os.makedirs(run_dir, exist_ok=True)
-      took = stages.run_stage(
-          f"{name}: pre-training {FLAGS.preset}, {FLAGS.steps} steps of {FLAGS.batch_size} x "
-          f"{seq}", [py, "-m", "bert_jax.pretrain", "--config=configs/pretrain.py:demo",
-                     f"--workdir={run_dir}"] + [f"--config.{k}={v}" for k, v in overrides.items()],
-          os.path.join(run_dir, "console.log"))
+      took = stages.pretrain_demo(
+          py, run_dir, overrides, f"{label(run)}: pre-training {FLAGS.preset}, {FLAGS.steps} "
+          f"steps of {FLAGS.batch_size} x {seq}")
       with open(done, "w", encoding="utf-8") as f:
         json.dump({"seconds": took}, f)
     with open(done, encoding="utf-8") as f:
-      seconds[name] = json.load(f)["seconds"]
-    curves[name] = curves_of(run_dir)
+      seconds[run] = json.load(f)["seconds"]
+    curves[run] = curves_of(run_dir)
 
   with open(os.path.join(work, "curves.json"), "w", encoding="utf-8") as f:
-    json.dump(curves, f, indent=1)
+    json.dump({label(run): c for run, c in curves.items()}, f, indent=1)
   import jax  # pylint: disable=g-import-not-at-top
   import flax  # pylint: disable=g-import-not-at-top
   setting = (f"{FLAGS.preset}, {FLAGS.steps} steps of {FLAGS.batch_size} x {seq}, lr "
@@ -221,31 +209,28 @@ def main(argv):
         f"{platform.python_version()}, jax {jax.__version__}, flax {flax.__version__}; "
         f"{setting}; total {(time.time() - t0) / 60:.1f} min)\n")
 
-  reference = {n: c for n, c in curves.items() if n.startswith("float32/")}
+  by_evaluation = reference_losses(curves)
   eval_steps_logged = [s for s, *_ in next(iter(curves.values()))["eval"]]
   print("| run | held-out MLM loss by step (" + ", ".join(map(str, eval_steps_logged))
         + ") | last: held-out MLM accuracy | last training window's MLM loss | "
         "vs float32 seeds: z at each evaluation | within noise | largest difference from "
         "float32 at the same seed | wall |")
   print("|---|---|---|---|---|---|---|---|")
-  for name, c in curves.items():
+  for run, c in curves.items():
     losses = [v for _, v, *_ in c["eval"]]
-    judged = [(i, value, [r["eval"][i][1] for r in reference.values() if len(r["eval"]) > i])
-              for i, value in enumerate(losses)]
-    verdicts = [(i, *noise_verdict(value, ref)) for i, value, ref in judged if len(ref) > 1]
-    if name in reference or not verdicts:  # a seed itself, or fewer than two seeds to judge by
+    verdicts = [(i, *noise_verdict(value, ref))
+                for i, (value, ref) in enumerate(zip(losses, by_evaluation)) if len(ref) > 1]
+    if run[0] == "float32" or not verdicts:  # a seed itself, or under two seeds to judge by
       z_column = within = "—"
     else:
       z_column = ", ".join(f"{z:+.1f}" for _, z, _ in verdicts)
       outside = [str(eval_steps_logged[i]) for i, _, inside in verdicts if not inside]
       within = "no: " + ", ".join(outside) if outside else "yes"
-    print(f"| {name} | " + ", ".join(f"{v:.3f}" for v in losses)
+    print(f"| {label(run)} | " + ", ".join(f"{v:.3f}" for v in losses)
           + f" | {c['eval'][-1][2]:.1%} | {c['train'][-1][1]:.3f} | {z_column} | {within} | "
-          + f"{paired_difference(c, curves.get(f'float32/seed {seed_of(name)}'))} | "
-          + f"{seconds[name] / 60:.1f} min |")
-  spread = max((max(r["eval"][i][1] for r in reference.values())
-                - min(r["eval"][i][1] for r in reference.values()))
-               for i in range(min(len(r["eval"]) for r in reference.values()))) if reference else 0
+          + f"{paired_difference(c, curves.get(('float32', run[1])))} | "
+          + f"{seconds[run] / 60:.1f} min |")
+  spread = max((max(ref) - min(ref) for ref in by_evaluation), default=0.0)
   print(f"\nThe float32 seeds' held-out losses spread over up to {spread:.3f} at one evaluation.")
   print(f"\nHeld out: scenes never trained on, every complete batch of their records. z: the "
         "distance from the float32 seeds' mean in their standard deviations; within noise: "

@@ -1,6 +1,7 @@
 """What the learning benchmarks share: each stage run as its own printed command, the
 Shakespeare corpus (`make demo`'s) split by document into training and held-out text with a
-vocabulary trained on the first, and the count of records a stage wrote."""
+vocabulary trained on the first, their records, and `configs/pretrain.py:demo` run with
+overrides."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import subprocess
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What a logged stage shows on the console of its output: progress, errors, the run's banner.
+SHOWN = ("step", "rror", "BERT")
 
 
 def run_stage(title: str, args: list[str], log_file: str | None = None,
-              shown_words: tuple[str, ...] = ("step", "rror", "BERT")) -> float:
+              shown_words: tuple[str, ...] = SHOWN) -> float:
   """Runs one stage as its own command (printed first, `args[0]` the interpreter) from the
   repository root with the checkout on the path; returns its wall time in seconds. With
   `log_file`, the output goes there and the lines holding one of `shown_words` to the console
@@ -48,6 +51,11 @@ def split_corpus(corpus: str, train_file: str, heldout_file: str, every: int) ->
   return len(train), len(heldout)
 
 
+def max_predictions(seq_length: int) -> int:
+  """Masked positions a record of `seq_length` holds: 15% of it, and one more."""
+  return max(1, round(0.15 * seq_length) + 1)
+
+
 def count_records(pattern: str) -> int:
   """TFRecords in the files matching `pattern`."""
   import glob  # pylint: disable=g-import-not-at-top
@@ -76,3 +84,38 @@ def shakespeare(work: str, python: str, heldout_every: int, vocab_size: int) -> 
                "--model_type=wordpiece", f"--vocab_size={vocab_size}",
                f"--output_prefix={vocab_prefix}"])
   return dict(train=train, heldout=heldout, vocab=vocab, n_train=n_train, n_heldout=n_heldout)
+
+
+def train_and_heldout_records(python: str, text: dict, data_dir: str, seq_length: int,
+                              train_flags: list[str], heldout_flags: list[str],
+                              label: str = "") -> dict:
+  """data_prep's records of `text`'s training documents (`data_dir/train`, 4 shards, with
+  `train_flags`) and of its held-out ones (`data_dir/heldout`, masked once with their own
+  seed, with `heldout_flags`), each made once. Returns their file patterns and the number of
+  held-out records."""
+  common = [f"--vocab_file={text['vocab']}", f"--max_seq_length={seq_length}",
+            f"--max_predictions_per_seq={max_predictions(seq_length)}", "--noprogress"]
+  train_dir, heldout_dir = os.path.join(data_dir, "train"), os.path.join(data_dir, "heldout")
+  if not os.path.exists(os.path.join(train_dir, "summary.json")):
+    run_stage(f"{label}training records", [
+        python, "-m", "data_prep.create_pretraining_data", f"--input_file={text['train']}",
+        f"--output_dir={train_dir}", "--num_output_shards=4", *common, *train_flags])
+  if not os.path.exists(os.path.join(heldout_dir, "summary.json")):
+    run_stage(f"{label}held-out records (other documents, masked once)", [
+        python, "-m", "data_prep.create_pretraining_data", f"--input_file={text['heldout']}",
+        f"--output_dir={heldout_dir}", "--num_output_shards=1", "--dupe_factor=1",
+        "--random_seed=777", *common, *heldout_flags])
+  heldout = os.path.join(heldout_dir, "*.tfrecord")
+  return dict(train=os.path.join(train_dir, "*.tfrecord"), heldout=heldout,
+              heldout_rows=count_records(heldout))
+
+
+def pretrain_demo(python: str, run_dir: str, overrides: dict, title: str,
+                  shown_words: tuple[str, ...] = SHOWN) -> float:
+  """`python -m bert_jax.pretrain --config=configs/pretrain.py:demo` with `--config.<key>`
+  `overrides` into `run_dir` (its output logged to `console.log` there); its wall time."""
+  os.makedirs(run_dir, exist_ok=True)
+  return run_stage(title, [python, "-m", "bert_jax.pretrain", "--config=configs/pretrain.py:demo",
+                           f"--workdir={run_dir}"]
+                   + [f"--config.{k}={v}" for k, v in overrides.items()],
+                   os.path.join(run_dir, "console.log"), shown_words)

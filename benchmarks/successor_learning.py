@@ -40,7 +40,7 @@ from absl import app, flags
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from benchmarks.stages import (  # pylint: disable=wrong-import-position
-    count_records, run_stage as _run, shakespeare)
+    max_predictions, pretrain_demo, shakespeare, train_and_heldout_records)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "/tmp/succ_learn", "Where corpus, vocabulary, records and runs go.")
@@ -135,9 +135,8 @@ def main(argv):
   py = sys.executable
   work = os.path.abspath(FLAGS.workdir)
   os.makedirs(work, exist_ok=True)
-  seq, pred = FLAGS.max_seq_length, max(1, round(0.15 * FLAGS.max_seq_length) + 1)
+  seq, pred = FLAGS.max_seq_length, max_predictions(FLAGS.max_seq_length)
   text = shakespeare(work, py, FLAGS.heldout_every, FLAGS.vocab_size)
-  train_txt, heldout_txt, vocab = text["train"], text["heldout"], text["vocab"]
   n_train, n_heldout = text["n_train"], text["n_heldout"]
 
   # pylint: disable=g-import-not-at-top
@@ -145,33 +144,22 @@ def main(argv):
   from bert_jax.training import metrics
   import jax
   # pylint: enable=g-import-not-at-top
-  all_recipes = recipes(vocab)
+  all_recipes = recipes(text["vocab"])
   steps_of = {"mlm_sop": FLAGS.sop_steps, "mlm": FLAGS.mlm_steps, "mlm_sbo": FLAGS.sbo_steps}
   rows = []
   for name in FLAGS.objectives:
     recipe = all_recipes[name]
-    data_dir = os.path.join(work, f"data_{name}")
-    train_dir, heldout_dir = os.path.join(data_dir, "train"), os.path.join(data_dir, "heldout")
-    common = [f"--vocab_file={vocab}", f"--max_seq_length={seq}",
-              f"--max_predictions_per_seq={pred}", "--noprogress"]
-    if not os.path.exists(os.path.join(train_dir, "summary.json")):
-      dupe = [] if "--masking=dynamic" in recipe["data"] else [f"--dupe_factor={FLAGS.dupe_factor}"]
-      _run(f"{name}: training records", [
-          py, "-m", "data_prep.create_pretraining_data", f"--input_file={train_txt}",
-          f"--output_dir={train_dir}", "--num_output_shards=4", *common, *recipe["data"], *dupe])
-    if not os.path.exists(os.path.join(heldout_dir, "summary.json")):
-      _run(f"{name}: held-out records (other documents, masked once)", [
-          py, "-m", "data_prep.create_pretraining_data", f"--input_file={heldout_txt}",
-          f"--output_dir={heldout_dir}", "--num_output_shards=1", "--dupe_factor=1",
-          "--random_seed=777", *common, *recipe["heldout_data"]])
-    heldout_glob = os.path.join(heldout_dir, "*.tfrecord")
-    n_heldout_rows = count_records(heldout_glob)
+    dupe = [] if "--masking=dynamic" in recipe["data"] else [f"--dupe_factor={FLAGS.dupe_factor}"]
+    records = train_and_heldout_records(py, text, os.path.join(work, f"data_{name}"), seq,
+                                        recipe["data"] + dupe, recipe["heldout_data"],
+                                        f"{name}: ")
+    heldout_glob, n_heldout_rows = records["heldout"], records["heldout_rows"]
     eval_steps = n_heldout_rows // FLAGS.batch_size  # every complete held-out batch
     steps = steps_of[name]
     lr = (FLAGS.sop_learning_rate if name == "mlm_sop" and FLAGS.sop_learning_rate
           else FLAGS.learning_rate)
     overrides = {
-        "data.train_files": os.path.join(train_dir, "*.tfrecord"),
+        "data.train_files": records["train"],
         "data.eval_files": heldout_glob,
         "data.max_seq_length": seq, "data.max_predictions_per_seq": pred,
         "model.max_position_embeddings": seq,
@@ -182,12 +170,10 @@ def main(argv):
         "log_every_steps": 100, "checkpoint_every_steps": steps,
         **recipe["config"]}
     run_dir = os.path.join(work, f"run_{name}{FLAGS.tag}")
-    args = [py, "-m", "bert_jax.pretrain", "--config=configs/pretrain.py:demo",
-            f"--workdir={run_dir}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
-    os.makedirs(run_dir, exist_ok=True)
-    seconds = _run(f"{name}: pre-training {recipe['model']}, {steps} steps of "
-                   f"{FLAGS.batch_size} x {seq}, lr {lr:g}; held out {n_heldout_rows} rows "
-                   f"({eval_steps} batches)", args, os.path.join(run_dir, "console.log"))
+    seconds = pretrain_demo(py, run_dir, overrides,
+                            f"{name}: pre-training {recipe['model']}, {steps} steps of "
+                            f"{FLAGS.batch_size} x {seq}, lr {lr:g}; held out {n_heldout_rows} "
+                            f"rows ({eval_steps} batches)")
 
     logged = metrics.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     train = [r for r in logged if "train/mlm_loss" in r]
@@ -211,8 +197,7 @@ def main(argv):
       acc = evals[-1]["eval/sop_accuracy"]
       correct = round(acc * n)
       p_value, low, high = binomial_significance(correct, n)
-      length_only = sop_length_baseline(os.path.join(train_dir, "*.tfrecord"), heldout_glob,
-                                        seq, pred)
+      length_only = sop_length_baseline(records["train"], heldout_glob, seq, pred)
       row.update(sop_length_baseline=length_only, sop_n=n, sop_acc=acc, sop_correct=correct, sop_p=p_value, sop_low=low,
                  sop_high=high, sop_majority=evals[-1].get("eval/sop_majority_baseline"),
                  sop_curve=[(r["step"], r["eval/sop_accuracy"]) for r in evals])
