@@ -59,11 +59,19 @@ class Gpu:
     fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75"))
     return int(self.hbm_bytes * fraction)
 
-  def target_config(self) -> str:
+  def target_config(self, cuda_runtime: tuple[int, int] | None = None) -> str:
     """The `GpuTargetConfigProto` (text format) XLA's GPU compiler reads instead of a device.
     cuDNN is described as 9.10, which has every fused-attention feature the model uses
-    (dropout inside the kernel, masks, its backward)."""
+    (dropout inside the kernel, masks, its backward).
+
+    `cuda_runtime` (major, minor) is the CUDA runtime a GPU machine would report. XLA reads
+    some decisions from it: without one it takes the runtime for older than CUDA 12, and
+    rewrites no matmul into cuBLASLt's FP8 GEMM (it computes FP8 operands in bfloat16
+    instead), so a compile of the FP8 step would not be the program a GPU runs.
+    `topology_devices` passes the CUDA plugin's."""
     major, minor = self.compute_capability
+    runtime = ([f"runtime_version {{ major: {cuda_runtime[0]} minor: {cuda_runtime[1]} "
+                "patch: 0 }"] if cuda_runtime else [])
     return "\n".join([
         "gpu_device_info {",
         "  threads_per_block_limit: 1024", "  threads_per_warp: 32",
@@ -81,6 +89,7 @@ class Gpu:
         "}",
         'platform_name: "CUDA"',
         "dnn_version_info { major: 9 minor: 10 patch: 0 }",
+        *runtime,
         f'device_description_str: "{self.device_kind}"',
     ]) + "\n"
 
@@ -167,8 +176,33 @@ def compiler_dir() -> str:
 
 def _topology(machine: Machine):
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  config = machine.chip.target_config(cuda_runtime())
   return topologies.get_topology_desc(platform="cuda", topology=machine.topology,
-                                      target_config=machine.chip.target_config())
+                                      target_config=config)
+
+
+def _plugin_module(name: str):
+  """The CUDA plugin's module `name` (`_versions`, `_prng`), of whichever plugin JAX has: the
+  CUDA 13 one or the CUDA 12 one."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  for plugin in ("jax_cuda13_plugin", "jax_cuda12_plugin"):
+    try:
+      return importlib.import_module(f"{plugin}.{name}")
+    except ModuleNotFoundError:
+      continue
+  raise ModuleNotFoundError(f"no JAX CUDA plugin with {name} (jax_cuda13_plugin, "
+                            f"jax_cuda12_plugin) on the path")
+
+
+def cuda_runtime() -> tuple[int, int] | None:
+  """(major, minor) of the CUDA runtime the plugin was built with (12090: 12.9), which its
+  wheels bring to a GPU machine: what the runtime there reports. None without the plugin on
+  the path (`find_plugin`), where no compile for a GPU can run either (and says why)."""
+  try:
+    version = _plugin_module("_versions").cuda_runtime_build_version()
+  except ModuleNotFoundError:
+    return None
+  return version // 1000, version % 1000 // 10
 
 
 def _quietly(fn):
@@ -255,12 +289,11 @@ def _hand_over_library_versions() -> None:
   it for cuDNN's version before it lowers attention to cuDNN's kernel. Found only later (from
   `compiler_dir()`), the module is handed to the two places that read it; a test compiles
   cuDNN attention this way, so a JAX that moves them fails there."""
-  import importlib  # pylint: disable=g-import-not-at-top
   from jax._src import lib as jax_lib  # pylint: disable=g-import-not-at-top
   from jax._src.cudnn import fused_attention_stablehlo  # pylint: disable=g-import-not-at-top
   if jax_lib.cuda_versions is not None and fused_attention_stablehlo.cuda_versions is not None:
     return
-  versions = importlib.import_module("jax_cuda12_plugin._versions")
+  versions = _plugin_module("_versions")
   for module in (jax_lib, fused_attention_stablehlo):
     if getattr(module, "cuda_versions", None) is None:
       module.cuda_versions = versions
@@ -271,12 +304,11 @@ def _register_prng_kernels() -> None:
   the initial state's program calls: `training.state.lower_initial_state`) when it is
   imported. Found only later (from `compiler_dir()`), they are registered here as JAX would
   have, so that a compile for a GPU finds them; once per process."""
-  import importlib  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from jaxlib import gpu_prng  # pylint: disable=g-import-not-at-top
   if getattr(gpu_prng, "_cuda_prng", None) is not None:
     return
-  module = importlib.import_module("jax_cuda12_plugin._prng")
+  module = _plugin_module("_prng")
   for name, value in module.registrations().items():
     jax.ffi.register_ffi_target(name, value, platform="CUDA",
                                 api_version=int(name.endswith("_ffi")))

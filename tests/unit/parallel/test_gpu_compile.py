@@ -2,7 +2,8 @@
 JAX's CUDA plugin, told the GPU's description instead of asking a device): the paper's recipe
 lowers attention with its dropout to cuDNN's fused kernel forward and backward, stacked layers
 run unrolled take fewer optimizer kernels, the fused dropout + residual + LayerNorm kernels
-replace XLA's at every block, FP8 matmuls reach the GEMMs as FP8 and every other GEMM reads
+replace XLA's at every block, FP8 matmuls reach the GEMMs as FP8 (cuBLASLt's FP8 GEMM where
+cuBLAS takes them, under the plugin's CUDA runtime) and every other GEMM reads
 bfloat16 operands (the tied decoder's gradient matmuls too), eight GPUs reduce their gradients
 over NVLink, the low-precision LayerNorm, GELU recomputed in the backward pass and computed in
 float32, the gather-free masked-LM loss, LayerNorm outputs written once, LayerNorm statistics
@@ -168,6 +169,14 @@ def epilogues(overrides):
   return re.findall(r'"epilogue":"(\w+)"', cublas_program(overrides))
 out["epilogues"] = {act: epilogues(dict(paper, **{"model.hidden_act": act}))
                     for act in ("gelu", "gelu_new")}
+# FP8's matmuls with cuBLAS's GEMMs: which GEMM calls, under the CUDA runtime the target
+# describes (the plugin's) and without one.
+def cublas_calls(text):
+  return sorted(set(re.findall(r'custom_call_target="(__cublas[^"]*)"', text)))
+out["cuda_runtime"] = gpu_targets.cuda_runtime()
+out["fp8_cublas_calls"] = cublas_calls(cublas_program(fp8))
+with swapped(gpu_targets, "cuda_runtime", lambda: None):
+  out["fp8_cublas_calls_no_runtime"] = cublas_calls(cublas_program(fp8))
 with swapped(modeling, "gelu", as_is):
   out["epilogues"]["gelu_new_as_is"] = epilogues(dict(paper, **{"model.hidden_act": "gelu_new"}))
 # The attention block's input gradient summed by `fan_out`, or by autodiff in arrival order:
@@ -456,6 +465,17 @@ def test_fp8_matmuls_reach_the_gemms_in_fp8(compiled):
   assert compiled["paper_cudnn"]["f8e4m3fn"] == 0
 
 
+def test_fp8_matmuls_take_cublaslts_fp8_gemm_under_the_plugins_cuda_runtime(compiled):
+  """The GPU's description carries the CUDA runtime (the plugin's, 12 or newer): with cuBLAS's
+  GEMMs, which a GPU's autotuner picks for most of them, FP8 matmuls are cuBLASLt's FP8 GEMM.
+  Described without one, XLA takes the runtime for older than CUDA 12 and computes the FP8
+  operands in bfloat16 instead: not the program a GPU runs."""
+  assert tuple(compiled["cuda_runtime"]) >= (12, 0), compiled["cuda_runtime"]
+  assert "__cublas$lt$matmul$f8" in compiled["fp8_cublas_calls"], compiled["fp8_cublas_calls"]
+  assert compiled["fp8_cublas_calls_no_runtime"] == ["__cublas$lt$matmul"], (
+      compiled["fp8_cublas_calls_no_runtime"])
+
+
 def test_eight_gpus_reduce_each_gradient_once_over_all_of_them(compiled):
   row = compiled["dp8"]
   assert set(row["collectives"]) == {"all-reduce"}
@@ -549,6 +569,8 @@ def test_gpu_machines_by_the_names_users_type(name, chips, kind):
   assert f'device_description_str: "{kind}"' in config
   assert f"core_count: {machine.chip.sms}" in config
   assert f"major: {machine.chip.compute_capability[0]}" in config
+  assert "runtime_version" not in config
+  assert "runtime_version { major: 12 minor: 9 patch: 0 }" in machine.chip.target_config((12, 9))
 
 
 @pytest.mark.parametrize("name, message", [
