@@ -61,11 +61,15 @@ def config_for(preset: str, variant: str, layers: str = "unrolled"):
 def row_head(preset: str, variant: str, target: str, layers: str = "unrolled") -> dict:
   """What names a row: the step (its layers' layout, `accelerator_step.LAYOUTS`), its shape,
   the GPU, the compiler's flags (XLA_FLAGS, which change the program: Triton or cuBLAS GEMMs,
-  passes turned off) and JAX's version (XLA's)."""
+  passes turned off) and JAX's version (XLA's); with the CUDA runtime the GPU's description
+  names (`gpu_targets.cuda_runtime`, which decides FP8's GEMMs)."""
   import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import gpu_targets  # pylint: disable=g-import-not-at-top
   config = config_for(preset, variant, layers)
+  runtime = gpu_targets.cuda_runtime()
   return {"preset": preset, "variant": variant, "layers": layers, "target": target,
           "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
+          "cuda_runtime": ".".join(map(str, runtime)) if runtime else None,
           "batch": int(config.global_batch_size), "length": int(config.data.max_seq_length)}
 
 
