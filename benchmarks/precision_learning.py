@@ -137,12 +137,13 @@ def curves_of(run_dir: str) -> dict:
 
 
 def plot(curves: dict[tuple[str, int], dict], path: str, title: str) -> None:
-  """Training masked-LM loss, held-out masked-LM loss, and the held-out loss's difference from
-  the float32 seeds' mean (the seeds' own differences drawn too: the noise), by step."""
+  """Training masked-LM loss, held-out masked-LM loss, the held-out loss's difference from
+  the float32 seeds' mean (the seeds' own differences drawn too: the noise), and each other
+  precision's difference from float32 at its own seed (the arithmetic alone), by step."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+  fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
   colours = {"float32": "0.55", "bfloat16": "tab:blue", "fp8": "tab:red"}
   mean = [statistics.fmean(losses) for losses in reference_losses(curves)]
   seeds = sorted({seed for _, seed in curves})
@@ -156,14 +157,22 @@ def plot(curves: dict[tuple[str, int], dict], path: str, title: str) -> None:
     axes[1].plot(steps, losses, marker="o", ms=3, **style)
     axes[2].plot(steps[:len(mean)], [v - m for v, m in zip(losses, mean)], marker="o", ms=3,
                  **style)
+    same_seed = curves.get(("float32", seed))
+    if precision != "float32" and same_seed is not None:
+      axes[3].plot(steps, [v - r[1] for v, r in zip(losses, same_seed["eval"])], marker="o",
+                   ms=3, **style)
   axes[0].set(title="training masked-LM loss (window means)", xlabel="step", ylabel="loss")
   axes[1].set(title="held-out masked-LM loss", xlabel="step", ylabel="loss")
   axes[2].set(title="held-out loss − the float32 seeds' mean", xlabel="step",
               ylabel="difference")
-  axes[2].axhline(0.0, color="k", lw=0.6)
+  axes[3].set(title="held-out loss − float32's at the same seed", xlabel="step",
+              ylabel="difference")
+  for ax in axes[2:]:
+    ax.axhline(0.0, color="k", lw=0.6)
   for ax in axes:
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=8)
   fig.suptitle(title, fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
