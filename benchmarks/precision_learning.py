@@ -236,7 +236,8 @@ def main(argv):
   plot(curves, os.path.join(work, "curves.png"), setting)
   print(f"\n=== results ({os.cpu_count()} CPU cores, {platform.machine()}; Python "
         f"{platform.python_version()}, jax {jax.__version__}, flax {flax.__version__}; "
-        f"{setting}; total {(time.time() - t0) / 60:.1f} min)\n")
+        f"{setting}; the runs took {sum(seconds.values()) / 60:.1f} min, this invocation "
+        f"{(time.time() - t0) / 60:.1f} min)\n")
 
   by_evaluation = reference_losses(curves)
   eval_steps_logged = [s for s, *_ in next(iter(curves.values()))["eval"]]
