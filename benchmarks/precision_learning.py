@@ -110,12 +110,17 @@ def label(run: tuple[str, int]) -> str:
   return f"{run[0]}/seed {run[1]}"
 
 
+def same_seed_differences(curve: dict, reference: dict) -> list[float]:
+  """Held-out loss − float32's at each evaluation, at the same seed (the same initialisation,
+  batches and dropout masks: what remains is the arithmetic)."""
+  return [a[1] - b[1] for a, b in zip(curve["eval"], reference["eval"])]
+
+
 def paired_difference(curve: dict, reference: dict | None) -> str:
-  """The largest |held-out loss − float32's| over the evaluations, at the same seed (the same
-  initialisation, batches and dropout masks: what remains is the arithmetic)."""
+  """The largest |`same_seed_differences`| over the evaluations, for the table."""
   if reference is None or curve is reference:
     return "—"
-  return f"{max(abs(a[1] - b[1]) for a, b in zip(curve['eval'], reference['eval'])):.4f}"
+  return f"{max(map(abs, same_seed_differences(curve, reference))):.4f}"
 
 
 def reference_losses(curves: dict[tuple[str, int], dict]) -> list[list[float]]:
@@ -159,8 +164,7 @@ def plot(curves: dict[tuple[str, int], dict], path: str, title: str) -> None:
                  **style)
     same_seed = curves.get(("float32", seed))
     if precision != "float32" and same_seed is not None:
-      axes[3].plot(steps, [v - r[1] for v, r in zip(losses, same_seed["eval"])], marker="o",
-                   ms=3, **style)
+      axes[3].plot(steps, same_seed_differences(c, same_seed), marker="o", ms=3, **style)
   axes[0].set(title="training masked-LM loss (window means)", xlabel="step", ylabel="loss")
   axes[1].set(title="held-out masked-LM loss", xlabel="step", ylabel="loss")
   axes[2].set(title="held-out loss − the float32 seeds' mean", xlabel="step",
