@@ -23,6 +23,7 @@ import numpy as np
 
 from bert_jax.model import cudnn_runtime
 from bert_jax.model import dropout as dropout_lib
+from bert_jax.model import fp8
 from bert_jax.model import int8
 from bert_jax.model import target
 from bert_jax.model.configuration import BertConfig, PRESETS, get_preset  # re-exported
@@ -125,24 +126,22 @@ gelu.defvjp(_gelu_fwd, _gelu_bwd)
 
 
 def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str,
-          add_bias: bool = True) -> nn.Dense:
+          add_bias: bool = True) -> nn.Module:
   """A dense layer whose kernel and bias carry logical axis names.
 
   `add_bias=False`: the bias is a parameter as ever (initialised, loaded, saved, converted) but
   is not added to the output (`_without_bias`): for attention's key projection, whose bias
   cannot change attention (`BertSelfAttention`).
 
-  With `config.quantization == "fp8"` its matmul is Flax's `Fp8DirectDotGeneralOp`: input and
-  kernel in float8_e4m3fn, the output's gradient in float8_e5m2, each divided by a *delayed*
-  scale (the largest |value| of the last 1024 steps over the format's maximum). Scales and amax
-  histories are the `_overwrite_with_gradient` collection, whose "gradient" from the backward
-  pass is their next value: the train state's `model_state`, which the step overwrites. Flax's
-  `Fp8DotGeneralOp` scales the same way with the same variables, but quantizes and dequantizes
-  around a dot in the compute dtype and leaves it to XLA to find that pattern and call an FP8
-  GEMM; it is deprecated and warns for every layer built. The direct op gives XLA's dot the FP8
-  operands themselves. (Neither scales by the current step's values.) The op is a child module
-  of the layer, so `kernel` and `bias` keep their names and shapes: checkpoints and conversions
-  are those of "none".
+  With `config.quantization == "fp8"` it is `fp8.Fp8Dense`: the arithmetic and variables of
+  Flax's `Dense` with its `Fp8DirectDotGeneralOp` (input and kernel in float8_e4m3fn, the
+  output's gradient in float8_e5m2, each divided by a *delayed* scale: the largest |value| of
+  the last 1024 steps over the format's maximum), each operand quantized in one pass on a GPU
+  (`model/fp8.py`, which says why). Scales and amax histories are the
+  `_overwrite_with_gradient` collection, whose "gradient" from the backward pass is their next
+  value: the train state's `model_state`, which the step overwrites. They sit in a child module
+  under the name Flax's op has, and `kernel` and `bias` keep their names and shapes:
+  checkpoints and conversions are those of "none".
 
   Layers whose width is not a multiple of 16 (NSP's two logits, classifiers, span ends,
   ELECTRA's one score) stay in the compute dtype: Hopper's FP8 GEMMs need dimensions in
@@ -157,12 +156,14 @@ def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str,
     return int8.Int8Dense(features, axes, bert_initializer(config.initializer_range),
                           init_range=2.0 * config.initializer_range, dtype=_dtype(config.dtype),
                           param_dtype=_dtype(config.param_dtype), name=name)
-  fp8 = config.quantization == "fp8" and features % 16 == 0
+  kernel_init = nn.with_logical_partitioning(bert_initializer(config.initializer_range), axes)
+  bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[1:])
+  if config.quantization == "fp8" and features % 16 == 0:
+    return fp8.Fp8Dense(features, kernel_init, bias_init, dtype=_dtype(config.dtype),
+                        param_dtype=_dtype(config.param_dtype), add_bias=add_bias, name=name)
   return nn.Dense(
       features, dtype=_dtype(config.dtype), param_dtype=_dtype(config.param_dtype),
-      kernel_init=nn.with_logical_partitioning(bert_initializer(config.initializer_range), axes),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[1:]),
-      dot_general_cls=nn.Fp8DirectDotGeneralOp if fp8 else None,
+      kernel_init=kernel_init, bias_init=bias_init,
       promote_dtype=nn.dtypes.promote_dtype if add_bias else _without_bias, name=name)
 
 
@@ -501,8 +502,10 @@ def _between_fp8_matmuls(activation: Callable[[jax.Array], jax.Array], x: jax.Ar
   """`activation(x)` between two FP8 matmuls, its output and its input's gradient written in
   the compute dtype.
 
-  Each FP8 matmul reads its operand twice, for the largest |value| (the next scale) and to
-  quantize it, and so does its backward with the output's gradient. Left to itself XLA's GPU
+  Where XLA's operations quantize (`fp8.quantize` in a program split over devices; one GPU's
+  kernel takes the compute-dtype array as its operand anyway), each FP8 matmul reads its
+  operand twice, for the largest |value| (the next scale) and to quantize it, and so does its
+  backward with the output's gradient. Left to itself XLA's GPU
   compiler kept the activation's float32 value (before its rounding to bfloat16) as the array
   both read, and the gradient's likewise: arrays of the feed-forward width in float32 instead
   of bfloat16. Barriers make each the compute-dtype array it is: 4.8 GB less moved per
@@ -809,17 +812,25 @@ class BertSelfAttention(nn.Module):
     heads = cfg.num_attention_heads if self.num_heads is None else self.num_heads
     width = heads * cfg.head_dim
 
-    def project(name):
+    def project(name, shared=None):
       # The key's bias adds q·b_k to every score of query q: the same for all of its keys, so
       # softmax (masked or not, dropout after it) gives the same probabilities without it, and
       # its gradient is exactly zero. Not added, it costs no kernel writing the keys again (and
       # none summing its zero gradient): 1.8 GB per BERT-base/128 step on the H100 program.
       # Kept as a parameter, checkpoints of every family read and write as before.
-      y = dense(cfg, width, ("embed", "joined_kv"), name, add_bias=name != "key")(inputs[name])
+      layer = dense(cfg, width, ("embed", "joined_kv"), name, add_bias=name != "key")
+      if isinstance(layer, fp8.Fp8Dense):
+        # The three read the same input, quantized once (by the query's layer) instead of
+        # three times: their input scales and histories see the same values every step, so
+        # are the same, and the query's new ones become all three's.
+        y, shared = layer(inputs[name], shared=shared, share=True)
+      else:
+        y = layer(inputs[name])
       y = y.reshape(batch, length, heads, cfg.head_dim)
-      return nn.with_logical_constraint(y, (BATCH, LENGTH, HEADS, KV))
+      return nn.with_logical_constraint(y, (BATCH, LENGTH, HEADS, KV)), shared
 
-    query, key, value = project("query"), project("key"), project("value")
+    query, shared = project("query")
+    (key, _), (value, _) = project("key", shared), project("value", shared)
     # Asked for (`analysis/attention.py`); `init`, for which every collection is mutable, keeps
     # none, so a model's variables are its parameters alone.
     if self.is_mutable_collection(ATTENTION_MAPS) and not self.is_initializing():

@@ -19,7 +19,7 @@ import pytest
 
 from bert_jax import inference
 from bert_jax.interop import checkpoint_store, hf_config
-from bert_jax.model import configuration, heads, modeling
+from bert_jax.model import configuration, fp8, heads, modeling
 from bert_jax.objectives import mlm_nsp
 from bert_jax.parallel import sharding
 from bert_jax.runs import pretraining
@@ -119,6 +119,126 @@ def test_xla_cpu_executes_float8_dots():
     want = a.astype(jnp.float32) @ b.astype(jnp.float32)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
     assert np.abs(np.asarray(got) - np.asarray(x @ w)).max() > 1e-2  # really rounded to FP8
+
+
+# --------------------------------------------------------------- the layer and its kernel
+def _flax_fp8_dense(features, dtype, **inits):
+  return nn.Dense(features, dtype=dtype, dot_general_cls=nn.Fp8DirectDotGeneralOp, **inits)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_fp8_dense_computes_flaxs_fp8_dense(dtype):
+  """`fp8.Fp8Dense` is Flax's FP8 dense layer (the same variables under the same names) with
+  each operand quantized in one pass: over three steps whose scales and histories each step
+  feeds to the next, the output, the input's gradient and the six new FP8 variables are
+  Flax's to the bit, the kernel's gradient to the last bit of an element or two (XLA:CPU sums
+  the rows of the two programs' dots in other orders). The bias gradient is summed in float32:
+  within float32's rounding of the exact sum, where Flax's, summed in the compute dtype, is no
+  closer."""
+  inits = dict(kernel_init=nn.initializers.normal(0.5), bias_init=nn.initializers.normal(0.1))
+  ours, flax_layer = fp8.Fp8Dense(48, dtype=dtype, **inits), _flax_fp8_dense(48, dtype, **inits)
+  x = jax.random.normal(jax.random.PRNGKey(1), (4, 20, 32)) * 3
+  variables = ours.init(jax.random.PRNGKey(0), x)
+  assert (jax.tree.map(jnp.shape, variables)
+          == jax.tree.map(jnp.shape, flax_layer.init(jax.random.PRNGKey(0), x)))
+
+  def grads(layer, variables, x):
+    loss = lambda v, x: (layer.apply(v, x).astype(jnp.float32) ** 2).sum() * 1e-3
+    return jax.grad(loss, argnums=(0, 1))(variables, x)
+
+  for _ in range(3):
+    (ours_v, ours_x), (flax_v, flax_x) = grads(ours, variables, x), grads(flax_layer, variables, x)
+    np.testing.assert_array_equal(np.asarray(ours.apply(variables, x), np.float32),
+                                  np.asarray(flax_layer.apply(variables, x), np.float32))
+    np.testing.assert_array_equal(np.asarray(ours_x, np.float32), np.asarray(flax_x, np.float32))
+    np.testing.assert_allclose(ours_v["params"]["kernel"], flax_v["params"]["kernel"],
+                               rtol=2e-7, atol=0)
+    for name, value in ours_v[FP8][fp8.STATE_NAME].items():
+      np.testing.assert_array_equal(value, flax_v[FP8][fp8.STATE_NAME][name], err_msg=name)
+    # The bias gradient: the column sums of the output's gradient (in the compute dtype).
+    y = ours.apply(variables, x).astype(jnp.float32)
+    exact = np.asarray((2e-3 * y).astype(dtype), np.float64).reshape(-1, 48).sum(axis=0)
+    ours_error = np.abs(np.asarray(ours_v["params"]["bias"], np.float64) - exact).max()
+    flax_error = np.abs(np.asarray(flax_v["params"]["bias"], np.float64) - exact).max()
+    assert ours_error <= 1e-5 * np.abs(exact).max() + 1e-7, ours_error
+    assert flax_error >= ours_error, (flax_error, ours_error)
+    # The next step: these scales and histories, the parameters moved, larger inputs.
+    variables = {"params": jax.tree.map(lambda p, g: p - 0.1 * g, variables["params"],
+                                        flax_v["params"]), FP8: flax_v[FP8]}
+    x = x * 1.5
+
+
+@pytest.mark.parametrize("shape,dtype,q_dtype,scale", [
+    ((70, 130), jnp.bfloat16, jnp.float8_e4m3fn, 0.01),  # ragged tiles; many values clipped
+    ((128, 64), jnp.float32, jnp.float8_e5m2, 1e-4),
+    ((64, 200), jnp.bfloat16, jnp.float8_e5m2, 3.0)])
+def test_the_one_pass_kernel_gives_xlas_values(shape, dtype, q_dtype, scale):
+  """The GPU kernel (interpreted here) writes what XLA's operations compute: the FP8 values
+  in both layouts to the bit, the largest |value| exactly, the column sums to float32's
+  rounding; on shapes that are not multiples of its tiles too."""
+  x = (jax.random.normal(jax.random.PRNGKey(0), shape) * 5).astype(dtype)
+  scale = jnp.asarray([scale], jnp.float32)
+  got = fp8.quantize(x, scale, q_dtype, column_sums=True, implementation="pallas")
+  want = fp8.quantize(x, scale, q_dtype, column_sums=True, implementation="xla")
+  assert got.q.dtype == q_dtype and got.q.shape == shape and got.q_t.shape == shape[::-1]
+  bits = lambda a: np.asarray(a).view(np.uint8)
+  np.testing.assert_array_equal(bits(got.q), bits(want.q))
+  np.testing.assert_array_equal(bits(got.q_t), bits(want.q_t))
+  np.testing.assert_array_equal(bits(got.q_t), bits(want.q).T)
+  assert float(got.amax) == float(want.amax) == float(jnp.abs(x).max())
+  np.testing.assert_allclose(np.asarray(got.column_sums), np.asarray(want.column_sums),
+                             rtol=1e-5, atol=1e-5)
+  if scale[0] < 0.1:  # the range really clipped: the format's largest value is there
+    assert np.abs(np.asarray(got.q, np.float32)).max() == float(jnp.finfo(q_dtype).max)
+
+
+def test_query_key_and_value_share_one_quantized_input():
+  """The attention block's three projections quantize their common input once. The step's
+  gradients are then those of the model with Flax's FP8 layer at every dense layer (each
+  quantizing its own input): every gradient to float32's rounding (the orders of sums differ)
+  and the new scales and histories the same to the bit, the key's and value's input ones the
+  query's."""
+  model = heads.BertForPreTraining(_config("fp8"))
+  batch = _copy_task_batches(1)[0]
+  inputs = [jnp.asarray(batch[k]) for k in OBJECTIVE.input_names]
+
+  def grads():
+    variables = model.init(jax.random.PRNGKey(0), *inputs)
+    loss = lambda v: sum(jnp.sum(out.astype(jnp.float32) ** 2)
+                         for out in jax.tree.leaves(model.apply(v, *inputs)))
+    return jax.grad(loss)(nn.unbox(variables))
+
+  ours = grads()
+  dense = modeling.dense
+
+  def flax_dense(config, features, axes, name, add_bias=True):
+    if features % 16:
+      return dense(config, features, axes, name, add_bias)
+    return nn.Dense(
+        features, dtype=config.dtype, param_dtype=config.param_dtype,
+        kernel_init=nn.with_logical_partitioning(
+            modeling.bert_initializer(config.initializer_range), axes),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[1:]),
+        dot_general_cls=nn.Fp8DirectDotGeneralOp, name=name,
+        promote_dtype=nn.dtypes.promote_dtype if add_bias else modeling._without_bias)
+
+  modeling.dense = flax_dense
+  try:
+    theirs = grads()
+  finally:
+    modeling.dense = dense
+  flat = lambda tree: {jax.tree_util.keystr(p): np.asarray(v) for p, v
+                       in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  ours, theirs = flat(ours), flat(theirs)
+  assert ours.keys() == theirs.keys()
+  for name, value in ours.items():
+    if name.startswith(f"['{FP8}']"):
+      np.testing.assert_array_equal(value, theirs[name], err_msg=name)
+    else:
+      np.testing.assert_allclose(value, theirs[name], rtol=1e-5, atol=1e-6, err_msg=name)
+  attention = {k: v for k, v in ours.items() if "attention']['self" in k
+               and k.endswith("['input_amax_history']")}
+  assert len(attention) == 3 * 2 and all(v.any() for v in attention.values())
 
 
 # --------------------------------------------------------------------------------- the config

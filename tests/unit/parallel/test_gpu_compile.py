@@ -3,7 +3,8 @@ JAX's CUDA plugin, told the GPU's description instead of asking a device): the p
 lowers attention with its dropout to cuDNN's fused kernel forward and backward, stacked layers
 run unrolled take fewer optimizer kernels, the fused dropout + residual + LayerNorm kernels
 replace XLA's at every block, FP8 matmuls reach the GEMMs as FP8 (cuBLASLt's FP8 GEMM where
-cuBLAS takes them, under the plugin's CUDA runtime) and every other GEMM reads
+cuBLAS takes them, under the plugin's CUDA runtime; each operand written by one kernel, the
+attention input quantized once) and every other GEMM reads
 bfloat16 operands (the tied decoder's gradient matmuls too), eight GPUs reduce their gradients
 over NVLink, the low-precision LayerNorm, GELU recomputed in the backward pass and computed in
 float32, the gather-free masked-LM loss, LayerNorm outputs written once, LayerNorm statistics
@@ -121,10 +122,13 @@ statistics = modeling._row_statistics
 dense = modeling.dense
 # LayerNorm outputs written once pay from a width of a few hundred (at 64 XLA fuses alike).
 out["layer_norm_written"] = compile_check.check(tiny(paper, 256), "h100").traffic
-# FP8 (its own reference step): the activation between the feed-forward matmuls and its
-# input's gradient written in bfloat16 (`_between_fp8_matmuls`), or left to XLA.
+# FP8 (its own reference step) where XLA quantizes (a program split over devices): the
+# activation between the feed-forward matmuls and its input's gradient written in bfloat16
+# (`_between_fp8_matmuls`), or left to XLA.
+from bert_jax.model import fp8 as fp8_layers
 fp8 = cases["fp8"][1]
-out["fp8_written"] = compile_check.check(tiny(fp8, 256), "h100").traffic
+with swapped(fp8_layers, "_one_gpu", lambda: False):
+  out["fp8_written"] = compile_check.check(tiny(fp8, 256), "h100").traffic
 for name, module, attr, stand_in, hidden, overrides in (
     ("gelu_as_is", modeling, "gelu", as_is, 64, paper),
     ("loss_gathered", mlm, "cross_entropy", gathered, 64, paper),
@@ -138,7 +142,7 @@ for name, module, attr, stand_in, hidden, overrides in (
      256, paper),
     ("fp8_left_to_xla", modeling, "_between_fp8_matmuls",
      lambda activation, x: activation(x), 256, fp8)):
-  with swapped(module, attr, stand_in):
+  with swapped(module, attr, stand_in), swapped(fp8_layers, "_one_gpu", lambda: False):
     out[name] = compile_check.check(tiny(overrides, hidden), "h100", config_name=name).traffic
 
 # The fused sites' outputs handed over as one array, their consumers' gradients summed by
@@ -177,6 +181,17 @@ out["cuda_runtime"] = gpu_targets.cuda_runtime()
 out["fp8_cublas_calls"] = cublas_calls(cublas_program(fp8))
 with swapped(gpu_targets, "cuda_runtime", lambda: None):
   out["fp8_cublas_calls_no_runtime"] = cublas_calls(cublas_program(fp8))
+# FP8's operands quantized by the one-pass kernel, or by XLA's operations (same values): the
+# kernels' outputs, the kernels of XLA's that write FP8 arrays, and the other kernels' traffic.
+def quantization(text):
+  other = hlo_costs.traffic_by_kind(hlo_costs.parse(text))["other"]
+  return {"kernel_outputs": re.findall(r'= \((f8\w+\[[\d,]+\])[^\n]*custom_call_target='
+                                       r'"__gpu\$xla.gpu.triton"', text),
+          "fp8_fusions": len(re.findall(r'= \(?f8\w+\[[^\n]* fusion\(', text)),
+          "other_kernels": other["count"], "other_bytes": other["bytes"]}
+out["fp8_one_pass"] = quantization(cublas_program(fp8))
+with swapped(fp8_layers, "_one_gpu", lambda: False):
+  out["fp8_xla_quantized"] = quantization(cublas_program(fp8))
 with swapped(modeling, "gelu", as_is):
   out["epilogues"]["gelu_new_as_is"] = epilogues(dict(paper, **{"model.hidden_act": "gelu_new"}))
 # The attention block's input gradient summed by `fan_out`, or by autodiff in arrival order:
@@ -476,6 +491,27 @@ def test_fp8_matmuls_take_cublaslts_fp8_gemm_under_the_plugins_cuda_runtime(comp
       compiled["fp8_cublas_calls_no_runtime"])
 
 
+def test_fp8_operands_are_quantized_in_one_pass_and_the_attention_input_once(compiled):
+  """Each FP8 operand goes through one kernel that writes both its layouts (and its largest
+  |value|, and an output gradient's column sums): no kernel of XLA's writes an FP8 array, and
+  the step moves at least one read of every quantized activation less than with XLA's
+  operations: the reads for the largest |value| of each. The attention input is quantized once
+  for the query, key and value: three (tokens, hidden) e4m3 operands per layer (that input, the
+  attention output's and the feed-forward's) where each projection quantizing its own would
+  make five."""
+  ours, xla = compiled["fp8_one_pass"], compiled["fp8_xla_quantized"]
+  assert ours["fp8_fusions"] == 0 and xla["fp8_fusions"] > 0, (ours, xla)
+  tokens = 64 * 128
+  assert ours["kernel_outputs"].count(f"f8e4m3fn[{tokens},64]") == 3 * LAYERS, ours
+  assert ours["kernel_outputs"].count(f"f8e5m2[{tokens},256]") == LAYERS, ours
+  assert xla["kernel_outputs"] == [], xla
+  # Per layer the six output gradients' (five of width 64, one of 256) and the four inputs'
+  # (three of 64, one of 256) reads for their largest |value|, in bfloat16.
+  saved = xla["other_bytes"] - ours["other_bytes"]
+  assert saved >= LAYERS * tokens * (5 * 64 + 256 + 3 * 64 + 256) * 2, (saved, ours, xla)
+  assert ours["other_kernels"] < xla["other_kernels"], (ours, xla)
+
+
 def test_eight_gpus_reduce_each_gradient_once_over_all_of_them(compiled):
   row = compiled["dp8"]
   assert set(row["collectives"]) == {"all-reduce"}
@@ -533,8 +569,9 @@ def test_gelu_loss_and_layer_norm_changes_move_fewer_bytes(compiled):
 
 
 def test_fp8_operands_between_the_feed_forward_matmuls_move_fewer_bytes(compiled):
-  """With FP8, the activation and its input's gradient kept as bfloat16 arrays: at least one
-  float32 array of the feed-forward width (64 x 128 x 1024) per layer less moved."""
+  """With FP8 quantized by XLA's operations (a program split over devices), the activation and
+  its input's gradient kept as bfloat16 arrays: at least one float32 array of the feed-forward
+  width (64 x 128 x 1024) per layer less moved."""
   saved = (compiled["fp8_left_to_xla"]["other"]["bytes"]
            - compiled["fp8_written"]["other"]["bytes"])
   assert saved >= LAYERS * 64 * 128 * 1024 * 4, saved

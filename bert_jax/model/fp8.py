@@ -1,0 +1,306 @@
+"""FP8 dense layers whose operands are each quantized in one pass.
+
+The numerics are Flax's `Fp8DirectDotGeneralOp` (delayed scaling): a dense layer's input and
+kernel are divided by their scales, clipped and rounded to float8_e4m3fn, its output's gradient
+likewise to float8_e5m2; each scale is the largest |value| of the last 1024 steps over the
+format's largest value, and each step's own largest |value| enters the history. The six
+variables (three scales, three histories) are Flax's, under the same names, in the
+`_overwrite_with_gradient` collection whose "gradient" is their next value; checkpoints are
+those of Flax's op. What differs is how many times each operand is read.
+
+Hopper's FP8 GEMMs (cuBLASLt's) take both operands with the contracted dimension minor, so a
+dense layer needs each FP8 operand in two layouts: the input as it is for the forward GEMM and
+transposed for the kernel's gradient, the output's gradient as it is for the input's gradient
+and transposed for the kernel's. Around Flax's op XLA's GPU compiler reads each activation
+three times, once for its largest |value| (a reduction of its own), once to write both FP8
+layouts, and the output's gradient once more for the bias gradient (BERT-base/128 on the
+H200, cuBLASLt's GEMMs: 606 reduction kernels and 11.3 GB for the largest values alone;
+`benchmarks/RESULTS.md`). Here one kernel reads each operand once and writes both layouts, the
+per-tile largest |value| and, for the output's gradient, the per-tile column sums that make the
+bias gradient (`quantize`, a Triton kernel through Pallas on GPUs; XLA's operations elsewhere,
+the same values). The GEMMs then read the kernel's outputs as they are.
+
+One difference in the numbers: the bias gradient is summed in float32 (Flax's layer sums it in
+the compute dtype). Everything else is Flax's arithmetic (`tests/unit/model/test_fp8.py`
+compares the two).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax.linen import fp8_ops
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from bert_jax.model import target
+
+__all__ = ["Fp8Dense", "Quantized", "QuantizedInput", "fp8_dense", "quantize", "quantized_input"]
+
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+# The child module holding a layer's six FP8 variables: the name Flax's `Dense` gives its
+# `Fp8DirectDotGeneralOp`, so that states and checkpoints are the same either way.
+STATE_NAME = "Fp8DirectDotGeneralOp_0"
+# A kernel program's tile: 64 x 64 elements, read once, written twice (as it is and
+# transposed); Triton's block shapes are powers of two.
+TILE = 64
+_WARPS = 4
+_ANY = pl.BlockSpec(memory_space=pl.ANY)
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantized:
+  """An operand in FP8 as both GEMMs want it: `q` (rows, cols), `q_t` its transpose, `amax`
+  its largest |value| (float32), `column_sums` its float32 column sums (None unless asked)."""
+  q: jax.Array
+  q_t: jax.Array
+  amax: jax.Array
+  column_sums: jax.Array | None
+
+
+def _xla_quantize(x, scale, q_dtype, column_sums):
+  q = fp8_ops.quantize(x, q_dtype, scale, x.dtype)
+  sums = jnp.sum(x.astype(jnp.float32), axis=0) if column_sums else None
+  return Quantized(q, q.T, jnp.max(jnp.abs(x)).astype(jnp.float32), sums)
+
+
+def _divided(x, scale, interpret: bool):
+  """x / scale in float32, correctly rounded as XLA's division is: Triton's `/` is CUDA's
+  approximate division (`div.full.f32`, within 2 ulp), which would round a few values to the
+  other neighbouring FP8 value; PTX's `div.rn.f32` is IEEE's."""
+  scale = jnp.broadcast_to(scale, x.shape)
+  if interpret:
+    return x / scale
+  return plgpu.elementwise_inline_asm(
+      "div.rn.f32 $0, $1, $2;", args=[x, scale], constraints="=f,f,f", pack=1,
+      result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, jnp.float32)])[0]
+
+
+def _quantize_kernel(scale_ref, x_ref, q_ref, qt_ref, amax_ref, *sums_ref, q_max: float,
+                     interpret: bool):
+  """One TILE x TILE tile: its largest |value|, its FP8 values written as they are and
+  transposed, and (the output gradient's) its column sums. The division rounds to the
+  operand's dtype before the clip and the rounding to FP8, as `fp8_ops.quantize`."""
+  i, j = pl.program_id(0), pl.program_id(1)
+  rows_n, cols_n = x_ref.shape
+  rows = i * TILE + jnp.arange(TILE)
+  cols = j * TILE + jnp.arange(TILE)
+  row_ok, col_ok = rows < rows_n, cols < cols_n
+  mask = row_ok[:, None] & col_ok[None, :]
+  x = plgpu.load(x_ref.at[rows[:, None], cols[None, :]], mask=mask, other=0.0)
+  scale = plgpu.load(scale_ref.at[jnp.arange(1)]).astype(x.dtype).astype(jnp.float32)
+  x = x.astype(jnp.float32)
+  plgpu.store(amax_ref.at[i * pl.num_programs(1) + j + jnp.arange(1)],
+              jnp.max(jnp.abs(x))[None])
+  y = jnp.clip(_divided(x, scale, interpret).astype(x_ref.dtype).astype(jnp.float32),
+               -q_max, q_max)
+  plgpu.store(q_ref.at[rows[:, None], cols[None, :]], y.astype(q_ref.dtype), mask=mask)
+  plgpu.store(qt_ref.at[cols[:, None], rows[None, :]], y.T.astype(qt_ref.dtype), mask=mask.T)
+  if sums_ref:
+    plgpu.store(sums_ref[0].at[i, cols], jnp.sum(x, axis=0), mask=col_ok)
+
+
+def _pallas_quantize(x, scale, q_dtype, column_sums, interpret):
+  rows, cols = x.shape
+  grid = (pl.cdiv(rows, TILE), pl.cdiv(cols, TILE))
+  out_shape = [jax.ShapeDtypeStruct((rows, cols), q_dtype),
+               jax.ShapeDtypeStruct((cols, rows), q_dtype),
+               jax.ShapeDtypeStruct((grid[0] * grid[1],), jnp.float32)]
+  if column_sums:
+    out_shape.append(jax.ShapeDtypeStruct((grid[0], cols), jnp.float32))
+  out = pl.pallas_call(
+      functools.partial(_quantize_kernel, q_max=float(jnp.finfo(q_dtype).max),
+                        interpret=interpret),
+      out_shape=tuple(out_shape), grid=grid, in_specs=[_ANY] * 2,
+      out_specs=(_ANY,) * len(out_shape), interpret=interpret,
+      compiler_params=plgpu.CompilerParams(num_warps=_WARPS),
+      name="fp8_quantize")(scale.reshape(1).astype(jnp.float32), x)
+  sums = jnp.sum(out[3], axis=0) if column_sums else None
+  return Quantized(out[0], out[1], jnp.max(out[2]), sums)
+
+
+def quantize(x: jax.Array, scale: jax.Array, q_dtype, *, column_sums: bool = False,
+             implementation: str | None = None) -> Quantized:
+  """`x` (rows, cols) divided by `scale`, clipped and rounded to `q_dtype`, in both layouts,
+  with its largest |value| and (`column_sums`) its float32 column sums.
+
+  `implementation`: "pallas" (one kernel: compiled on GPUs, interpreted elsewhere), "xla"
+  (XLA's operations), None: "pallas" where the program is built for one GPU, else "xla" (a
+  program split over several devices keeps XLA's, which partitions it). Both give the same
+  values; the column sums may differ in their last bits (the order of the sum)."""
+  if implementation is None:
+    implementation = "pallas" if _one_gpu() else "xla"
+  if implementation == "xla":
+    return _xla_quantize(x, scale, q_dtype, column_sums)
+  if implementation != "pallas":
+    raise ValueError(f"fp8.quantize: implementation={implementation!r}; expected 'pallas' or "
+                     "'xla'.")
+  if x.size >= 2**31:
+    raise ValueError(f"fp8.quantize: {x.size:,} elements of {x.shape} on one device; the "
+                     "kernel addresses fewer than 2^31. Split the batch over more devices.")
+  return _pallas_quantize(x, scale, q_dtype, column_sums,
+                          interpret=target.target_platform() != "gpu")
+
+
+def _one_gpu() -> bool:
+  """Whether the program is built for a GPU and nothing in it is split over devices."""
+  if target.target_platform() != "gpu":
+    return False
+  mesh = jax.sharding.get_abstract_mesh()
+  return mesh.empty or math.prod(mesh.shape.values()) == 1
+
+
+# ------------------------------------------------------------------------------ the scaling
+def _next(scale, history, q_dtype):
+  """This step's scale, from the history before it (Flax's `update_fp8_meta`)."""
+  return fp8_ops.compute_scale(jnp.max(history, axis=0), scale,
+                               fp8_ops.get_fp8_max(q_dtype, jnp.float32))
+
+
+def _recorded(history, amax):
+  """The history with this step's largest |value| in front (Flax's `compute_amax_history`)."""
+  return jnp.roll(history, shift=-1, axis=0).at[0].set(amax.astype(history.dtype))
+
+
+def _gemm(a, b, out_dtype):
+  """a (m, k) x b (n, k) -> (m, n): both operands with the contracted dimension minor, the
+  layout cuBLASLt's FP8 GEMMs take."""
+  return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=out_dtype)
+
+
+def _own(shared, operand):
+  """A GEMM's two operands, the `shared` one as a value of this layer's own: an optimization
+  barrier over both (no data moves), which differs from layer to layer by the other operand,
+  so that XLA does not merge the barriers of layers sharing a quantized input. Those layers
+  would otherwise hand XLA's dot merger GEMMs with a common operand, which it joins: the three
+  weight gradients of query, key and value into one GEMM whose other operand, their output
+  gradients side by side, a kernel of its own writes first (151 MB per BERT-base/128 layer on
+  the H200, against the 50 MB the joined GEMM saves by reading the input once)."""
+  return jax.lax.optimization_barrier((shared, operand))
+
+
+def _dequantized(y, *scales):
+  scale = functools.reduce(lambda a, b: a * b, (s.astype(jnp.float32) for s in scales))
+  return y * jnp.broadcast_to(scale.astype(y.dtype), y.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedInput:
+  """A dense layer's input in FP8 (`quantized_input`), which layers reading the same input can
+  share: `q` and `q_t` its two layouts, `scale` the scale it was divided by, `history` the
+  input's amax history with this step's largest |value| in front."""
+  q: jax.Array
+  q_t: jax.Array
+  scale: jax.Array
+  history: jax.Array
+
+
+jax.tree_util.register_dataclass(QuantizedInput, data_fields=["q", "q_t", "scale", "history"],
+                                 meta_fields=[])
+
+
+def quantized_input(x: jax.Array, scale: jax.Array, history: jax.Array,
+                    implementation: str | None = None) -> QuantizedInput:
+  """`x` (..., features) quantized to float8_e4m3fn under the scale the input's `history` gives
+  (Flax's delayed scaling), with the history this step leaves. Nothing differentiates through
+  it: `fp8_dense` returns the input's gradient itself, and the new scale and history as the
+  gradients of the old."""
+  x, scale, history = jax.lax.stop_gradient((x, scale, history))
+  scale = _next(scale, history, E4M3)
+  qx = quantize(x.reshape(-1, x.shape[-1]), scale, E4M3, implementation=implementation)
+  return QuantizedInput(qx.q, qx.q_t, scale, _recorded(history, qx.amax))
+
+
+def _forward(implementation, x, kernel, bias, state, shared):
+  _, _, k_scale, k_history, g_scale, g_history = state
+  dtype = x.dtype
+  kernel = kernel.astype(dtype)
+  s_k = _next(k_scale, k_history, E4M3)
+  qk = quantize(kernel, s_k, E4M3, implementation=implementation)
+  y = _dequantized(_gemm(*_own(shared.q, qk.q_t), dtype), shared.scale, s_k)
+  if bias is not None:
+    y = y + bias.astype(dtype)
+  y = y.reshape(*x.shape[:-1], kernel.shape[1])
+  new_state = (shared.scale, shared.history, s_k, _recorded(k_history, qk.amax))
+  return y, (shared.q_t, qk.q, shared.scale, s_k, g_scale, g_history, new_state, bias)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fp8_dense(implementation, x, kernel, bias, state, shared):
+  return _forward(implementation, x, kernel, bias, state, shared)[0]
+
+
+def _fp8_dense_fwd(implementation, x, kernel, bias, state, shared):
+  y, saved = _forward(implementation, x, kernel, bias, state, shared)
+  return y, (saved, kernel)
+
+
+def _fp8_dense_bwd(implementation, saved, g):
+  (x_t, k_q, s_x, s_k, g_scale, g_history, new_state, bias), kernel = saved
+  dtype = g.dtype
+  g2 = g.reshape(-1, g.shape[-1])
+  s_g = _next(g_scale, g_history, E5M2)
+  qg = quantize(g2, s_g, E5M2, column_sums=bias is not None, implementation=implementation)
+  d_x = _dequantized(_gemm(qg.q, k_q, dtype), s_k, s_g).reshape(*g.shape[:-1], k_q.shape[0])
+  d_kernel = _dequantized(_gemm(*_own(x_t, qg.q_t), dtype), s_x, s_g).astype(kernel.dtype)
+  d_bias = None if bias is None else qg.column_sums.astype(bias.dtype)
+  return d_x, d_kernel, d_bias, new_state + (s_g, _recorded(g_history, qg.amax)), None
+
+
+_fp8_dense.defvjp(_fp8_dense_fwd, _fp8_dense_bwd)
+
+
+def fp8_dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, state: tuple,
+              shared: QuantizedInput | None = None, implementation: str | None = None
+              ) -> jax.Array:
+  """`x @ kernel + bias` over the last axis of `x`, both operands in float8_e4m3fn and the
+  output's gradient in float8_e5m2, in `x`'s dtype. `state`: (input scale, input history,
+  kernel scale, kernel history, output-gradient scale, its history), Flax's; their gradients
+  are their next values. `shared`: `x` already quantized (`quantized_input`), by this layer or
+  by another reading the same input, whose scale and history then become this layer's (None:
+  quantized here). `implementation`: as `quantize`."""
+  if shared is None:
+    shared = quantized_input(x, state[0], state[1], implementation)
+  return _fp8_dense(implementation, x, kernel, bias, tuple(state), shared)
+
+
+# ------------------------------------------------------------------------------ the module
+class _Fp8State(fp8_ops.Fp8DotGeneralBase):
+  """Flax's six FP8 variables, created as Flax's op creates them."""
+
+  def __call__(self) -> tuple[jax.Array, ...]:
+    return (self.input_scale.value, self.input_amax_history.value, self.kernel_scale.value,
+            self.kernel_amax_history.value, self.output_grad_scale.value,
+            self.output_grad_amax_history.value)
+
+
+class Fp8Dense(nn.Module):
+  """A dense layer computed by `fp8_dense`, with the parameters and FP8 variables of Flax's
+  `nn.Dense(..., dot_general_cls=nn.Fp8DirectDotGeneralOp)` under the same names."""
+  features: int
+  kernel_init: Callable[..., Any]
+  bias_init: Callable[..., Any]
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  add_bias: bool = True  # False: the bias is a parameter but is not added (`modeling.dense`)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, shared: QuantizedInput | None = None,
+               share: bool = False) -> jax.Array | tuple[jax.Array, QuantizedInput]:
+    """The layer's output; `shared`: its input as another layer quantized it (`fp8_dense`).
+    `share`: also return the input as this layer quantized it, for others reading the same."""
+    kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features),
+                        self.param_dtype)
+    bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+    state = _Fp8State(name=STATE_NAME)()
+    x = x.astype(self.dtype)
+    if shared is None:
+      shared = quantized_input(x, state[0], state[1])
+    y = fp8_dense(x, kernel, bias if self.add_bias else None, state, shared)
+    return (y, shared) if share else y
