@@ -11,8 +11,9 @@
 # sections), $OUT/results.json (their rows), $OUT/summary.md (ratios, MFU, what ran, failed or
 # was skipped) and $OUT/hlo.tar.gz (XLA's autotuning results and the optimized HLO of our steps,
 # as much as fits in 14 MiB)
-# are rewritten, so a call cut short still returns what finished. Eight files (with
-# attention_checks.md, layer_norm_checks.md and head_checks.md), small enough to copy back.
+# are rewritten, so a call cut short still returns what finished. Nine files (with
+# attention_checks.md, layer_norm_checks.md, head_checks.md and fp8_checks.md), small enough
+# to copy back.
 #
 # Parts (SUITE_PARTS, default all; they run in this order, a later run can take the rest):
 #   (checks) attention dropout inside cuDNN's kernel: kept fraction, scaling, masks per call and
@@ -20,7 +21,9 @@
 #       dropout + residual + LayerNorm kernels against the reference under their mask, and one
 #       BERT-base site forward + backward timed against XLA's (`fused_layer_norm_checks.py`);
 #       the masked-LM head's one-pass loss and bfloat16 decoder gradient against their
-#       references, the loss timed against log_softmax and a gather (`head_checks.py`)
+#       references, the loss timed against log_softmax and a gather (`head_checks.py`);
+#       FP8's one-pass quantization kernel against XLA's operations and our FP8 layer against
+#       Flax's, each timed with BERT-large's shapes (`fp8_checks.py`)
 #   (a) base 256×128: ours paper-cudnn, fast-cudnn, each with 5 more steps profiled (device
 #       time by kernel kind and the busiest kernels, `--profile_dir`); the PyTorch peer
 #       (`peer_torch.py`, Hugging Face BertForPreTraining, SDPA) eager and compiled, paper recipe
@@ -130,6 +133,7 @@ PEER_ARGS=(--steps=10 --repeats=2 --warmup=3)
 INT8_ARGS=(--batch=256 --length=128 --steps=20 --warmup=3)
 LN_CHECK_ARGS=(--rows=32768 --width=768)
 HEAD_CHECK_ARGS=(--positions=5120 --vocab=30522 --hidden=768)
+FP8_CHECK_ARGS=(--rows=32768 --width=1024 --features=4096)
 if [[ ${SUITE_SMOKE:-0} == 1 ]]; then
   BASE=tiny LARGE=tiny LARGE_BATCH=4 CHECK_IMPL=pallas
   OURS_ARGS=(--steps=1 --repeats=1 --warmup=1 --batch=tiny=4)
@@ -138,6 +142,7 @@ if [[ ${SUITE_SMOKE:-0} == 1 ]]; then
   INT8_ARGS=(--batch=4 --length=32 --steps=2 --warmup=1)
   LN_CHECK_ARGS=(--rows=256 --width=64 --check_rows=64 --steps=1 --repeats=1 --tilings=2048:4:8)
   HEAD_CHECK_ARGS=(--positions=64 --vocab=512 --hidden=64 --steps=1 --repeats=1)
+  FP8_CHECK_ARGS=(--rows=512 --width=64 --features=256 --check_rows=200 --steps=1 --repeats=1)
 fi
 
 note() { echo "$*" | tee -a "$LOG"; }
@@ -452,6 +457,8 @@ if want checks; then
     --out="$OUT/layer_norm_checks.md"
   run checks-heads 75 "$PY" benchmarks/head_checks.py "${HEAD_CHECK_ARGS[@]}" \
     --out="$OUT/head_checks.md"
+  run checks-fp8 75 "$PY" benchmarks/fp8_checks.py "${FP8_CHECK_ARGS[@]}" \
+    --out="$OUT/fp8_checks.md"
 fi
 if want a; then
   ours a-ours 170 "$BASE" paper-cudnn,fast-cudnn --profile_dir="$WORK/profile"

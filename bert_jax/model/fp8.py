@@ -54,6 +54,7 @@ _WARPS = 4
 _ANY = pl.BlockSpec(memory_space=pl.ANY)
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Quantized:
   """An operand in FP8 as both GEMMs want it: `q` (rows, cols), `q_t` its transpose, `amax`
@@ -190,6 +191,7 @@ def _dequantized(y, *scales):
   return y * jnp.broadcast_to(scale.astype(y.dtype), y.shape)
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class QuantizedInput:
   """A dense layer's input in FP8 (`quantized_input`), which layers reading the same input can
@@ -200,9 +202,6 @@ class QuantizedInput:
   scale: jax.Array
   history: jax.Array
 
-
-jax.tree_util.register_dataclass(QuantizedInput, data_fields=["q", "q_t", "scale", "history"],
-                                 meta_fields=[])
 
 
 def quantized_input(x: jax.Array, scale: jax.Array, history: jax.Array,

@@ -530,3 +530,13 @@ def test_fp8_run_resumes_exactly(tmp_path):
     if subtree == "model_state":
       ops = _fp8_ops(b)
       assert len(ops) == 14 and all(o["input_scale"][0] != 1 for o in ops.values())
+
+
+def test_the_gpu_fp8_checks_pass_in_the_interpreter(tmp_path):
+  """`benchmarks/fp8_checks.py`, which the GPU suite runs with its checks, on the CPU at small
+  shapes: every check passes and every timing runs."""
+  text = helpers.run_device_checks(
+      "fp8_checks.py", tmp_path / "checks.md", "--rows=256", "--width=64", "--features=128",
+      "--check_rows=100", "--steps=1", "--repeats=1")
+  assert text.count("- PASS") == 11 and "FAIL" not in text, text
+  assert text.count("(**") == 3, text
