@@ -17,8 +17,13 @@ layouts, and the output's gradient once more for the bias gradient (BERT-base/12
 H200, cuBLASLt's GEMMs: 606 reduction kernels and 11.3 GB for the largest values alone;
 `benchmarks/RESULTS.md`). Here one kernel reads each operand once and writes both layouts, the
 per-tile largest |value| and, for the output's gradient, the per-tile column sums that make the
-bias gradient (`quantize`, a Triton kernel through Pallas on GPUs; XLA's operations elsewhere,
-the same values). The GEMMs then read the kernel's outputs as they are.
+bias gradient (`quantize`, a Triton kernel through Pallas on GPUs, on each device's rows where
+a program is split over several; XLA's operations elsewhere, the same values). The GEMMs then
+read the kernel's outputs as they are. The three projections of an attention block share one
+quantization of their common input (`quantized_input`, `Fp8Dense(share=...)`).
+
+With Triton's GEMMs instead of cuBLASLt's XLA reads either layout and needs no transposed copy;
+the kernel still writes one, which costs there about what it saves (RESULTS.md).
 
 One difference in the numbers: the bias gradient is summed in float32 (Flax's layer sums it in
 the compute dtype). Everything else is Flax's arithmetic (`tests/unit/model/test_fp8.py`
@@ -41,7 +46,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from bert_jax.model import target
 
-__all__ = ["Fp8Dense", "Quantized", "QuantizedInput", "fp8_dense", "quantize", "quantized_input"]
+__all__ = ["Fp8Dense", "Quantized", "QuantizedInput", "fp8_dense", "quantize",
+           "quantize_activation", "quantized_input"]
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 # The child module holding a layer's six FP8 variables: the name Flax's `Dense` gives its
@@ -107,7 +113,9 @@ def _quantize_kernel(scale_ref, x_ref, q_ref, qt_ref, amax_ref, *sums_ref, q_max
     plgpu.store(sums_ref[0].at[i, cols], jnp.sum(x, axis=0), mask=col_ok)
 
 
-def _pallas_quantize(x, scale, q_dtype, column_sums, interpret):
+def _pallas_parts(x, scale, q_dtype, column_sums, interpret):
+  """The kernel's outputs for `x` (rows, cols): q, q_t, the per-tile largest |values| and
+  (`column_sums`) the per-tile-row column sums, or None."""
   rows, cols = x.shape
   grid = (pl.cdiv(rows, TILE), pl.cdiv(cols, TILE))
   out_shape = [jax.ShapeDtypeStruct((rows, cols), q_dtype),
@@ -122,8 +130,17 @@ def _pallas_quantize(x, scale, q_dtype, column_sums, interpret):
       out_specs=(_ANY,) * len(out_shape), interpret=interpret,
       compiler_params=plgpu.CompilerParams(num_warps=_WARPS),
       name="fp8_quantize")(scale.reshape(1).astype(jnp.float32), x)
-  sums = jnp.sum(out[3], axis=0) if column_sums else None
-  return Quantized(out[0], out[1], jnp.max(out[2]), sums)
+  return tuple(out) if column_sums else (*out, None)
+
+
+def _check_size(x):
+  if x.size >= 2**31:
+    raise ValueError(f"fp8.quantize: {x.size:,} elements of {x.shape} on one device; the "
+                     "kernel addresses fewer than 2^31. Split the batch over more devices.")
+
+
+def _interpret() -> bool:
+  return target.target_platform() != "gpu"
 
 
 def quantize(x: jax.Array, scale: jax.Array, q_dtype, *, column_sums: bool = False,
@@ -132,29 +149,70 @@ def quantize(x: jax.Array, scale: jax.Array, q_dtype, *, column_sums: bool = Fal
   with its largest |value| and (`column_sums`) its float32 column sums.
 
   `implementation`: "pallas" (one kernel: compiled on GPUs, interpreted elsewhere), "xla"
-  (XLA's operations), None: "pallas" where the program is built for one GPU, else "xla" (a
-  program split over several devices keeps XLA's, which partitions it). Both give the same
-  values; the column sums may differ in their last bits (the order of the sum)."""
-  if implementation is None:
-    implementation = "pallas" if _one_gpu() else "xla"
-  if implementation == "xla":
+  (XLA's operations), None: "pallas" where the program is built for a GPU, else "xla". Both
+  give the same values; the column sums may differ in their last bits (the order of the sum).
+  A program split over several devices takes XLA's here (a kernel's operand, a layer's weight,
+  is small); its activations take the kernel per device (`quantize_activation`)."""
+  implementation = _implementation(implementation)
+  if implementation == "xla" or _several_devices():
     return _xla_quantize(x, scale, q_dtype, column_sums)
-  if implementation != "pallas":
+  _check_size(x)
+  q, q_t, amax, sums = _pallas_parts(x, scale, q_dtype, column_sums, _interpret())
+  return Quantized(q, q_t, jnp.max(amax), None if sums is None else jnp.sum(sums, axis=0))
+
+
+def quantize_activation(x: jax.Array, scale: jax.Array, q_dtype, *, column_sums: bool = False,
+                        implementation: str | None = None) -> Quantized:
+  """`quantize` of an activation (batch[, length], features), its leading axes flattened into
+  rows. In a program split over devices the kernel runs in `shard_map` on each device's rows
+  (XLA cannot partition a kernel): the batch and length axes split as the logical rules split
+  activations, the features whole; the largest |value| and the column sums are then reduced
+  over the devices. `q_t`'s columns are then in the order of the devices' shards (the rows'
+  order where only the batch is split): the order of a sum over them, which is all a weight
+  gradient takes of them, as long as both its operands come from here."""
+  implementation = _implementation(implementation)
+  width = x.shape[-1]
+  if implementation == "xla" or not _several_devices():
+    return quantize(x.reshape(-1, width), scale, q_dtype, column_sums=column_sums,
+                    implementation=implementation)
+  from bert_jax.model import modeling  # pylint: disable=g-import-not-at-top (imports this)
+  logical = ((modeling.BATCH, modeling.LENGTH)[:x.ndim - 1]
+             + (None,) * max(0, x.ndim - 3) + (None,))
+  axes = modeling._dividing_mesh_axes(  # pylint: disable=protected-access
+      jax.sharding.get_abstract_mesh(), x.shape, logical)
+  split = tuple(name for names in axes if names for name in names) or None
+  spec = jax.sharding.PartitionSpec
+  interpret = _interpret()
+
+  def per_shard(x, scale, shard):
+    del shard  # the same arithmetic on every shard
+    _check_size(x)
+    q, q_t, amax, sums = _pallas_parts(x.reshape(-1, width), scale, q_dtype, column_sums,
+                                       interpret)
+    out = (q.reshape(x.shape), q_t, jnp.max(amax)[None])
+    return out + ((jnp.sum(sums, axis=0)[None],) if column_sums else ())
+
+  out_specs = (spec(*axes), spec(None, split), spec(split)) + (
+      (spec(split, None),) if column_sums else ())
+  out = modeling._per_shard(  # pylint: disable=protected-access
+      per_shard, (x, scale), (spec(*axes), spec()), out_specs, axes)
+  sums = jnp.sum(out[3], axis=0) if column_sums else None
+  return Quantized(out[0].reshape(-1, width), out[1], jnp.max(out[2]), sums)
+
+
+def _implementation(implementation: str | None) -> str:
+  if implementation is None:
+    return "pallas" if target.target_platform() == "gpu" else "xla"
+  if implementation not in ("pallas", "xla"):
     raise ValueError(f"fp8.quantize: implementation={implementation!r}; expected 'pallas' or "
                      "'xla'.")
-  if x.size >= 2**31:
-    raise ValueError(f"fp8.quantize: {x.size:,} elements of {x.shape} on one device; the "
-                     "kernel addresses fewer than 2^31. Split the batch over more devices.")
-  return _pallas_quantize(x, scale, q_dtype, column_sums,
-                          interpret=target.target_platform() != "gpu")
+  return implementation
 
 
-def _one_gpu() -> bool:
-  """Whether the program is built for a GPU and nothing in it is split over devices."""
-  if target.target_platform() != "gpu":
-    return False
+def _several_devices() -> bool:
+  """Whether the program in context is split over more than one device."""
   mesh = jax.sharding.get_abstract_mesh()
-  return mesh.empty or math.prod(mesh.shape.values()) == 1
+  return not mesh.empty and math.prod(mesh.shape.values()) > 1
 
 
 # ------------------------------------------------------------------------------ the scaling
@@ -212,7 +270,7 @@ def quantized_input(x: jax.Array, scale: jax.Array, history: jax.Array,
   gradients of the old."""
   x, scale, history = jax.lax.stop_gradient((x, scale, history))
   scale = _next(scale, history, E4M3)
-  qx = quantize(x.reshape(-1, x.shape[-1]), scale, E4M3, implementation=implementation)
+  qx = quantize_activation(x, scale, E4M3, implementation=implementation)
   return QuantizedInput(qx.q, qx.q_t, scale, _recorded(history, qx.amax))
 
 
@@ -243,9 +301,9 @@ def _fp8_dense_fwd(implementation, x, kernel, bias, state, shared):
 def _fp8_dense_bwd(implementation, saved, g):
   (x_t, k_q, s_x, s_k, g_scale, g_history, new_state, bias), kernel = saved
   dtype = g.dtype
-  g2 = g.reshape(-1, g.shape[-1])
   s_g = _next(g_scale, g_history, E5M2)
-  qg = quantize(g2, s_g, E5M2, column_sums=bias is not None, implementation=implementation)
+  qg = quantize_activation(g, s_g, E5M2, column_sums=bias is not None,
+                           implementation=implementation)
   d_x = _dequantized(_gemm(qg.q, k_q, dtype), s_k, s_g).reshape(*g.shape[:-1], k_q.shape[0])
   d_kernel = _dequantized(_gemm(*_own(x_t, qg.q_t), dtype), s_x, s_g).astype(kernel.dtype)
   d_bias = None if bias is None else qg.column_sums.astype(bias.dtype)

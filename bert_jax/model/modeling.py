@@ -502,8 +502,8 @@ def _between_fp8_matmuls(activation: Callable[[jax.Array], jax.Array], x: jax.Ar
   """`activation(x)` between two FP8 matmuls, its output and its input's gradient written in
   the compute dtype.
 
-  Where XLA's operations quantize (`fp8.quantize` in a program split over devices; one GPU's
-  kernel takes the compute-dtype array as its operand anyway), each FP8 matmul reads its
+  Where XLA's operations quantize (`fp8.quantize` off GPUs; a GPU's kernel takes the
+  compute-dtype array as its operand anyway), each FP8 matmul reads its
   operand twice, for the largest |value| (the next scale) and to quantize it, and so does its
   backward with the output's gradient. Left to itself XLA's GPU
   compiler kept the activation's float32 value (before its rounding to bfloat16) as the array

@@ -540,3 +540,49 @@ def test_the_gpu_fp8_checks_pass_in_the_interpreter(tmp_path):
       "--check_rows=100", "--steps=1", "--repeats=1")
   assert text.count("- PASS") == 11 and "FAIL" not in text, text
   assert text.count("(**") == 3, text
+
+
+def _dense_state(rng, length=16):
+  """A dense layer's six FP8 variables with histories of earlier steps in them."""
+  history = lambda top: np.concatenate([rng.uniform(top / 10, top, 3), np.zeros(length - 3)])
+  return tuple(jnp.asarray(a, jnp.float32) for a in (
+      [1.0], history(8.0), [1.0], history(0.5), [1.0], history(2e-3)))
+
+
+@pytest.mark.mesh
+@pytest.mark.parametrize("mesh_shape,length_axis", [((4, 1, 1), None), ((2, 1, 2), "model")])
+def test_the_kernel_runs_per_device_under_a_mesh(mesh_shape, length_axis):
+  """Split over devices (rows by batch, and by length too), each device's rows go through the
+  kernel in `shard_map` (interpreted here): the output, the input's gradient and the new FP8
+  variables are those of XLA's quantization to the bit, the kernel's and bias's gradients to
+  float32's rounding (the order of the sum over rows)."""
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(8, 16, 32)) * 3, jnp.float32)
+  kernel = jnp.asarray(rng.normal(size=(32, 48)) * 0.2, jnp.float32)
+  bias = jnp.asarray(rng.normal(size=(48,)), jnp.float32)
+  cotangent = jnp.asarray(rng.normal(size=(8, 16, 48)) * 1e-3, jnp.float32)
+  state = _dense_state(rng)
+  mesh = sharding.create_mesh(list(mesh_shape), devices=jax.devices()[:4])
+  rules = tuple((name, length_axis if name == modeling.LENGTH else axes)
+                for name, axes in sharding.DEFAULT_LOGICAL_AXIS_RULES)
+
+  def step(implementation):
+    def loss(x, kernel, bias, state):
+      y = fp8.fp8_dense(x, kernel, bias, state, implementation=implementation)
+      return jnp.sum(y * cotangent), y
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
+
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    x = jax.device_put(x, NamedSharding(mesh, PartitionSpec(("data", "fsdp"), length_axis)))
+    jaxpr = str(jax.make_jaxpr(step("pallas"))(x, kernel, bias, state))
+    (grads, y), (want, want_y) = (step(impl)(x, kernel, bias, state)
+                                  for impl in ("pallas", "xla"))
+  assert "shard_map" in jaxpr and "pallas_call" in jaxpr
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(want_y))
+  np.testing.assert_array_equal(np.asarray(grads[0]), np.asarray(want[0]))
+  for got, expected in zip(grads[3], want[3]):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+  assert float(grads[3][0][0]) != 1.0  # the scales moved: the histories were used
+  for got, expected in zip(grads[1:3], want[1:3]):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-7)

@@ -122,12 +122,12 @@ statistics = modeling._row_statistics
 dense = modeling.dense
 # LayerNorm outputs written once pay from a width of a few hundred (at 64 XLA fuses alike).
 out["layer_norm_written"] = compile_check.check(tiny(paper, 256), "h100").traffic
-# FP8 (its own reference step) where XLA quantizes (a program split over devices): the
+# FP8 (its own reference step) where XLA's operations quantize (as off GPUs): the
 # activation between the feed-forward matmuls and its input's gradient written in bfloat16
 # (`_between_fp8_matmuls`), or left to XLA.
 from bert_jax.model import fp8 as fp8_layers
 fp8 = cases["fp8"][1]
-with swapped(fp8_layers, "_one_gpu", lambda: False):
+with swapped(fp8_layers, "_implementation", lambda implementation: "xla"):
   out["fp8_written"] = compile_check.check(tiny(fp8, 256), "h100").traffic
 for name, module, attr, stand_in, hidden, overrides in (
     ("gelu_as_is", modeling, "gelu", as_is, 64, paper),
@@ -142,7 +142,7 @@ for name, module, attr, stand_in, hidden, overrides in (
      256, paper),
     ("fp8_left_to_xla", modeling, "_between_fp8_matmuls",
      lambda activation, x: activation(x), 256, fp8)):
-  with swapped(module, attr, stand_in), swapped(fp8_layers, "_one_gpu", lambda: False):
+  with swapped(module, attr, stand_in), swapped(fp8_layers, "_implementation", lambda implementation: "xla"):
     out[name] = compile_check.check(tiny(overrides, hidden), "h100", config_name=name).traffic
 
 # The fused sites' outputs handed over as one array, their consumers' gradients summed by
@@ -190,7 +190,7 @@ def quantization(text):
           "fp8_fusions": len(re.findall(r'= \(?f8\w+\[[^\n]* fusion\(', text)),
           "other_kernels": other["count"], "other_bytes": other["bytes"]}
 out["fp8_one_pass"] = quantization(cublas_program(fp8))
-with swapped(fp8_layers, "_one_gpu", lambda: False):
+with swapped(fp8_layers, "_implementation", lambda implementation: "xla"):
   out["fp8_xla_quantized"] = quantization(cublas_program(fp8))
 with swapped(modeling, "gelu", as_is):
   out["epilogues"]["gelu_new_as_is"] = epilogues(dict(paper, **{"model.hidden_act": "gelu_new"}))
@@ -569,7 +569,7 @@ def test_gelu_loss_and_layer_norm_changes_move_fewer_bytes(compiled):
 
 
 def test_fp8_operands_between_the_feed_forward_matmuls_move_fewer_bytes(compiled):
-  """With FP8 quantized by XLA's operations (a program split over devices), the activation and
+  """With FP8 quantized by XLA's operations (as off GPUs), the activation and
   its input's gradient kept as bfloat16 arrays: at least one float32 array of the feed-forward
   width (64 x 128 x 1024) per layer less moved."""
   saved = (compiled["fp8_left_to_xla"]["other"]["bytes"]
