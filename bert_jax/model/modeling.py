@@ -502,15 +502,15 @@ def _between_fp8_matmuls(activation: Callable[[jax.Array], jax.Array], x: jax.Ar
   """`activation(x)` between two FP8 matmuls, its output and its input's gradient written in
   the compute dtype.
 
-  Where XLA's operations quantize (`fp8.quantize` off GPUs; a GPU's kernel takes the
-  compute-dtype array as its operand anyway), each FP8 matmul reads its
-  operand twice, for the largest |value| (the next scale) and to quantize it, and so does its
-  backward with the output's gradient. Left to itself XLA's GPU
-  compiler kept the activation's float32 value (before its rounding to bfloat16) as the array
-  both read, and the gradient's likewise: arrays of the feed-forward width in float32 instead
-  of bfloat16. Barriers make each the compute-dtype array it is: 4.8 GB less moved per
-  BERT-base/128 step with FP8 (72.2 → 67.4 GB outside matmuls and attention, compiled for an
-  H100). Values are the same."""
+  Where XLA's operations quantize (`fp8.quantize`), each FP8 matmul reads its operand twice,
+  for the largest |value| (the next scale) and to quantize it, and so does its backward with
+  the output's gradient. Left to itself XLA's GPU compiler kept the activation's float32 value
+  (before its rounding to bfloat16) as the array both read, and the gradient's likewise: arrays
+  of the feed-forward width in float32 instead of bfloat16. Barriers make each the
+  compute-dtype array it is: 4.8 GB less moved per BERT-base/128 step with FP8 (72.2 → 67.4 GB
+  outside matmuls and attention, compiled for an H100 when XLA quantized there). A GPU's
+  one-pass kernel takes the compute-dtype array as its operand anyway, so there they change
+  nothing; they stay for XLA's quantization. Values are the same."""
   return _materialized(activation(_gradient_materialized(x)))
 
 
