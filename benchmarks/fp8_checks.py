@@ -53,10 +53,11 @@ def _layers(features):
           "bfloat16": nn.Dense(features, dtype=jnp.bfloat16, **inits)}
 
 
-def _step(layer, cotangent):
-  """Forward + backward of `layer` whose output's gradient is `cotangent`: the gradients of
-  the variables (FP8's new values among them) and of the input."""
-  def loss(variables, x):
+def _step(layer):
+  """`step(variables, x, cotangent)`: forward + backward of `layer` whose output's gradient is
+  `cotangent` (an argument, not a constant of the program): the gradients of the variables
+  (FP8's new values among them) and of the input."""
+  def loss(variables, x, cotangent):
     return jnp.sum(layer.apply(variables, x).astype(jnp.float32) * cotangent)
   return jax.jit(jax.grad(loss, argnums=(0, 1)))
 
@@ -106,7 +107,7 @@ def main() -> int:
   cotangent = jax.random.normal(keys[2], (args.check_rows, args.features), jnp.float32)
   variables = layers["flax_fp8"].init(keys[3], x)
   (ours, ours_x), (theirs, theirs_x) = (
-      _step(layers[name], cotangent)(variables, x) for name in ("ours", "flax_fp8"))
+      _step(layers[name])(variables, x, cotangent) for name in ("ours", "flax_fp8"))
   outputs = [jax.jit(layers[name].apply)(variables, x) for name in ("ours", "flax_fp8")]
   state_same = all(
       np.array_equal(np.asarray(value), np.asarray(theirs[STATE][fp8.STATE_NAME][name]))
@@ -138,9 +139,9 @@ def main() -> int:
   cotangent = jax.random.normal(keys[2], (args.rows, args.features), jnp.bfloat16)
   variables = layers["flax_fp8"].init(keys[3], x)
   plain = {"params": variables["params"]}
-  layer_ms = {name: checklist.timed_ms(_step(layer, cotangent),
-                                       (plain if name == "bfloat16" else variables, x),
-                                       args.steps, args.repeats)
+  layer_ms = {name: checklist.timed_ms(_step(layer),
+                                       (plain if name == "bfloat16" else variables, x,
+                                        cotangent), args.steps, args.repeats)
               for name, layer in layers.items()}
   flops = 6 * args.rows * args.width * args.features
   checks.note(f"- one dense layer {args.rows}×{args.width} → {args.features}, forward + "
