@@ -9,6 +9,9 @@ interprets):
 1. the kernel (`fp8.quantize`, "pallas") writes what XLA's operations ("xla") compute for a
    bfloat16 (rows, width) operand, in float8_e4m3fn and float8_e5m2, with a scale that clips:
    both layouts to the bit, the largest |value| exactly, the column sums within 1e-5 relative;
+   and with the feed-forward's GELU applied by the kernel, against XLA's quantization of the
+   model's GELU: FP8 values that differ in at most one element in a thousand (the kernel's
+   erfc is its own), the largest |value| within 1%;
 2. `fp8.Fp8Dense` forward and backward against Flax's `Dense` with `Fp8DirectDotGeneralOp`
    (same variables, the output's gradient a fixed array): the six new FP8 variables to the
    bit, the output and the input's and kernel's gradients within 1% of their largest value
@@ -37,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.model import fp8
+from bert_jax.model import fp8, modeling
 from benchmarks import checklist
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -100,6 +103,20 @@ def main() -> int:
            f"{float(want.amax)})")
     error = _relative(got.column_sums, want.column_sums)
     report(error <= 1e-5, f"{jnp.dtype(q_dtype).name}: column sums within {error:.1e} of XLA's")
+
+  # 1b. GELU applied by the kernel (the feed-forward's second layer) against the model's.
+  scale = jnp.asarray([2.0 / float(jnp.finfo(jnp.float8_e4m3fn).max)], jnp.float32)
+  got = jax.jit(lambda x, s: fp8.quantize(x, s, jnp.float8_e4m3fn, activation="gelu",
+                                          implementation="pallas"))(x, scale)
+  want = jax.jit(lambda x, s: fp8.quantize(modeling.gelu(x, False), s, jnp.float8_e4m3fn,
+                                           implementation="xla"))(x, scale)
+  differ = float(np.mean(np.asarray(got.q).view(np.uint8) != np.asarray(want.q).view(np.uint8)))
+  report(differ <= 1e-3, f"GELU applied in the kernel: its FP8 values differ from those of "
+         f"the model's GELU quantized by XLA in a fraction {differ:.1e} of elements (its erfc "
+         "is its own)")
+  report(abs(float(got.amax) - float(want.amax)) <= 1e-2 * float(want.amax),
+         f"GELU applied in the kernel: largest |value| {float(got.amax)} (XLA's "
+         f"{float(want.amax)})")
 
   # 2. The layer against Flax's.
   layers = _layers(args.features)

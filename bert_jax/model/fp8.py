@@ -20,14 +20,18 @@ per-tile largest |value| and, for the output's gradient, the per-tile column sum
 bias gradient (`quantize`, a Triton kernel through Pallas on GPUs, on each device's rows where
 a program is split over several; XLA's operations elsewhere, the same values). The GEMMs then
 read the kernel's outputs as they are. The three projections of an attention block share one
-quantization of their common input (`quantized_input`, `Fp8Dense(share=...)`).
+quantization of their common input (`quantized_input`, `Fp8Dense(share=...)`), and the
+feed-forward's second layer applies GELU to its input inside its kernel
+(`Fp8Dense(activation=...)`, `modeling.fused_activation`), so that GELU's output is never
+written.
 
 With Triton's GEMMs instead of cuBLASLt's XLA reads either layout and needs no transposed copy;
 the kernel still writes one, which costs there about what it saves (RESULTS.md).
 
-One difference in the numbers: the bias gradient is summed in float32 (Flax's layer sums it in
-the compute dtype). Everything else is Flax's arithmetic (`tests/unit/model/test_fp8.py`
-compares the two).
+Two differences in the numbers: the bias gradient is summed in float32 (Flax's layer sums it
+in the compute dtype), and the kernel's GELU takes an erfc of its own (within 1e-5 relative;
+its bfloat16 output is the model's but for a few values in 10^4 at most). Everything else is
+Flax's arithmetic (`tests/unit/model/test_fp8.py` compares the two).
 """
 
 from __future__ import annotations
@@ -71,7 +75,9 @@ class Quantized:
   column_sums: jax.Array | None
 
 
-def _xla_quantize(x, scale, q_dtype, column_sums):
+def _xla_quantize(x, scale, q_dtype, column_sums, activation=None):
+  if activation is not None:
+    x = _activation(activation)(x)
   q = fp8_ops.quantize(x, q_dtype, scale, x.dtype)
   sums = jnp.sum(x.astype(jnp.float32), axis=0) if column_sums else None
   return Quantized(q, q.T, jnp.max(jnp.abs(x)).astype(jnp.float32), sums)
@@ -89,11 +95,46 @@ def _divided(x, scale, interpret: bool):
       result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, jnp.float32)])[0]
 
 
+# Activations the kernel applies to its operand before quantizing it (`Fp8Dense(activation=)`):
+# the name `BertConfig.hidden_act` gives, and the float32 form the kernel computes.
+KERNEL_ACTIVATIONS = ("gelu",)
+
+
+def _activation(name: str) -> Callable[[jax.Array], jax.Array]:
+  """The model's own activation `name` (`modeling.activation_fn`): XLA's form, and the one
+  whose derivative the backward pass takes."""
+  from bert_jax.model import modeling  # pylint: disable=g-import-not-at-top (imports this)
+  return modeling.activation_fn(name)
+
+
+def _erfc(u: jax.Array) -> jax.Array:
+  """erfc of float32 `u` in operations Pallas' Triton lowering has (it has no erf or erfc):
+  the Chebyshev fit of Numerical Recipes (Press et al., 6.2), relative error under 1.2e-7
+  everywhere, about float32's rounding."""
+  z = jnp.abs(u)
+  t = 1.0 / (1.0 + 0.5 * z)
+  poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+      -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
+          -0.82215223 + t * 0.17087277))))))))
+  tail = t * jnp.exp(-z * z + poly)
+  return jnp.where(u >= 0, tail, 2.0 - tail)
+
+
+def _kernel_gelu(v: jax.Array) -> jax.Array:
+  """GELU (erf) of float32 `v`, as `modeling.gelu` writes it: 0.5 v erfc(-v / sqrt(2))."""
+  return 0.5 * v * _erfc(v * -(1 / math.sqrt(2)))
+
+
+_KERNEL_FORMS = {"gelu": _kernel_gelu}
+
+
 def _quantize_kernel(scale_ref, x_ref, q_ref, qt_ref, amax_ref, *sums_ref, q_max: float,
-                     interpret: bool):
+                     interpret: bool, activation: str | None):
   """One TILE x TILE tile: its largest |value|, its FP8 values written as they are and
   transposed, and (the output gradient's) its column sums. The division rounds to the
-  operand's dtype before the clip and the rounding to FP8, as `fp8_ops.quantize`."""
+  operand's dtype before the clip and the rounding to FP8, as `fp8_ops.quantize`. With an
+  `activation`, the operand is the activation of what is read, rounded to its dtype as the
+  model's activation rounds its output."""
   i, j = pl.program_id(0), pl.program_id(1)
   rows_n, cols_n = x_ref.shape
   rows = i * TILE + jnp.arange(TILE)
@@ -103,6 +144,8 @@ def _quantize_kernel(scale_ref, x_ref, q_ref, qt_ref, amax_ref, *sums_ref, q_max
   x = plgpu.load(x_ref.at[rows[:, None], cols[None, :]], mask=mask, other=0.0)
   scale = plgpu.load(scale_ref.at[jnp.arange(1)]).astype(x.dtype).astype(jnp.float32)
   x = x.astype(jnp.float32)
+  if activation is not None:
+    x = _KERNEL_FORMS[activation](x).astype(x_ref.dtype).astype(jnp.float32)
   plgpu.store(amax_ref.at[i * pl.num_programs(1) + j + jnp.arange(1)],
               jnp.max(jnp.abs(x))[None])
   y = jnp.clip(_divided(x, scale, interpret).astype(x_ref.dtype).astype(jnp.float32),
@@ -113,9 +156,9 @@ def _quantize_kernel(scale_ref, x_ref, q_ref, qt_ref, amax_ref, *sums_ref, q_max
     plgpu.store(sums_ref[0].at[i, cols], jnp.sum(x, axis=0), mask=col_ok)
 
 
-def _pallas_parts(x, scale, q_dtype, column_sums, interpret):
-  """The kernel's outputs for `x` (rows, cols): q, q_t, the per-tile largest |values| and
-  (`column_sums`) the per-tile-row column sums, or None."""
+def _pallas_parts(x, scale, q_dtype, column_sums, interpret, activation=None):
+  """The kernel's outputs for `x` (rows, cols) (or its `activation`): q, q_t, the per-tile
+  largest |values| and (`column_sums`) the per-tile-row column sums, or None."""
   rows, cols = x.shape
   grid = (pl.cdiv(rows, TILE), pl.cdiv(cols, TILE))
   out_shape = [jax.ShapeDtypeStruct((rows, cols), q_dtype),
@@ -125,7 +168,7 @@ def _pallas_parts(x, scale, q_dtype, column_sums, interpret):
     out_shape.append(jax.ShapeDtypeStruct((grid[0], cols), jnp.float32))
   out = pl.pallas_call(
       functools.partial(_quantize_kernel, q_max=float(jnp.finfo(q_dtype).max),
-                        interpret=interpret),
+                        interpret=interpret, activation=activation),
       out_shape=tuple(out_shape), grid=grid, in_specs=[_ANY] * 2,
       out_specs=(_ANY,) * len(out_shape), interpret=interpret,
       compiler_params=plgpu.CompilerParams(num_warps=_WARPS),
@@ -144,9 +187,12 @@ def _interpret() -> bool:
 
 
 def quantize(x: jax.Array, scale: jax.Array, q_dtype, *, column_sums: bool = False,
-             implementation: str | None = None) -> Quantized:
+             implementation: str | None = None, activation: str | None = None) -> Quantized:
   """`x` (rows, cols) divided by `scale`, clipped and rounded to `q_dtype`, in both layouts,
-  with its largest |value| and (`column_sums`) its float32 column sums.
+  with its largest |value| and (`column_sums`) its float32 column sums. With an `activation`
+  (one of `KERNEL_ACTIVATIONS`) all of that is of `activation(x)`, which the kernel computes as
+  it reads `x` instead of reading it from memory: its erfc is its own (`_erfc`), so its values
+  may differ from XLA's in the last bit of the compute dtype.
 
   `implementation`: "pallas" (one kernel: compiled on GPUs, interpreted elsewhere), "xla"
   (XLA's operations), None: "pallas" where the program is built for a GPU, else "xla". Both
@@ -154,15 +200,19 @@ def quantize(x: jax.Array, scale: jax.Array, q_dtype, *, column_sums: bool = Fal
   A program split over several devices takes XLA's here (a kernel's operand, a layer's weight,
   is small); its activations take the kernel per device (`quantize_activation`)."""
   implementation = _implementation(implementation)
+  if activation is not None and activation not in KERNEL_ACTIVATIONS:
+    raise ValueError(f"fp8.quantize: activation={activation!r}; expected one of "
+                     f"{', '.join(KERNEL_ACTIVATIONS)}.")
   if implementation == "xla" or _several_devices():
-    return _xla_quantize(x, scale, q_dtype, column_sums)
+    return _xla_quantize(x, scale, q_dtype, column_sums, activation)
   _check_size(x)
-  q, q_t, amax, sums = _pallas_parts(x, scale, q_dtype, column_sums, _interpret())
+  q, q_t, amax, sums = _pallas_parts(x, scale, q_dtype, column_sums, _interpret(), activation)
   return Quantized(q, q_t, jnp.max(amax), None if sums is None else jnp.sum(sums, axis=0))
 
 
 def quantize_activation(x: jax.Array, scale: jax.Array, q_dtype, *, column_sums: bool = False,
-                        implementation: str | None = None) -> Quantized:
+                        implementation: str | None = None, activation: str | None = None
+                        ) -> Quantized:
   """`quantize` of an activation (batch[, length], features), its leading axes flattened into
   rows. In a program split over devices the kernel runs in `shard_map` on each device's rows
   (XLA cannot partition a kernel): the batch and length axes split as the logical rules split
@@ -174,7 +224,7 @@ def quantize_activation(x: jax.Array, scale: jax.Array, q_dtype, *, column_sums:
   width = x.shape[-1]
   if implementation == "xla" or not _several_devices():
     return quantize(x.reshape(-1, width), scale, q_dtype, column_sums=column_sums,
-                    implementation=implementation)
+                    implementation=implementation, activation=activation)
   from bert_jax.model import modeling  # pylint: disable=g-import-not-at-top (imports this)
   logical = ((modeling.BATCH, modeling.LENGTH)[:x.ndim - 1]
              + (None,) * max(0, x.ndim - 3) + (None,))
@@ -188,7 +238,7 @@ def quantize_activation(x: jax.Array, scale: jax.Array, q_dtype, *, column_sums:
     del shard  # the same arithmetic on every shard
     _check_size(x)
     q, q_t, amax, sums = _pallas_parts(x.reshape(-1, width), scale, q_dtype, column_sums,
-                                       interpret)
+                                       interpret, activation)
     out = (q.reshape(x.shape), q_t, jnp.max(amax)[None])
     return out + ((jnp.sum(sums, axis=0)[None],) if column_sums else ())
 
@@ -263,18 +313,20 @@ class QuantizedInput:
 
 
 def quantized_input(x: jax.Array, scale: jax.Array, history: jax.Array,
-                    implementation: str | None = None) -> QuantizedInput:
-  """`x` (..., features) quantized to float8_e4m3fn under the scale the input's `history` gives
-  (Flax's delayed scaling), with the history this step leaves. Nothing differentiates through
-  it: `fp8_dense` returns the input's gradient itself, and the new scale and history as the
-  gradients of the old."""
+                    implementation: str | None = None, activation: str | None = None
+                    ) -> QuantizedInput:
+  """`x` (..., features) (or its `activation`, `quantize`) quantized to float8_e4m3fn under the
+  scale the input's `history` gives (Flax's delayed scaling), with the history this step
+  leaves. Nothing differentiates through it: `fp8_dense` returns the input's gradient itself,
+  and the new scale and history as the gradients of the old."""
   x, scale, history = jax.lax.stop_gradient((x, scale, history))
   scale = _next(scale, history, E4M3)
-  qx = quantize_activation(x, scale, E4M3, implementation=implementation)
+  qx = quantize_activation(x, scale, E4M3, implementation=implementation,
+                           activation=activation)
   return QuantizedInput(qx.q, qx.q_t, scale, _recorded(history, qx.amax))
 
 
-def _forward(implementation, x, kernel, bias, state, shared):
+def _forward(implementation, activation, x, kernel, bias, state, shared):
   _, _, k_scale, k_history, g_scale, g_history = state
   dtype = x.dtype
   kernel = kernel.astype(dtype)
@@ -285,26 +337,31 @@ def _forward(implementation, x, kernel, bias, state, shared):
     y = y + bias.astype(dtype)
   y = y.reshape(*x.shape[:-1], kernel.shape[1])
   new_state = (shared.scale, shared.history, s_k, _recorded(k_history, qk.amax))
-  return y, (shared.q_t, qk.q, shared.scale, s_k, g_scale, g_history, new_state, bias)
+  # With an activation the input itself (its pre-activation) is kept for its derivative.
+  pre_activation = x if activation is not None else None
+  return y, (shared.q_t, qk.q, shared.scale, s_k, g_scale, g_history, new_state, bias,
+             pre_activation)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fp8_dense(implementation, x, kernel, bias, state, shared):
-  return _forward(implementation, x, kernel, bias, state, shared)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _fp8_dense(implementation, activation, x, kernel, bias, state, shared):
+  return _forward(implementation, activation, x, kernel, bias, state, shared)[0]
 
 
-def _fp8_dense_fwd(implementation, x, kernel, bias, state, shared):
-  y, saved = _forward(implementation, x, kernel, bias, state, shared)
+def _fp8_dense_fwd(implementation, activation, x, kernel, bias, state, shared):
+  y, saved = _forward(implementation, activation, x, kernel, bias, state, shared)
   return y, (saved, kernel)
 
 
-def _fp8_dense_bwd(implementation, saved, g):
-  (x_t, k_q, s_x, s_k, g_scale, g_history, new_state, bias), kernel = saved
+def _fp8_dense_bwd(implementation, activation, saved, g):
+  (x_t, k_q, s_x, s_k, g_scale, g_history, new_state, bias, pre_activation), kernel = saved
   dtype = g.dtype
   s_g = _next(g_scale, g_history, E5M2)
   qg = quantize_activation(g, s_g, E5M2, column_sums=bias is not None,
                            implementation=implementation)
   d_x = _dequantized(_gemm(qg.q, k_q, dtype), s_k, s_g).reshape(*g.shape[:-1], k_q.shape[0])
+  if activation is not None:  # the model's activation's own derivative (`modeling.gelu`)
+    d_x = jax.vjp(_activation(activation), pre_activation)[1](d_x)[0]
   d_kernel = _dequantized(_gemm(*_own(x_t, qg.q_t), dtype), s_x, s_g).astype(kernel.dtype)
   d_bias = None if bias is None else qg.column_sums.astype(bias.dtype)
   return d_x, d_kernel, d_bias, new_state + (s_g, _recorded(g_history, qg.amax)), None
@@ -314,17 +371,20 @@ _fp8_dense.defvjp(_fp8_dense_fwd, _fp8_dense_bwd)
 
 
 def fp8_dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, state: tuple,
-              shared: QuantizedInput | None = None, implementation: str | None = None
-              ) -> jax.Array:
-  """`x @ kernel + bias` over the last axis of `x`, both operands in float8_e4m3fn and the
-  output's gradient in float8_e5m2, in `x`'s dtype. `state`: (input scale, input history,
-  kernel scale, kernel history, output-gradient scale, its history), Flax's; their gradients
-  are their next values. `shared`: `x` already quantized (`quantized_input`), by this layer or
-  by another reading the same input, whose scale and history then become this layer's (None:
-  quantized here). `implementation`: as `quantize`."""
+              shared: QuantizedInput | None = None, implementation: str | None = None,
+              activation: str | None = None) -> jax.Array:
+  """`x @ kernel + bias` over the last axis of `x` (with an `activation`, `activation(x) @
+  kernel + bias`), both operands in float8_e4m3fn and the output's gradient in float8_e5m2, in
+  `x`'s dtype. `state`: (input scale, input history, kernel scale, kernel history,
+  output-gradient scale, its history), Flax's; their gradients are their next values.
+  `shared`: the input already quantized (`quantized_input`), by this layer or by another
+  reading the same input, whose scale and history then become this layer's (None: quantized
+  here). `implementation`: as `quantize`. `activation` (one of `KERNEL_ACTIVATIONS`): applied
+  by the quantization kernel as it reads `x`, so that the activation's output, which only this
+  layer reads, is never written; its derivative is the model's (`modeling.activation_fn`)."""
   if shared is None:
-    shared = quantized_input(x, state[0], state[1], implementation)
-  return _fp8_dense(implementation, x, kernel, bias, tuple(state), shared)
+    shared = quantized_input(x, state[0], state[1], implementation, activation)
+  return _fp8_dense(implementation, activation, x, kernel, bias, tuple(state), shared)
 
 
 # ------------------------------------------------------------------------------ the module
@@ -346,6 +406,7 @@ class Fp8Dense(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   add_bias: bool = True  # False: the bias is a parameter but is not added (`modeling.dense`)
+  activation: str | None = None  # applied to the input first, inside the quantization kernel
 
   @nn.compact
   def __call__(self, x: jax.Array, shared: QuantizedInput | None = None,
@@ -358,6 +419,7 @@ class Fp8Dense(nn.Module):
     state = _Fp8State(name=STATE_NAME)()
     x = x.astype(self.dtype)
     if shared is None:
-      shared = quantized_input(x, state[0], state[1])
-    y = fp8_dense(x, kernel, bias if self.add_bias else None, state, shared)
+      shared = quantized_input(x, state[0], state[1], activation=self.activation)
+    y = fp8_dense(x, kernel, bias if self.add_bias else None, state, shared,
+                  activation=self.activation)
     return (y, shared) if share else y

@@ -126,7 +126,7 @@ gelu.defvjp(_gelu_fwd, _gelu_bwd)
 
 
 def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str,
-          add_bias: bool = True) -> nn.Module:
+          add_bias: bool = True, activation: str | None = None) -> nn.Module:
   """A dense layer whose kernel and bias carry logical axis names.
 
   `add_bias=False`: the bias is a parameter as ever (initialised, loaded, saved, converted) but
@@ -141,7 +141,9 @@ def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str,
   `_overwrite_with_gradient` collection, whose "gradient" from the backward pass is their next
   value: the train state's `model_state`, which the step overwrites. They sit in a child module
   under the name Flax's op has, and `kernel` and `bias` keep their names and shapes:
-  checkpoints and conversions are those of "none".
+  checkpoints and conversions are those of "none". `activation` (FP8 only,
+  `fused_activation`): the layer's input is the pre-activation, and the FP8 kernel applies the
+  activation as it quantizes it.
 
   Layers whose width is not a multiple of 16 (NSP's two logits, classifiers, span ends,
   ELECTRA's one score) stay in the compute dtype: Hopper's FP8 GEMMs need dimensions in
@@ -160,7 +162,11 @@ def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str,
   bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[1:])
   if config.quantization == "fp8" and features % 16 == 0:
     return fp8.Fp8Dense(features, kernel_init, bias_init, dtype=_dtype(config.dtype),
-                        param_dtype=_dtype(config.param_dtype), add_bias=add_bias, name=name)
+                        param_dtype=_dtype(config.param_dtype), add_bias=add_bias,
+                        activation=activation, name=name)
+  if activation is not None:
+    raise ValueError(f"dense {name!r}: activation={activation!r} is applied only by FP8 "
+                     "layers (`fused_activation`).")
   return nn.Dense(
       features, dtype=_dtype(config.dtype), param_dtype=_dtype(config.param_dtype),
       kernel_init=kernel_init, bias_init=bias_init,
@@ -400,16 +406,6 @@ def _materialized(x: jax.Array) -> jax.Array:
   return jax.lax.optimization_barrier(x)
 
 
-@jax.custom_vjp
-def _gradient_materialized(x: jax.Array) -> jax.Array:
-  """`x`; its gradient passes an optimization barrier (`_materialized` of the backward)."""
-  return x
-
-
-_gradient_materialized.defvjp(lambda x: (x, None),
-                              lambda _, grad: (jax.lax.optimization_barrier(grad),))
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def float32_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
   """`jnp.einsum(spec, a, b)` on operands in a's dtype, accumulated and returned in float32,
@@ -485,6 +481,21 @@ fan_out.defvjp(_fan_out_fwd, _fan_out_bwd)
 ATTENTION_INPUT_USES = 4
 
 
+def fused_activation(config: BertConfig) -> str | None:
+  """The feed-forward activation the second FP8 dense layer applies to its input inside its
+  quantization kernel (`fp8.fp8_dense`), or None where the first layer's block applies it.
+
+  In FP8 the activation's output is read by one kernel only, the one that quantizes it for the
+  second layer's GEMMs: written in bfloat16 and read back, 402 MB per BERT-base/128 layer
+  forward (4.8 GB per step, about 13 GB at BERT-large/512; the H200's program). That kernel
+  applies it instead, as it reads the first layer's output. GELU (erf) only, and only where the
+  second layer computes in FP8 (its width a multiple of 16)."""
+  if (config.quantization == "fp8" and config.hidden_act in fp8.KERNEL_ACTIVATIONS
+      and config.hidden_size % 16 == 0):
+    return config.hidden_act
+  return None
+
+
 def sites_take_copies(config: BertConfig) -> bool:
   """Whether a block's LayerNorm sites hand their output to its consumers as copies, one each,
   so that the site's backward kernel adds their gradients as it reads them: with the fused
@@ -495,23 +506,6 @@ def sites_take_copies(config: BertConfig) -> bool:
   they are once its autotuner has chosen cuBLAS. A block's output goes to the next block as its
   residual, query, key and value, the copies `fan_out` would make."""
   return config.layer_norm_implementation == "pallas"
-
-
-def _between_fp8_matmuls(activation: Callable[[jax.Array], jax.Array], x: jax.Array
-                         ) -> jax.Array:
-  """`activation(x)` between two FP8 matmuls, its output and its input's gradient written in
-  the compute dtype.
-
-  Where XLA's operations quantize (`fp8.quantize`), each FP8 matmul reads its operand twice,
-  for the largest |value| (the next scale) and to quantize it, and so does its backward with
-  the output's gradient. Left to itself XLA's GPU compiler kept the activation's float32 value
-  (before its rounding to bfloat16) as the array both read, and the gradient's likewise: arrays
-  of the feed-forward width in float32 instead of bfloat16. Barriers make each the
-  compute-dtype array it is: 4.8 GB less moved per BERT-base/128 step with FP8 (72.2 → 67.4 GB
-  outside matmuls and attention, compiled for an H100 when XLA quantized there). A GPU's
-  one-pass kernel takes the compute-dtype array as its operand anyway, so there they change
-  nothing; they stay for XLA's quantization. Values are the same."""
-  return _materialized(activation(_gradient_materialized(x)))
 
 
 def attention_mask(input_mask: jax.Array, sequence_ids: jax.Array | None = None) -> jax.Array:
@@ -850,9 +844,12 @@ class BertSelfAttention(nn.Module):
 
 
 class BertResidualOutput(nn.Module):
-  """dense → dropout → add the block's input → LayerNorm (post-LN), as in every BERT block."""
+  """dense → dropout → add the block's input → LayerNorm (post-LN), as in every BERT block.
+  `activation`: the feed-forward's, applied by the FP8 dense layer to its input
+  (`fused_activation`)."""
   config: BertConfig
   in_axis: str
+  activation: str | None = None
 
   @nn.compact
   def __call__(self, x, residual, deterministic: bool, uses: int = 1):
@@ -861,7 +858,7 @@ class BertResidualOutput(nn.Module):
     cfg = self.config
     if cfg.layer_norm_implementation == "pallas":
       # The dense layer's bias, dropout, the add and the LayerNorm in one kernel each way.
-      y, dense_bias = _dense_and_bias(cfg, self.in_axis, x, residual)
+      y, dense_bias = _dense_and_bias(cfg, self.in_axis, x, residual, self.activation)
       y = DropoutResidualLayerNorm(cfg.hidden_dropout_prob, cfg.dropout_bits,
                                    cfg.layer_norm_eps, _dtype(cfg.param_dtype),
                                    _dtype(cfg.dtype), name="LayerNorm")(
@@ -873,7 +870,8 @@ class BertResidualOutput(nn.Module):
       raise ValueError(f"BertResidualOutput: uses={uses} takes the fused sites "
                        "(layer_norm_implementation='pallas').")
     if x.shape[-1]:
-      y = dense(cfg, cfg.hidden_size, (self.in_axis, "embed"), "dense")(x)
+      y = dense(cfg, cfg.hidden_size, (self.in_axis, "embed"), "dense",
+                activation=self.activation)(x)
     else:  # a layer whose every head was pruned: the projection of nothing is its bias
       y = _Bias(cfg, name="dense")(residual.shape)
     y = Dropout(cfg.hidden_dropout_prob, cfg.dropout_bits)(y, deterministic=deterministic)
@@ -886,7 +884,7 @@ class BertResidualOutput(nn.Module):
     return nn.with_logical_constraint(y.astype(_dtype(cfg.dtype)), (BATCH, LENGTH, EMBED))
 
 
-def _dense_and_bias(cfg: BertConfig, in_axis: str, x, residual
+def _dense_and_bias(cfg: BertConfig, in_axis: str, x, residual, activation=None
                     ) -> tuple[jax.Array, jax.Array | None]:
   """(a block's output projection of `x` without its bias, that bias), for the fused kernel,
   which adds it; int8's layer adds its own (None). Called inside the block's `__call__`, so the
@@ -897,7 +895,8 @@ def _dense_and_bias(cfg: BertConfig, in_axis: str, x, residual
             _Bias(cfg, name="dense")(residual.shape[-1:]))
   if cfg.quantization == "int8":
     return dense(cfg, cfg.hidden_size, (in_axis, "embed"), "dense")(x), None
-  layer = dense(cfg, cfg.hidden_size, (in_axis, "embed"), "dense", add_bias=False)
+  layer = dense(cfg, cfg.hidden_size, (in_axis, "embed"), "dense", add_bias=False,
+                activation=activation)
   y = layer(x)
   return y, nn.meta.unbox(layer.variables["params"]["bias"])
 
@@ -945,17 +944,16 @@ class BertAttention(nn.Module):
 
 
 class BertIntermediate(nn.Module):
+  """The feed-forward's first dense layer and its activation; with `fused_activation`, its
+  output before the activation, which the next layer applies."""
   config: BertConfig
 
   @nn.compact
   def __call__(self, x):
     cfg = self.config
     y = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "dense")(x)
-    activation = activation_fn(cfg.hidden_act)
-    if cfg.quantization == "fp8":
-      y = _between_fp8_matmuls(activation, y)
-    else:
-      y = activation(y)
+    if not fused_activation(cfg):
+      y = activation_fn(cfg.hidden_act)(y)
     return nn.with_logical_constraint(y, (BATCH, LENGTH, MLP))
 
 
@@ -986,7 +984,7 @@ class BertLayer(nn.Module):
     intermediate = (self.shared.intermediate if "ffn" in parts
                     else BertIntermediate(cfg, name="intermediate"))
     output = (self.shared.output if "ffn" in parts
-              else BertResidualOutput(cfg, "mlp", name="output"))
+              else BertResidualOutput(cfg, "mlp", fused_activation(cfg), name="output"))
     if sites_take_copies(cfg):  # the attention output read by the feed-forward and its residual
       x, residual = attention(x, input_mask, deterministic, sequence_ids, uses=2)
     else:
@@ -1008,7 +1006,7 @@ class SharedLayerParts(nn.Module):
       self.attention = BertAttention(self.config)
     if "ffn" in self.parts:
       self.intermediate = BertIntermediate(self.config)
-      self.output = BertResidualOutput(self.config, "mlp")
+      self.output = BertResidualOutput(self.config, "mlp", fused_activation(self.config))
 
 
 _REMAT_POLICIES = {

@@ -4,7 +4,7 @@ lowers attention with its dropout to cuDNN's fused kernel forward and backward, 
 run unrolled take fewer optimizer kernels, the fused dropout + residual + LayerNorm kernels
 replace XLA's at every block, FP8 matmuls reach the GEMMs as FP8 (cuBLASLt's FP8 GEMM where
 cuBLAS takes them, under the plugin's CUDA runtime; each operand written by one kernel, the
-attention input quantized once) and every other GEMM reads
+attention input quantized once, GELU applied by that kernel) and every other GEMM reads
 bfloat16 operands (the tied decoder's gradient matmuls too), eight GPUs reduce their gradients
 over NVLink, the low-precision LayerNorm, GELU recomputed in the backward pass and computed in
 float32, the gather-free masked-LM loss, LayerNorm outputs written once, LayerNorm statistics
@@ -97,8 +97,7 @@ for name, (machine, overrides) in cases.items():
 
 # The same step with one change swapped back at a time (GELU differentiated as it is or with
 # jax.nn.gelu's forward, the loss as log_softmax and a gather, LayerNorm without its barrier or
-# with two-pass statistics, dropout masks as bytes, the key's bias added, FP8's operands left to
-# XLA): what each saves.
+# with two-pass statistics, dropout masks as bytes, the key's bias added): what each saves.
 from bert_jax.model import dropout, modeling
 from bert_jax.objectives import mlm
 import contextlib, jax, jax.numpy as jnp
@@ -122,13 +121,8 @@ statistics = modeling._row_statistics
 dense = modeling.dense
 # LayerNorm outputs written once pay from a width of a few hundred (at 64 XLA fuses alike).
 out["layer_norm_written"] = compile_check.check(tiny(paper, 256), "h100").traffic
-# FP8 (its own reference step) where XLA's operations quantize (as off GPUs): the
-# activation between the feed-forward matmuls and its input's gradient written in bfloat16
-# (`_between_fp8_matmuls`), or left to XLA.
 from bert_jax.model import fp8 as fp8_layers
 fp8 = cases["fp8"][1]
-with swapped(fp8_layers, "_implementation", lambda implementation: "xla"):
-  out["fp8_written"] = compile_check.check(tiny(fp8, 256), "h100").traffic
 for name, module, attr, stand_in, hidden, overrides in (
     ("gelu_as_is", modeling, "gelu", as_is, 64, paper),
     ("loss_gathered", mlm, "cross_entropy", gathered, 64, paper),
@@ -138,11 +132,10 @@ for name, module, attr, stand_in, hidden, overrides in (
      lambda v, epsilon, one_pass: statistics(v, epsilon, False), 256, paper),
     ("dropout_mask_bytes", dropout, "_kept_as_bits", lambda keep: keep, 256, paper),
     ("key_bias_added", modeling, "dense",
-     lambda config, features, axes, name, add_bias=True: dense(config, features, axes, name),
-     256, paper),
-    ("fp8_left_to_xla", modeling, "_between_fp8_matmuls",
-     lambda activation, x: activation(x), 256, fp8)):
-  with swapped(module, attr, stand_in), swapped(fp8_layers, "_implementation", lambda implementation: "xla"):
+     lambda config, features, axes, name, add_bias=True, activation=None: dense(
+         config, features, axes, name, activation=activation),
+     256, paper)):
+  with swapped(module, attr, stand_in):
     out[name] = compile_check.check(tiny(overrides, hidden), "h100", config_name=name).traffic
 
 # The fused sites' outputs handed over as one array, their consumers' gradients summed by
@@ -192,6 +185,9 @@ def quantization(text):
 out["fp8_one_pass"] = quantization(cublas_program(fp8))
 with swapped(fp8_layers, "_implementation", lambda implementation: "xla"):
   out["fp8_xla_quantized"] = quantization(cublas_program(fp8))
+# GELU applied before the second feed-forward layer instead of by its quantization kernel.
+with swapped(modeling, "fused_activation", lambda config: None):
+  out["fp8_gelu_apart"] = quantization(cublas_program(fp8))
 with swapped(modeling, "gelu", as_is):
   out["epilogues"]["gelu_new_as_is"] = epilogues(dict(paper, **{"model.hidden_act": "gelu_new"}))
 # The attention block's input gradient summed by `fan_out`, or by autodiff in arrival order:
@@ -512,6 +508,16 @@ def test_fp8_operands_are_quantized_in_one_pass_and_the_attention_input_once(com
   assert ours["other_kernels"] < xla["other_kernels"], (ours, xla)
 
 
+def test_fp8_gelu_is_applied_by_the_kernel_that_quantizes_it(compiled):
+  """The second feed-forward layer's quantization kernel applies GELU as it reads the first
+  layer's output (`modeling.fused_activation`): GELU's bfloat16 output (tokens x 256) is
+  neither written nor read back, and its kernel is gone, in each layer."""
+  ours, apart = compiled["fp8_one_pass"], compiled["fp8_gelu_apart"]
+  saved = apart["other_bytes"] - ours["other_bytes"]
+  assert saved >= LAYERS * 64 * 128 * 256 * 2 * 2, (saved, ours, apart)
+  assert ours["other_kernels"] <= apart["other_kernels"] - LAYERS, (ours, apart)
+
+
 def test_eight_gpus_reduce_each_gradient_once_over_all_of_them(compiled):
   row = compiled["dp8"]
   assert set(row["collectives"]) == {"all-reduce"}
@@ -566,15 +572,6 @@ def test_gelu_loss_and_layer_norm_changes_move_fewer_bytes(compiled):
   saved = (compiled["key_bias_added"]["other"]["bytes"]
            - compiled["layer_norm_written"]["other"]["bytes"])
   assert saved >= LAYERS * 64 * 128 * 256 * 2, saved
-
-
-def test_fp8_operands_between_the_feed_forward_matmuls_move_fewer_bytes(compiled):
-  """With FP8 quantized by XLA's operations (as off GPUs), the activation and
-  its input's gradient kept as bfloat16 arrays: at least one float32 array of the feed-forward
-  width (64 x 128 x 1024) per layer less moved."""
-  saved = (compiled["fp8_left_to_xla"]["other"]["bytes"]
-           - compiled["fp8_written"]["other"]["bytes"])
-  assert saved >= LAYERS * 64 * 128 * 1024 * 4, saved
 
 
 def test_tanh_gelu_is_computed_in_the_feed_forward_gemms_epilogue(compiled):
