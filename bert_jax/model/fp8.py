@@ -109,8 +109,9 @@ def _activation(name: str) -> Callable[[jax.Array], jax.Array]:
 
 def _erfc(u: jax.Array) -> jax.Array:
   """erfc of float32 `u` in operations Pallas' Triton lowering has (it has no erf or erfc):
-  the Chebyshev fit of Numerical Recipes (Press et al., 6.2), relative error under 1.2e-7
-  everywhere, about float32's rounding."""
+  the Chebyshev fit of Numerical Recipes (Press et al., 6.2), whose own relative error is under
+  1.2e-7; evaluated in float32 it is within 1e-5 of the exact erfc from -9 to 9, where
+  erfc(9) is 4e-37 (tests; XLA's own erfc is within 4e-6 there)."""
   z = jnp.abs(u)
   t = 1.0 / (1.0 + 0.5 * z)
   poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
