@@ -1,4 +1,4 @@
-"""FP8's one-pass quantization kernel and dense layer checked and timed on the device that runs them.
+"""FP8's one-pass quantization kernel and dense layer, checked and timed on the device.
 
     python benchmarks/fp8_checks.py [--rows=32768] [--width=1024] [--features=4096] [--out=f.md]
 
@@ -148,9 +148,10 @@ def main() -> int:
     fn = jax.jit(lambda x, s, impl=impl: (lambda q: (q.q, q.q_t, q.amax))(
         fp8.quantize(x, s, jnp.float8_e4m3fn, implementation=impl)))
     times[impl] = checklist.timed_ms(fn, (operand, scale), args.steps, args.repeats)
+  rate = moved / times["pallas"]
   checks.note(f"- quantizing a {args.rows}×{args.width} bfloat16 operand (both layouts and its "
-              f"largest |value|): the kernel {times['pallas']:.3f} ms ({moved / times['pallas']:.2f}"
-              f" TB/s on its {moved:.2f} GB), XLA's operations {times['xla']:.3f} ms "
+              f"largest |value|): the kernel {times['pallas']:.3f} ms ({rate:.2f} TB/s on its "
+              f"{moved:.2f} GB), XLA's operations {times['xla']:.3f} ms "
               f"(**{times['xla'] / times['pallas']:.2f}×** the kernel's)")
   x = operand.astype(jnp.float32)
   cotangent = jax.random.normal(keys[2], (args.rows, args.features), jnp.bfloat16)

@@ -205,7 +205,8 @@ def test_the_kernel_applies_gelu_as_the_model_does():
   ours = np.asarray(fp8._erfc(jnp.asarray(u)), np.float64)  # pylint: disable=protected-access
   assert np.max(np.abs(ours - exact) / exact) <= 1e-5
   h = (jax.random.normal(jax.random.PRNGKey(0), (4096, 1024)) * 3).astype(jnp.bfloat16)
-  kernel_gelu = fp8._kernel_gelu(h.astype(jnp.float32)).astype(jnp.bfloat16)  # pylint: disable=protected-access
+  kernel_gelu = fp8._kernel_gelu(  # pylint: disable=protected-access
+      h.astype(jnp.float32)).astype(jnp.bfloat16)
   differ = np.mean(np.asarray(kernel_gelu, np.float32)
                    != np.asarray(modeling.gelu(h, False), np.float32))
   assert differ <= 1e-4, differ
@@ -226,9 +227,9 @@ def test_query_key_and_value_share_one_quantized_input():
   """The attention block's three projections quantize their common input once, and the
   feed-forward's second layer applies GELU to its input itself (`fused_activation`). The
   step's gradients are then those of the model with Flax's FP8 layer at every dense layer
-  (each quantizing its own input, GELU applied before it): every gradient to float32's rounding (the orders of sums differ)
-  and the new scales and histories the same to the bit, the key's and value's input ones the
-  query's."""
+  (each quantizing its own input, GELU applied before it): every gradient to float32's
+  rounding (the orders of sums differ), and the new scales and histories the same to the bit,
+  the key's and value's input ones the query's."""
   model = heads.BertForPreTraining(_config("fp8"))
   batch = _copy_task_batches(1)[0]
   inputs = [jnp.asarray(batch[k]) for k in OBJECTIVE.input_names]
