@@ -216,6 +216,9 @@ _HLO_CALLS = re.compile(r"calls=%?([\w.\-]+)")
 _HLO_KIND = re.compile(r"kind=(k\w+)")
 _HLO_BACKEND_KIND = re.compile(r'"kind":"([^"]+)"')
 _HLO_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+# A Pallas kernel's name: the last scope of its op_name before `pallas_call`
+# (`fp8_quantize`, `dropout_residual_layer_norm_fwd`), all under the one Triton target.
+_HLO_PALLAS = re.compile(r'op_name="[^"]*?([\w.-]+)/pallas_call"')
 # The first operand of a reduce: its shape printed inline, or its name.
 _HLO_REDUCE = re.compile(r"\sreduce\(\(?(?:\w+\[([\d,]*)\]\S*\s+)?%?([\w.\-]+)")
 _HLO_DIMENSIONS = re.compile(r"dimensions=\{([\d,]*)\}")
@@ -293,12 +296,15 @@ def hlo_summary(text: str, hidden: int, rows: set[int]) -> dict:
     return (len(sizes) >= 2 and sizes[-1] == hidden and reduced == [len(sizes) - 1]
             and math.prod(sizes[:-1]) in rows)
 
-  kinds, backend_kinds, targets, per_site = {}, {}, {}, {}
+  kinds, backend_kinds, targets, per_site, pallas = {}, {}, {}, {}, {}
   kernels = ln_reduce = ln_rsqrt = ln_named = 0
   for name, lines in computations.items():
     for line in lines:
       for target in _HLO_TARGET.findall(line):
         targets[target] = targets.get(target, 0) + 1
+        kernel = _HLO_PALLAS.search(line) if "triton" in target else None
+        if kernel:
+          pallas[kernel.group(1)] = pallas.get(kernel.group(1), 0) + 1
       if name in fused or not _HLO_FUSION.search(line):
         continue
       kernels += 1
@@ -318,7 +324,7 @@ def hlo_summary(text: str, hidden: int, rows: set[int]) -> dict:
       for site in sites:
         per_site[site] = per_site.get(site, 0) + 1
   return dict(kernels=kernels, kinds=kinds, custom_fusions=backend_kinds, custom_calls=targets,
-              ln_kernels=ln_named, ln_per_site=per_site, ln_reduce_kernels=ln_reduce,
+              pallas_kernels=pallas, ln_kernels=ln_named, ln_per_site=per_site, ln_reduce_kernels=ln_reduce,
               ln_rsqrt_kernels=ln_rsqrt)
 
 
@@ -333,8 +339,10 @@ def describe_hlo(h: dict, layer_norm_sites: int) -> str:
              f"{h['ln_kernels']} kernels touch one")
   else:
     named = f"no site named in the metadata (model: {layer_norm_sites})"
+  pallas = (f" (Pallas kernels by name: {count(h['pallas_kernels'])})"
+            if h.get("pallas_kernels") else "")
   return (f"{h['kernels']} fusion kernels ({count(h['kinds'])}{custom}); custom calls: "
-          f"{count(h['custom_calls']) or 'none'}; LayerNorm: {named}; by shape "
+          f"{count(h['custom_calls']) or 'none'}{pallas}; LayerNorm: {named}; by shape "
           f"{h['ln_reduce_kernels']} kernels reduce over the hidden axis "
           f"({h['ln_reduce_kernels'] / max(layer_norm_sites, 1):.1f}/site), "
           f"{h['ln_rsqrt_kernels']} compute an rsqrt")

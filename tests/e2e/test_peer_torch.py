@@ -207,6 +207,9 @@ ENTRY %main (p: f32[8,16]) -> f32[8] {
   %fusion.1 = f32[8,16]{1,0} fusion(%p), kind=kLoop, calls=%fused_computation.1
   %fusion.2 = f32[16]{0} fusion(%fusion.1), kind=kInput, calls=%fused_computation.2
   %custom-call = f32[8,16]{1,0} custom-call(%p), custom_call_target="__cublas$gemm"
+  %pallas_call = (f8e4m3fn[8,16]{1,0}, f8e4m3fn[16,8]{1,0}) custom-call(%p), \
+custom_call_target="__gpu$xla.gpu.triton", \
+metadata={op_name="jit(train_step)/bert/pooler/dense/fp8_quantize/pallas_call"}
   %b = f32[2,4,16]{2,1,0} bitcast(%p)
   ROOT %fusion.3 = f32[2,4]{1,0} fusion(%b), kind=kCustom, calls=%fused_computation.3, \
 backend_config={"fusion_backend_config":{"kind":"__triton"}}
@@ -231,11 +234,13 @@ def test_hlo_summary_counts(tmp_path):
   assert h["kernels"] == 4
   assert h["kinds"] == {"kInput": 2, "kLoop": 1, "kCustom": 1}
   assert h["custom_fusions"] == {"__triton": 1}
-  assert h["custom_calls"] == {"__cublas$gemm": 1}
+  assert h["custom_calls"] == {"__cublas$gemm": 1, "__gpu$xla.gpu.triton": 1}
+  assert h["pallas_kernels"] == {"fp8_quantize": 1}
   assert h["ln_reduce_kernels"] == 2  # %fusion, and %fusion.3 through the nested %inner
   assert h["ln_rsqrt_kernels"] == 1
   assert h["ln_per_site"] == {"bert/encoder/layer_0/output/LayerNorm": 2}
   assert "4 fusion kernels" in line and "1 sites named (model: 4)" in line
+  assert "Pallas kernels by name: fp8_quantize 1" in line
 
 
 @pytest.mark.e2e
