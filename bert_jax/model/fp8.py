@@ -312,7 +312,6 @@ class QuantizedInput:
   history: jax.Array
 
 
-
 def quantized_input(x: jax.Array, scale: jax.Array, history: jax.Array,
                     implementation: str | None = None, activation: str | None = None
                     ) -> QuantizedInput:
