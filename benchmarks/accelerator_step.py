@@ -216,9 +216,6 @@ _HLO_CALLS = re.compile(r"calls=%?([\w.\-]+)")
 _HLO_KIND = re.compile(r"kind=(k\w+)")
 _HLO_BACKEND_KIND = re.compile(r'"kind":"([^"]+)"')
 _HLO_TARGET = re.compile(r'custom_call_target="([^"]+)"')
-# A Pallas kernel's name: the last scope of its op_name before `pallas_call`
-# (`fp8_quantize`, `dropout_residual_layer_norm_fwd`), all under the one Triton target.
-_HLO_PALLAS = re.compile(r'op_name="[^"]*?([\w.-]+)/pallas_call"')
 # The first operand of a reduce: its shape printed inline, or its name.
 _HLO_REDUCE = re.compile(r"\sreduce\(\(?(?:\w+\[([\d,]*)\]\S*\s+)?%?([\w.\-]+)")
 _HLO_DIMENSIONS = re.compile(r"dimensions=\{([\d,]*)\}")
@@ -302,9 +299,12 @@ def hlo_summary(text: str, hidden: int, rows: set[int]) -> dict:
     for line in lines:
       for target in _HLO_TARGET.findall(line):
         targets[target] = targets.get(target, 0) + 1
-        kernel = _HLO_PALLAS.search(line) if "triton" in target else None
-        if kernel:
-          pallas[kernel.group(1)] = pallas.get(kernel.group(1), 0) + 1
+        # A Pallas kernel's name (`fp8_quantize`, `dropout_residual_layer_norm_fwd`), all
+        # under the one Triton target: the scope its op_name gives before `pallas_call`.
+        for op in hlo_costs.OP_NAME.findall(line) if "triton" in target else ():
+          if op.endswith("/pallas_call"):
+            kernel = op.rsplit("/", 2)[-2]
+            pallas[kernel] = pallas.get(kernel, 0) + 1
       if name in fused or not _HLO_FUSION.search(line):
         continue
       kernels += 1
@@ -324,8 +324,8 @@ def hlo_summary(text: str, hidden: int, rows: set[int]) -> dict:
       for site in sites:
         per_site[site] = per_site.get(site, 0) + 1
   return dict(kernels=kernels, kinds=kinds, custom_fusions=backend_kinds, custom_calls=targets,
-              pallas_kernels=pallas, ln_kernels=ln_named, ln_per_site=per_site, ln_reduce_kernels=ln_reduce,
-              ln_rsqrt_kernels=ln_rsqrt)
+              pallas_kernels=pallas, ln_kernels=ln_named, ln_per_site=per_site,
+              ln_reduce_kernels=ln_reduce, ln_rsqrt_kernels=ln_rsqrt)
 
 
 def describe_hlo(h: dict, layer_norm_sites: int) -> str:

@@ -227,10 +227,9 @@ def quantize_activation(x: jax.Array, scale: jax.Array, q_dtype, *, column_sums:
     return quantize(x.reshape(-1, width), scale, q_dtype, column_sums=column_sums,
                     implementation=implementation, activation=activation)
   from bert_jax.model import modeling  # pylint: disable=g-import-not-at-top (imports this)
-  logical = ((modeling.BATCH, modeling.LENGTH)[:x.ndim - 1]
-             + (None,) * max(0, x.ndim - 3) + (None,))
-  axes = modeling._dividing_mesh_axes(  # pylint: disable=protected-access
-      jax.sharding.get_abstract_mesh(), x.shape, logical)
+  rows = (modeling.BATCH, modeling.LENGTH)[:x.ndim - 1]  # the leading axes' logical names
+  axes = target.dividing_mesh_axes(jax.sharding.get_abstract_mesh(), x.shape,
+                                   rows + (None,) * (x.ndim - len(rows)))
   split = tuple(name for names in axes if names for name in names) or None
   spec = jax.sharding.PartitionSpec
   interpret = _interpret()
@@ -245,8 +244,7 @@ def quantize_activation(x: jax.Array, scale: jax.Array, q_dtype, *, column_sums:
 
   out_specs = (spec(*axes), spec(None, split), spec(split)) + (
       (spec(split, None),) if column_sums else ())
-  out = modeling._per_shard(  # pylint: disable=protected-access
-      per_shard, (x, scale), (spec(*axes), spec()), out_specs, axes)
+  out = target.per_shard(per_shard, (x, scale), (spec(*axes), spec()), out_specs, axes)
   sums = jnp.sum(out[3], axis=0) if column_sums else None
   return Quantized(out[0].reshape(-1, width), out[1], jnp.max(out[2]), sums)
 
@@ -295,8 +293,10 @@ def _own(shared, operand):
   return jax.lax.optimization_barrier((shared, operand))
 
 
-def _dequantized(y, *scales):
-  scale = functools.reduce(lambda a, b: a * b, (s.astype(jnp.float32) for s in scales))
+def _dequantized(y, a_scale, b_scale):
+  """A GEMM's output times its operands' scales (Flax's `out_dq`: their float32 product in the
+  output's dtype)."""
+  scale = a_scale.astype(jnp.float32) * b_scale.astype(jnp.float32)
   return y * jnp.broadcast_to(scale.astype(y.dtype), y.shape)
 
 
@@ -327,9 +327,10 @@ def quantized_input(x: jax.Array, scale: jax.Array, history: jax.Array,
 
 
 def _forward(implementation, activation, x, kernel, bias, state, shared):
+  """The output, and what the backward pass keeps. `kernel` comes in `x`'s dtype (its cast to
+  it is differentiated outside, as Flax's layer casts it before its op)."""
   _, _, k_scale, k_history, g_scale, g_history = state
   dtype = x.dtype
-  kernel = kernel.astype(dtype)
   s_k = _next(k_scale, k_history, E4M3)
   qk = quantize(kernel, s_k, E4M3, implementation=implementation)
   y = _dequantized(_gemm(*_own(shared.q, qk.q_t), dtype), shared.scale, s_k)
@@ -339,8 +340,7 @@ def _forward(implementation, activation, x, kernel, bias, state, shared):
   new_state = (shared.scale, shared.history, s_k, _recorded(k_history, qk.amax))
   # With an activation the input itself (its pre-activation) is kept for its derivative.
   pre_activation = x if activation is not None else None
-  return y, (shared.q_t, qk.q, shared.scale, s_k, g_scale, g_history, new_state, bias,
-             pre_activation)
+  return y, (shared.q_t, qk.q, g_scale, g_history, new_state, bias, pre_activation)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -349,12 +349,12 @@ def _fp8_dense(implementation, activation, x, kernel, bias, state, shared):
 
 
 def _fp8_dense_fwd(implementation, activation, x, kernel, bias, state, shared):
-  y, saved = _forward(implementation, activation, x, kernel, bias, state, shared)
-  return y, (saved, kernel)
+  return _forward(implementation, activation, x, kernel, bias, state, shared)
 
 
 def _fp8_dense_bwd(implementation, activation, saved, g):
-  (x_t, k_q, s_x, s_k, g_scale, g_history, new_state, bias, pre_activation), kernel = saved
+  x_t, k_q, g_scale, g_history, new_state, bias, pre_activation = saved
+  s_x, s_k = new_state[0], new_state[2]  # this step's input and kernel scales
   dtype = g.dtype
   s_g = _next(g_scale, g_history, E5M2)
   qg = quantize_activation(g, s_g, E5M2, column_sums=bias is not None,
@@ -362,7 +362,7 @@ def _fp8_dense_bwd(implementation, activation, saved, g):
   d_x = _dequantized(_gemm(qg.q, k_q, dtype), s_k, s_g).reshape(*g.shape[:-1], k_q.shape[0])
   if activation is not None:  # the model's activation's own derivative (`modeling.gelu`)
     d_x = jax.vjp(_activation(activation), pre_activation)[1](d_x)[0]
-  d_kernel = _dequantized(_gemm(*_own(x_t, qg.q_t), dtype), s_x, s_g).astype(kernel.dtype)
+  d_kernel = _dequantized(_gemm(*_own(x_t, qg.q_t), dtype), s_x, s_g)
   d_bias = None if bias is None else qg.column_sums.astype(bias.dtype)
   return d_x, d_kernel, d_bias, new_state + (s_g, _recorded(g_history, qg.amax)), None
 
@@ -384,7 +384,8 @@ def fp8_dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, state: tu
   layer reads, is never written; its derivative is the model's (`modeling.activation_fn`)."""
   if shared is None:
     shared = quantized_input(x, state[0], state[1], implementation, activation)
-  return _fp8_dense(implementation, activation, x, kernel, bias, tuple(state), shared)
+  return _fp8_dense(implementation, activation, x, kernel.astype(x.dtype), bias, tuple(state),
+                    shared)
 
 
 # ------------------------------------------------------------------------------ the module

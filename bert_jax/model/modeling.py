@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import zlib
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -357,26 +357,10 @@ class DropoutResidualLayerNorm(nn.Module):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
       return kernel(*operands)
-    axes = _dividing_mesh_axes(mesh, x.shape, (BATCH, LENGTH, None))
+    axes = target.dividing_mesh_axes(mesh, x.shape, (BATCH, LENGTH, None))
     spec, whole = jax.sharding.PartitionSpec(*axes), jax.sharding.PartitionSpec()
-    return _per_shard(kernel, operands, (spec, whole, spec, whole, whole, whole),
+    return target.per_shard(kernel, operands, (spec, whole, spec, whole, whole, whole),
                       spec if uses == 1 else (spec,) * uses, axes)
-
-
-def _per_shard(kernel: Callable[..., jax.Array], operands: tuple, in_specs: tuple, out_spec,
-               split: Sequence[tuple[str, ...] | None]) -> jax.Array:
-  """`kernel(*operands, shard)` on each device's shard (`shard_map` over the mesh in context:
-  XLA cannot partition a Pallas kernel). `shard` is the device's index over the mesh axes in
-  `split` (per array axis, as `_dividing_mesh_axes` gives them; None: not split), the ones its
-  rows are split over, for a kernel that draws random bits to fold into its seed (None where
-  nothing is split)."""
-  split = tuple(n for names in split if names for n in names)
-
-  def sharded(*operands):
-    return kernel(*operands, jax.lax.axis_index(split) if split else None)
-
-  return jax.shard_map(sharded, mesh=jax.sharding.get_abstract_mesh(), in_specs=in_specs,
-                       out_specs=out_spec, check_vma=False)(*operands)
 
 
 def _key_words(key: jax.Array) -> jax.Array:
@@ -386,18 +370,6 @@ def _key_words(key: jax.Array) -> jax.Array:
   if words.shape[0] % 2:
     words = jnp.concatenate([words, jnp.zeros((1,), jnp.uint32)])
   return jax.lax.reduce(words.reshape(-1, 2), np.uint32(0), jax.lax.bitwise_xor, (0,))
-
-
-def _dividing_mesh_axes(mesh, shape: tuple[int, ...], logical: tuple[str | None, ...]
-                        ) -> list[tuple[str, ...] | None]:
-  """Per axis of an activation of `shape`, the mesh axes its logical name maps to under the
-  rules in context where they divide it, else None (kept whole): a kernel's `shard_map` specs."""
-  axes = []
-  for size, names in zip(shape, nn.logical_to_mesh_axes(logical)):
-    names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
-    ways = math.prod(mesh.shape[n] for n in names)
-    axes.append(names if names and size % ways == 0 else None)
-  return axes
 
 
 def _materialized(x: jax.Array) -> jax.Array:
@@ -574,10 +546,10 @@ def _pallas_attention(query, key, value, input_mask, sequence_ids, dropout_rate,
     return kernel(query, key, value, ids, seed)
   # Batch and heads split as the rules split these activations (where they divide); every
   # device keeps whole sequences, which attention needs.
-  axes = _dividing_mesh_axes(mesh, query.shape, (BATCH, None, HEADS, None))
+  axes = target.dividing_mesh_axes(mesh, query.shape, (BATCH, None, HEADS, None))
   spec = jax.sharding.PartitionSpec(*axes)
   ids_spec = jax.sharding.PartitionSpec(*axes[:2])
-  return _per_shard(kernel, (query, key, value, ids, seed),
+  return target.per_shard(kernel, (query, key, value, ids, seed),
                     (spec, spec, spec, ids_spec, jax.sharding.PartitionSpec()), spec,
                     (axes[0], axes[2]))
 

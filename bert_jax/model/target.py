@@ -1,11 +1,14 @@
-"""Which platform a program is being built for, where the model's choices depend on it, and the
+"""Which platform a program is being built for, where the model's choices depend on it, the
 fused kernels a GPU of a given compute capability runs when a run leaves them unset (one rule
-for pre-training and fine-tuning)."""
+for pre-training and fine-tuning), and how a custom kernel runs in a program split over devices
+(each device's shard in `shard_map`: the attention, LayerNorm and FP8 kernels)."""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Callable, Sequence
 
+import flax.linen as nn
 import jax
 from absl import logging
 
@@ -77,3 +80,32 @@ def fused_kernel_fields(config: configuration.BertConfig, given: set[str],
       and config.low_precision_layer_norm):
     fields["layer_norm_implementation"] = "pallas"
   return fields
+
+
+# --------------------------------------------- custom kernels in a program split over devices
+def dividing_mesh_axes(mesh, shape: tuple[int, ...], logical: tuple[str | None, ...]
+                       ) -> list[tuple[str, ...] | None]:
+  """Per axis of an activation of `shape`, the mesh axes its logical name maps to under the
+  rules in context where they divide it, else None (kept whole): a kernel's `shard_map` specs."""
+  axes = []
+  for size, names in zip(shape, nn.logical_to_mesh_axes(logical)):
+    names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
+    ways = math.prod(mesh.shape[n] for n in names)
+    axes.append(names if names and size % ways == 0 else None)
+  return axes
+
+
+def per_shard(kernel: Callable[..., jax.Array], operands: tuple, in_specs: tuple, out_spec,
+              split: Sequence[tuple[str, ...] | None]) -> jax.Array:
+  """`kernel(*operands, shard)` on each device's shard (`shard_map` over the mesh in context:
+  XLA cannot partition a Pallas kernel). `shard` is the device's index over the mesh axes in
+  `split` (per array axis, as `dividing_mesh_axes` gives them; None: not split), the ones its
+  rows are split over, for a kernel that draws random bits to fold into its seed (None where
+  nothing is split)."""
+  split = tuple(n for names in split if names for n in names)
+
+  def sharded(*operands):
+    return kernel(*operands, jax.lax.axis_index(split) if split else None)
+
+  return jax.shard_map(sharded, mesh=jax.sharding.get_abstract_mesh(), in_specs=in_specs,
+                       out_specs=out_spec, check_vma=False)(*operands)
