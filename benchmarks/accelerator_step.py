@@ -147,6 +147,11 @@ VARIANTS = {
     "paper-cudnn-fp8-fusedln": dict(attention_probs_dropout_prob=0.1,
                                     attention_implementation="cudnn", quantization="fp8",
                                     layer_norm_implementation="pallas"),
+    # Attention dropout inside our Triton kernel (`model/triton_attention.py`) instead of
+    # cuDNN's, the masks drawn from the layer's dropout key (a resumed run draws the same).
+    "paper-pallas-fusedln": dict(attention_probs_dropout_prob=0.1,
+                                 attention_implementation="pallas",
+                                 layer_norm_implementation="pallas"),
 }
 
 # `--layers`: how the layers run and where their parameters live. "stacked": the scanned

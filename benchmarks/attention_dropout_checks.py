@@ -18,6 +18,14 @@ the one attention call site (`modeling.dot_product_attention`) on whatever devic
    the end of an epoch holds): without dropout the real row's real positions equal XLA's
    attention; with dropout, forward and backward, every output and gradient is finite.
 
+With `--implementation=pallas` on a GPU (Triton's kernels, `model/triton_attention.py`), also:
+
+5. the compiled kernels against their reference under their own mask (`triton_attention.reference`)
+   at BERT's shapes (`--shapes`, batch:length:heads:head_dim): output and dQ, dK, dV;
+6. forward + backward timed (`--steps`, `--repeats`; the median) against cuDNN's kernel with
+   its dropout, for the default tiling and each of `--tilings`
+   (block_q:block_k:backward_block:backward_step:num_warps).
+
 Each line says PASS or FAIL with its numbers; the exit status is the number of failures.
 """
 
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import os
 import sys
@@ -39,6 +48,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from bert_jax.model import cudnn_runtime
 from bert_jax.model import modeling
+from bert_jax.model import triton_attention
 from benchmarks import checklist
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -79,11 +89,80 @@ def _dropped(out):
   return jnp.swapaxes(out.astype(jnp.float32), 1, 2)
 
 
+def _triton_checks(args, checks: checklist.Checklist, dtype, tolerance: float) -> None:
+  """Checks 5 and 6: Triton's kernels against their reference, then timed against cuDNN's."""
+  tilings = [triton_attention.Tiling()] + [
+      triton_attention.Tiling(*map(int, t.split(":"))) for t in args.tilings.split(",") if t]
+  on_gpu = jax.default_backend() == "gpu"
+  seed = jnp.asarray([0x5EED, 0xB127], jnp.uint32)
+  for shape in args.shapes.split(","):
+    batch, length, heads, head_dim = map(int, shape.split(":"))
+    keys = jax.random.split(jax.random.PRNGKey(3), 4)
+    q, k, v, cotangent = (jax.random.normal(key, (batch, length, heads, head_dim),
+                                            jnp.float32).astype(dtype) for key in keys)
+    # Rows of every length from half the row to all of it, right-padded.
+    lengths = length // 2 + (np.arange(batch) * (length // 2 + 1)) // max(batch, 1)
+    ids = jnp.asarray(np.arange(length)[None, :] < lengths[:, None], jnp.int32)
+    real = (ids > 0)[:, :, None, None]
+
+    def step(attend, tiling=None):
+      kwargs = {} if tiling is None else dict(tiling=tiling)
+      def loss(q, k, v):
+        out = attend(q, k, v, ids, dropout_rate=RATE, seed=seed, **kwargs)
+        return jnp.sum(jnp.where(real, out.astype(jnp.float32) * cotangent, 0.0)), out
+      return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+    (_, out), grads = step(triton_attention.flash_attention)(q, k, v)
+    (_, want), want_grads = step(triton_attention.reference)(q, k, v)
+    errors = [float(jnp.linalg.norm(jnp.where(real, a.astype(jnp.float32)
+                                              - b.astype(jnp.float32), 0.0))
+                    / jnp.linalg.norm(jnp.where(real, b.astype(jnp.float32), 0.0)))
+              for a, b in zip((out, *grads), (want, *want_grads))]
+    checks.check(max(errors) <= tolerance,
+                 f"Triton's kernels at {shape}: output, dQ, dK, dV equal the reference under "
+                 f"their mask (relative errors {', '.join(f'{e:.1e}' for e in errors)})")
+    if not on_gpu:
+      continue
+    cudnn_seed = modeling.cudnn_dropout_seed(("bert", "encoder", "layer_0"))
+
+    def cudnn(q, k, v, ids, dropout_rate, seed):
+      del seed
+      return modeling.dot_product_attention(q, k, v, ids, dropout_rate=dropout_rate,
+                                            dropout_rng=None, deterministic=False,
+                                            implementation="cudnn", cudnn_seed=cudnn_seed)
+    timed = {"cuDNN": checklist.timed_ms(step(cudnn), (q, k, v), args.steps, args.repeats)}
+    for tiling in tilings:
+      name = ":".join(str(getattr(tiling, f.name)) for f in dataclasses.fields(tiling))
+      try:
+        timed[f"Triton {name}"] = checklist.timed_ms(
+            step(triton_attention.flash_attention, tiling), (q, k, v), args.steps,
+            args.repeats)
+      except Exception as e:  # pylint: disable=broad-except  # one tiling's failure, recorded
+        checks.note(f"- Triton {name} at {shape}: failed ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0][:200]})")
+    best = min((t for t in timed if t != "cuDNN"), key=timed.get, default=None)
+    checks.note(f"- forward + backward at {shape}, ms: "
+                + ", ".join(f"{name} {ms:.3f}" for name, ms in timed.items())
+                + (f"; fastest Triton tiling {best}: cuDNN ÷ it = "
+                   f"**{timed['cuDNN'] / timed[best]:.2f}×**" if best else ""))
+
+
 def main() -> int:
   cudnn_runtime.prepare()  # before JAX starts its backends
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--implementation", default="cudnn", choices=("cudnn", "pallas"))
   parser.add_argument("--out", default=None, help="Also write the lines here (markdown).")
+  parser.add_argument("--shapes", default="256:128:12:64,64:512:16:64",
+                      help="Triton's kernels (--implementation=pallas on a GPU): the shapes "
+                      "checked and timed, batch:length:heads:head_dim, comma-separated.")
+  parser.add_argument("--tilings", default="128:64:64:64:4,64:128:64:64:4,128:128:64:64:8,"
+                      "64:64:128:64:8,64:64:32:32:4",
+                      help="More tilings of Triton's kernels to time, comma-separated "
+                      "(triton_attention.Tiling's fields, colon-separated).")
+  parser.add_argument("--steps", type=int, default=20)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--triton", action="store_true",
+                      help="Run checks 5 and 6 (Triton's kernels) even off a GPU, interpreted.")
   args = parser.parse_args()
   dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
   tolerance = 3e-2 if dtype == jnp.bfloat16 else 1e-4
@@ -167,7 +246,7 @@ def main() -> int:
         q, k, v, padded, dropout_rate=RATE, dropout_rng=key_a, deterministic=deterministic,
         implementation=implementation,
         cudnn_seed=modeling.cudnn_dropout_seed(("bert", "encoder", "layer_0")))
-  interpreted = args.implementation == "pallas" and jax.default_backend() != "tpu"
+  interpreted = args.implementation == "pallas" and jax.default_backend() == "cpu"
   with (pltpu.force_tpu_interpret_mode() if interpreted  # JAX's kernel without dropout
         else contextlib.nullcontext()):
     fused = jax.jit(attend(args.implementation, True))(q, k, v)
@@ -184,6 +263,9 @@ def main() -> int:
   finite = [bool(np.isfinite(np.asarray(x, np.float32)).all()) for x in padded_step(q, k, v)]
   report(all(finite), "a row of padding alone beside it: output and dQ, dK, dV finite, with "
          f"dropout (finite: {finite})")
+
+  if args.implementation == "pallas" and (jax.default_backend() == "gpu" or args.triton):
+    _triton_checks(args, checks, dtype, tolerance)
 
   checks.write(args.out, f"Attention dropout inside the {args.implementation} kernel",
                f"`python benchmarks/attention_dropout_checks.py "

@@ -11,9 +11,9 @@
 # sections), $OUT/results.json (their rows), $OUT/summary.md (ratios, MFU, what ran, failed or
 # was skipped) and $OUT/hlo.tar.gz (XLA's autotuning results and the optimized HLO of our steps,
 # as much as fits in 14 MiB)
-# are rewritten, so a call cut short still returns what finished. Nine files (with
-# attention_checks.md, layer_norm_checks.md, head_checks.md and fp8_checks.md), small enough
-# to copy back.
+# are rewritten, so a call cut short still returns what finished. Ten files (with
+# attention_checks.md, attention_pallas_checks.md, layer_norm_checks.md, head_checks.md and
+# fp8_checks.md), small enough to copy back.
 #
 # Parts (SUITE_PARTS, default all; they run in this order, a later run can take the rest):
 #   (checks) attention dropout inside cuDNN's kernel: kept fraction, scaling, masks per call and
@@ -23,7 +23,10 @@
 #       the masked-LM head's one-pass loss and bfloat16 decoder gradient against their
 #       references, the loss timed against log_softmax and a gather (`head_checks.py`);
 #       FP8's one-pass quantization kernel against XLA's operations and our FP8 layer against
-#       Flax's, each timed with BERT-large's shapes (`fp8_checks.py`)
+#       Flax's, each timed with BERT-large's shapes (`fp8_checks.py`); our Triton attention
+#       with its dropout through the same checks as cuDNN's, then against its reference at
+#       BERT-base's and BERT-large's shapes and timed against cuDNN's, several tilings
+#       (`attention_dropout_checks.py --implementation=pallas`)
 #   (a) base 256×128: ours paper-cudnn, fast-cudnn, each with 5 more steps profiled (device
 #       time by kernel kind and the busiest kernels, `--profile_dir`); the PyTorch peer
 #       (`peer_torch.py`, Hugging Face BertForPreTraining, SDPA) eager and compiled, paper recipe
@@ -32,8 +35,9 @@
 #   (e) XLA flags and the layers' layout on base paper-cudnn, one process per setting: default;
 #       "stacked" (the layers' parameters and optimizer state stacked, the layers unrolled:
 #       `--layers=stacked`); "fusedln" (stacked, each block's dropout + residual + LayerNorm
-#       one Triton kernel each way: paper-cudnn-fusedln); "everything" (stacked and fusedln
-#       with the epilogues, the tanh GELU and pdl, below; profiled as (a) is; without the fused
+#       one Triton kernel each way: paper-cudnn-fusedln); "pallas" (fusedln's step with our
+#       Triton attention in place of cuDNN's: paper-pallas-fusedln); "everything" (stacked and
+#       fusedln with the epilogues, the tanh GELU and pdl, below; profiled as (a) is; without the fused
 #       sites if "fusedln" gave no step time); "pdl" (Hopper's
 #       programmatic dependent launch: a kernel is let in while the one before drains, which
 #       matters for a step of ~1,300 kernels, ~600 of them under 1 MB; off by default in jaxlib
@@ -47,7 +51,8 @@
 #       there does the trace name each kernel), cuDNN LayerNorm on. Each flag is
 #       parsed by jaxlib 0.11.2 (and by 0.10.2, except --xla_gpu_enable_pdl_launch; an unknown
 #       one aborts XLA at start: the abort is recorded, the sweep goes on)
-#   (c) large 64×512: ours paper-cudnn-fusedln stacked; FP8 matmuls with the fused sites
+#   (c) large 64×512: ours paper-cudnn-fusedln stacked, then with our Triton attention
+#       (paper-pallas-fusedln); FP8 matmuls with the fused sites
 #       (paper-cudnn-fp8-fusedln stacked, FP8 scales stacked too); large's "everything" (as
 #       (e)'s: the fused sites with the epilogues, the tanh GELU and pdl) beside the peer
 #       compiled with that GELU; ours paper-cudnn with unrolled, then stacked layers (one
@@ -134,6 +139,7 @@ INT8_ARGS=(--batch=256 --length=128 --steps=20 --warmup=3)
 LN_CHECK_ARGS=(--rows=32768 --width=768)
 HEAD_CHECK_ARGS=(--positions=5120 --vocab=30522 --hidden=768)
 FP8_CHECK_ARGS=(--rows=32768 --width=1024 --features=4096)
+PALLAS_CHECK_ARGS=()
 if [[ ${SUITE_SMOKE:-0} == 1 ]]; then
   BASE=tiny LARGE=tiny LARGE_BATCH=4 CHECK_IMPL=pallas
   OURS_ARGS=(--steps=1 --repeats=1 --warmup=1 --batch=tiny=4)
@@ -143,6 +149,7 @@ if [[ ${SUITE_SMOKE:-0} == 1 ]]; then
   LN_CHECK_ARGS=(--rows=256 --width=64 --check_rows=64 --steps=1 --repeats=1 --tilings=2048:4:8)
   HEAD_CHECK_ARGS=(--positions=64 --vocab=512 --hidden=64 --steps=1 --repeats=1)
   FP8_CHECK_ARGS=(--rows=512 --width=64 --features=256 --check_rows=200 --steps=1 --repeats=1)
+  PALLAS_CHECK_ARGS=(--triton --shapes=2:64:2:32 --steps=1 --repeats=1)
 fi
 
 note() { echo "$*" | tee -a "$LOG"; }
@@ -459,6 +466,11 @@ if want checks; then
     --out="$OUT/head_checks.md"
   run checks-fp8 75 "$PY" benchmarks/fp8_checks.py "${FP8_CHECK_ARGS[@]}" \
     --out="$OUT/fp8_checks.md"
+  # Our Triton attention with its dropout: checks 1-4 through the model's call site, then the
+  # kernels against their reference at BERT-base's and BERT-large's shapes, and timed against
+  # cuDNN's (several tilings).
+  run checks-pallas 120 "$PY" benchmarks/attention_dropout_checks.py --implementation=pallas \
+    "${PALLAS_CHECK_ARGS[@]}" --out="$OUT/attention_pallas_checks.md"
 fi
 if want a; then
   ours a-ours 170 "$BASE" paper-cudnn,fast-cudnn --profile_dir="$WORK/profile"
@@ -491,7 +503,7 @@ if want e; then
   # computes inside the first feed-forward GEMM, beside the peer compiled with that GELU; then
   # each other flag alone.
   sweep "default|paper-cudnn||" "stacked|paper-cudnn||stacked" \
-    "fusedln|paper-cudnn-fusedln||stacked"
+    "fusedln|paper-cudnn-fusedln||stacked" "pallas|paper-pallas-fusedln||stacked"
   everything=$(with_fused_sites e-fusedln paper-cudnn-tanh-fusedln paper-cudnn-tanh)
   sweep "everything|$everything|$EPILOGUES $PDL|stacked|--profile_dir=$WORK/profile-e" \
     "pdl|paper-cudnn|$PDL|" \
@@ -516,6 +528,8 @@ if want c; then
   # tanh GELU and pdl (as (e)'s "everything") beside the peer compiled with the same GELU;
   # then the layouts.
   ours c-large-fusedln 190 "$LARGE" paper-cudnn-fusedln --layers=stacked \
+    --batch="$LARGE=$LARGE_BATCH"
+  ours c-large-pallas 190 "$LARGE" paper-pallas-fusedln --layers=stacked \
     --batch="$LARGE=$LARGE_BATCH"
   fp8=$(with_fused_sites c-large-fusedln paper-cudnn-fp8-fusedln paper-cudnn-fp8)
   ours c-fp8 190 "$LARGE" "$fp8" --layers=stacked --batch="$LARGE=$LARGE_BATCH"

@@ -24,8 +24,9 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_appro
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
 # Attention kernels (`modeling.dot_product_attention`): None lets JAX pick, "xla" is
-# `jax.nn.dot_product_attention`'s XLA path, "cudnn" cuDNN's flash attention, "pallas" the Pallas
-# TPU kernels; the last two keep attention-probability dropout inside the kernel.
+# `jax.nn.dot_product_attention`'s XLA path, "cudnn" cuDNN's flash attention, "pallas" our Pallas
+# kernels (Triton's on GPUs, the TPU's elsewhere); the last two keep attention-probability
+# dropout inside the kernel.
 ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn", "pallas")
 # How a block's dropout + residual add + LayerNorm runs (`modeling.BertResidualOutput`): "xla"
 # lets the compiler fuse it (four kernels each way on GPUs), "pallas" is one GPU kernel each
@@ -113,8 +114,9 @@ class BertConfig:
   # fuses no independent kernels side by side on GPUs, where every kernel is launched.
   stack_unrolled: bool = False
   remat_policy: str = "none"  # none | full | dots | dots_no_batch (see modeling._remat_policy)
-  # The attention kernel: "cudnn" (GPU) and "pallas" (TPU; sequence length a multiple of 128)
-  # are fused with attention-probability dropout inside the kernel; None lets JAX pick and
+  # The attention kernel: "cudnn" (GPU) and "pallas" (ours: Triton's on a GPU, any length;
+  # the TPU's elsewhere, sequence length a multiple of 128) are fused with attention-probability
+  # dropout inside the kernel; None lets JAX pick and
   # "xla" forces its reference path when dropout is off, and both run the explicit softmax
   # with dropout in training (`modeling.dot_product_attention`).
   attention_implementation: str | None = None

@@ -12,6 +12,10 @@ The mask is kept between the forward and backward passes as one bit per element 
 
 Masks come from the "dropout" RNG stream that the step folds the step number into, so a resumed
 run draws exactly the masks an uninterrupted one would.
+
+The GPU kernels that drop values themselves (the fused LayerNorm sites, the Triton attention)
+never store a mask: each element's bits are a hash of (seed, row, column) (`hash_bits`), drawn
+again in the backward pass, and decided by the same threshold rule (`hash_keep`).
 """
 
 from __future__ import annotations
@@ -111,3 +115,45 @@ class Dropout(nn.Module):
     if deterministic or self.rate <= 0.0:
       return x
     return dropout(x, self.rate, self.make_rng("dropout"), self.bits)
+
+
+# ------------------------------------------------------- the bits the GPU kernels draw themselves
+_GOLDEN = 0x9E3779B9  # 2^32 / golden ratio: spreads column indices over the word
+_SHARD_SPREAD = 0x9E3779B1
+
+
+def _fmix32(h: jax.Array) -> jax.Array:
+  """MurmurHash3's 32-bit finaliser: a bijection of uint32 in which every input bit flips every
+  output bit with probability about 1/2."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def hash_bits(key0: jax.Array, key1: jax.Array, rows: jax.Array, cols: jax.Array
+              ) -> jax.Array:
+  """The 32 random bits of element (row, col) under the seed (key0, key1), as uint32.
+
+  A pure function of its arguments, written in operations both Triton and XLA lower, so the
+  kernels and their references compute the same bits. Distinct (row, col) under one seed give
+  distinct inputs to the last bijective round (the row's hash is xored with the column times an
+  odd constant), and the seed enters both rounds."""
+  row_hash = _fmix32(rows.astype(jnp.uint32) ^ key0.astype(jnp.uint32))
+  return _fmix32((row_hash ^ (cols.astype(jnp.uint32) * jnp.uint32(_GOLDEN)))
+                 + key1.astype(jnp.uint32))
+
+
+def hash_keep(h: jax.Array, cut: int, bits: int) -> jax.Array:
+  """Keep where the top `bits` bits of `h`, as an unsigned number, are at least `cut`
+  (`threshold(rate, bits)`'s)."""
+  draw = h >> (32 - bits) if bits < 32 else h
+  return draw >= jnp.uint32(cut)
+
+
+def shard_seed(seed: jax.Array, shard: jax.Array) -> jax.Array:
+  """`seed` (two uint32 words) for one shard of a kernel split over devices: each shard's rows
+  count from 0, so its index goes into the seed, and no two shards draw the same mask."""
+  spread = (shard.astype(jnp.uint32) + 1) * jnp.uint32(_SHARD_SPREAD)
+  return seed.astype(jnp.uint32) ^ jnp.stack([spread, jnp.zeros_like(spread)])

@@ -348,7 +348,7 @@ class DropoutResidualLayerNorm(nn.Module):
 
     def kernel(x, dense_bias, residual, scale, bias, seed, shard=None):
       if shard is not None:
-        seed = pallas_layer_norm.shard_seed(seed, shard)
+        seed = dropout_lib.shard_seed(seed, shard)
       return pallas_layer_norm.dropout_residual_layer_norm(
           x, dense_bias, residual, scale, bias, rate=rate, seed=seed, epsilon=self.epsilon,
           out_dtype=self.out_dtype, bits=self.bits, uses=uses)
@@ -496,35 +496,43 @@ def attention_mask(input_mask: jax.Array, sequence_ids: jax.Array | None = None)
   return same[:, None] & (sequence_ids[:, None, None, :] != 0) & keys
 
 
-def _pallas_attention(query, key, value, input_mask, sequence_ids, dropout_rate, dropout_rng):
-  """Pallas TPU attention, masked by segment ids.
+def _segment_ids(input_mask: jax.Array, sequence_ids: jax.Array | None) -> jax.Array:
+  """What the Pallas kernels take instead of a mask, (batch, length) int32: a query attends the
+  keys of its own id. Real tokens get their instance's id (packed) or 1 (unpacked) and padding
+  gets 0, so real queries never see padding or another instance. Padding queries see padding
+  keys, unlike the other paths; nothing reads those rows."""
+  real = input_mask.astype(jnp.bool_)
+  ids = real.astype(jnp.int32) if sequence_ids is None else jnp.where(real, sequence_ids, 0)
+  return ids.astype(jnp.int32)
 
-  Segment ids are what the kernels take instead of a mask: a query attends the keys of its own
-  id. Real tokens get their instance's id (packed) or 1 (unpacked) and padding gets 0, so real
-  queries never see padding or another instance. Padding queries see padding keys, unlike the
-  other paths; nothing reads those rows. Lengths must be multiples of 128 (the kernels' block).
 
-  Without dropout this is JAX's Pallas flash-attention kernel (online softmax over key blocks).
-  With attention-probability dropout it is `pallas_attention.flash_attention`, which draws the
-  mask inside the kernel from a seed taken from the layer's dropout key (so every step and
-  layer gets its own masks and a resumed run draws the same ones) and regenerates it in the
-  backward pass. Off TPU both run in interpret mode.
+def _pallas_attention(query, key, value, input_mask, sequence_ids, dropout_rate, dropout_rng,
+                      dropout_bits):
+  """Pallas attention, masked by segment ids (`_segment_ids`): on a GPU the Triton kernels
+  (`_triton_attention`), elsewhere the TPU's (interpreted off a TPU).
+
+  TPU: lengths must be multiples of 128 (the kernels' block). Without dropout this is JAX's
+  Pallas flash-attention kernel (online softmax over key blocks). With attention-probability
+  dropout it is `pallas_attention.flash_attention`, which draws the mask inside the kernel from
+  a seed taken from the layer's dropout key (so every step and layer gets its own masks and a
+  resumed run draws the same ones) and regenerates it in the backward pass.
 
   Under a mesh the kernel runs in `shard_map` on each device's rows and heads: XLA cannot
   partition a Pallas kernel, and would otherwise gather the whole batch onto every device.
   Each shard folds its index into the seed, so shards never repeat each other's masks.
   """
+  if target.target_platform() == "gpu":
+    return _triton_attention(query, key, value, input_mask, sequence_ids, dropout_rate,
+                             dropout_rng, dropout_bits)
   from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
   from bert_jax.model import pallas_attention
   length = query.shape[1]
   if length % pallas_flash.MIN_BLOCK_SIZE:
     raise ValueError(
         f"attention_implementation='pallas' needs a sequence length that is a multiple of "
-        f"{pallas_flash.MIN_BLOCK_SIZE} (the kernel's block), got {length}; use 'xla' or pad "
-        f"the rows.")
-  real = input_mask.astype(jnp.bool_)
-  ids = real.astype(jnp.int32) if sequence_ids is None else jnp.where(real, sequence_ids, 0)
-  ids = ids.astype(jnp.int32)
+        f"{pallas_flash.MIN_BLOCK_SIZE} on a TPU (the kernel's block), got {length}; use "
+        f"'xla' or pad the rows.")
+  ids = _segment_ids(input_mask, sequence_ids)
   seed = (jnp.zeros((), jnp.int32) if dropout_rate == 0.0 else
           jax.lax.bitcast_convert_type(jax.random.bits(dropout_rng, (), jnp.uint32), jnp.int32))
 
@@ -541,17 +549,41 @@ def _pallas_attention(query, key, value, input_mask, sequence_ids, dropout_rate,
         sm_scale=1.0 / math.sqrt(q.shape[-1]))
     return to_heads_first(out)
 
+  return _attention_per_shard(kernel, query, key, value, ids, seed)
+
+
+def _triton_attention(query, key, value, input_mask, sequence_ids, dropout_rate, dropout_rng,
+                      dropout_bits):
+  """The GPU's Pallas kernels (`triton_attention.flash_attention`): attention-probability
+  dropout drawn inside the kernel from the layer's dropout key, as the fused LayerNorm sites
+  draw theirs (every step, layer and call its own masks; a resumed run the same ones; scanned
+  and shared layers too), at any length."""
+  from bert_jax.model import triton_attention
+  ids = _segment_ids(input_mask, sequence_ids)
+  seed = (_key_words(dropout_rng) if dropout_rate > 0.0 else jnp.zeros((2,), jnp.uint32))
+
+  def kernel(q, k, v, ids, seed, shard=None):
+    if shard is not None:
+      seed = dropout_lib.shard_seed(seed, shard)
+    return triton_attention.flash_attention(q, k, v, ids, dropout_rate=dropout_rate,
+                                            seed=seed, bits=dropout_bits)
+
+  return _attention_per_shard(kernel, query, key, value, ids, seed)
+
+
+def _attention_per_shard(kernel, query, key, value, ids, seed):
+  """`kernel(q, k, v, ids, seed[, shard])` on the whole arrays, or under a mesh on each
+  device's rows and heads (batch and heads split as the rules split these activations, where
+  they divide; every device keeps whole sequences, which attention needs)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return kernel(query, key, value, ids, seed)
-  # Batch and heads split as the rules split these activations (where they divide); every
-  # device keeps whole sequences, which attention needs.
   axes = target.dividing_mesh_axes(mesh, query.shape, (BATCH, None, HEADS, None))
   spec = jax.sharding.PartitionSpec(*axes)
   ids_spec = jax.sharding.PartitionSpec(*axes[:2])
   return target.per_shard(kernel, (query, key, value, ids, seed),
-                    (spec, spec, spec, ids_spec, jax.sharding.PartitionSpec()), spec,
-                    (axes[0], axes[2]))
+                          (spec, spec, spec, ids_spec, jax.sharding.PartitionSpec()), spec,
+                          (axes[0], axes[2]))
 
 
 def cudnn_dropout_seed(module_path: tuple[str, ...]) -> int:
@@ -623,7 +655,8 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   Kernels, by `implementation`:
   - "cudnn": cuDNN's fused flash attention, with the paper's attention-probability dropout
     inside the kernel (`_cudnn_attention`; `cudnn_seed` is the call site's static seed);
-  - "pallas": the Pallas TPU kernels, dropout drawn inside the kernel (`_pallas_attention`);
+  - "pallas": our Pallas kernels, Triton's on a GPU and the TPU's elsewhere, dropout drawn
+    inside the kernel from the layer's dropout key (`_pallas_attention`);
   - "xla": `jax.nn.dot_product_attention`'s XLA path without dropout;
   - None: `jax.nn.dot_product_attention` picks without dropout, except for the CPU, where XLA
     runs the explicit path 1.2-1.4x faster (benchmarks/RESULTS.md, attention core at 4x512).
@@ -633,7 +666,8 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   dropping = not deterministic and dropout_rate > 0.0
   rate = dropout_rate if dropping else 0.0
   if implementation == "pallas":
-    return _pallas_attention(query, key, value, input_mask, sequence_ids, rate, dropout_rng)
+    return _pallas_attention(query, key, value, input_mask, sequence_ids, rate, dropout_rng,
+                             dropout_bits)
   if implementation == "cudnn":
     if dropping and cudnn_seed is None:
       raise ValueError("cuDNN attention dropout needs the call site's static seed "
@@ -670,14 +704,17 @@ def attention_kernel_description(config: BertConfig) -> str:
                   else "jax.nn.dot_product_attention (XLA)"),
            "xla": "jax.nn.dot_product_attention (XLA)",
            "cudnn": "cuDNN flash attention",
-           "pallas": "Pallas TPU flash attention (segment ids)"}[config.attention_implementation]
+           "pallas": ("Pallas Triton flash attention (segment ids)"
+                      if target.target_platform() == "gpu"
+                      else "Pallas TPU flash attention (segment ids)")
+           }[config.attention_implementation]
   rate = config.attention_probs_dropout_prob
   if rate > 0.0 and config.attention_implementation == "cudnn":
     # `_cudnn_attention`: the kernel's mask counter starts again with the process.
     return (f"attention: {fused} with attention-probability dropout p={rate:g} inside the "
             "kernel in training (its masks start again with the process: a resumed run draws "
             "other attention masks than an uninterrupted one; attention_implementation=xla "
-            "resumes them exactly)")
+            "or pallas resumes them exactly)")
   if rate > 0.0 and config.attention_implementation == "pallas":
     return (f"attention: {fused} with attention-probability dropout p={rate:g} inside the "
             "kernel in training")

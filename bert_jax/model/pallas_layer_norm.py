@@ -21,8 +21,8 @@ reductions, so the statistics are two-pass (mean, then the variance of the centr
 no extra traffic.
 
 The dropout mask is never stored. Both kernels draw it again from a counter-based hash of
-(seed, row, column) (`hash_bits`: two rounds of MurmurHash3's 32-bit finaliser, the seed's two
-words mixed in), keep/drop decided on the hash's top `bits` bits against
+(seed, row, column) (`dropout.hash_bits`: two rounds of MurmurHash3's 32-bit finaliser, the
+seed's two words mixed in), keep/drop decided on the hash's top `bits` bits against
 `dropout.threshold(rate, bits)`, the same quantised rate and exact rescaling as
 `model/dropout.py`. Its masks are not the XLA path's (those come from `jax.random`); their
 statistics are (tests). The seed comes from the layer's "dropout" RNG stream, so every layer and
@@ -47,7 +47,7 @@ from jax.experimental.pallas import triton as plgpu
 from bert_jax.model import dropout
 from bert_jax.model import target
 
-__all__ = ["Tiling", "dropout_residual_layer_norm", "hash_bits", "keep_mask", "shard_seed"]
+__all__ = ["Tiling", "dropout_residual_layer_norm", "keep_mask"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,39 +74,6 @@ class Tiling:
                        "positive count.")
 
 
-_GOLDEN = 0x9E3779B9  # 2^32 / golden ratio: spreads column indices over the word
-_SHARD_SPREAD = 0x9E3779B1
-
-
-def _fmix32(h: jax.Array) -> jax.Array:
-  """MurmurHash3's 32-bit finaliser: a bijection of uint32 in which every input bit flips every
-  output bit with probability about 1/2."""
-  h = h ^ (h >> 16)
-  h = h * jnp.uint32(0x85EBCA6B)
-  h = h ^ (h >> 13)
-  h = h * jnp.uint32(0xC2B2AE35)
-  return h ^ (h >> 16)
-
-
-def hash_bits(key0: jax.Array, key1: jax.Array, rows: jax.Array, cols: jax.Array
-              ) -> jax.Array:
-  """The 32 random bits of element (row, col) under the seed (key0, key1), as uint32.
-
-  A pure function of its arguments, written in operations both Triton and XLA lower, so the
-  kernels and the reference (`keep_mask`) compute the same bits. Distinct (row, col) under one
-  seed give distinct inputs to the last bijective round (the row's hash is xored with the
-  column times an odd constant), and the seed enters both rounds."""
-  row_hash = _fmix32(rows.astype(jnp.uint32) ^ key0.astype(jnp.uint32))
-  return _fmix32((row_hash ^ (cols.astype(jnp.uint32) * jnp.uint32(_GOLDEN)))
-                 + key1.astype(jnp.uint32))
-
-
-def _keep(h: jax.Array, cut: int, bits: int) -> jax.Array:
-  """Keep where the top `bits` bits of `h`, as an unsigned number, are at least `cut`."""
-  draw = h >> (32 - bits) if bits < 32 else h
-  return draw >= jnp.uint32(cut)
-
-
 def keep_mask(seed: jax.Array, shape: tuple[int, int], rate: float, bits: int = 16
               ) -> tuple[jax.Array, float]:
   """(mask, keep probability) of a (rows, width) site under `seed` (two uint32 words): what
@@ -115,7 +82,7 @@ def keep_mask(seed: jax.Array, shape: tuple[int, int], rate: float, bits: int = 
   rows = jax.lax.broadcasted_iota(jnp.int32, shape, 0)
   cols = jax.lax.broadcasted_iota(jnp.int32, shape, 1)
   seed = jnp.asarray(seed, jnp.uint32)
-  return _keep(hash_bits(seed[0], seed[1], rows, cols), cut, bits), keep_prob
+  return dropout.hash_keep(dropout.hash_bits(seed[0], seed[1], rows, cols), cut, bits), keep_prob
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,8 +114,9 @@ def _block(static: _Static, block, num_rows):
 def _kept(static: _Static, seed_ref, rows, cols) -> jax.Array | None:
   if not static.cut:
     return None
-  return _keep(hash_bits(seed_ref[0], seed_ref[1], rows[:, None], cols[None, :]), static.cut,
-               static.bits)
+  return dropout.hash_keep(
+      dropout.hash_bits(seed_ref[0], seed_ref[1], rows[:, None], cols[None, :]), static.cut,
+      static.bits)
 
 
 def _forward_kernel(seed_ref, x_ref, r_ref, params_ref, y_ref, total_ref, stats_ref, *,
@@ -331,10 +299,3 @@ def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
   ys = _fused(static, uses, x.reshape(-1, width), residual.reshape(-1, width), params, seed)
   ys = tuple(y.reshape(*x.shape) for y in ys)
   return ys[0] if uses == 1 else ys
-
-
-def shard_seed(seed: jax.Array, shard: jax.Array) -> jax.Array:
-  """`seed` for one shard of a site split over devices: each shard's rows count from 0, so its
-  index goes into the seed, and no two shards draw the same mask."""
-  spread = (shard.astype(jnp.uint32) + 1) * jnp.uint32(_SHARD_SPREAD)
-  return seed.astype(jnp.uint32) ^ jnp.stack([spread, jnp.zeros_like(spread)])

@@ -155,8 +155,8 @@ def test_masks_follow_the_seed_and_each_shard_gets_its_own():
   keep_prob = dropout.keep_probability(RATE)
   independent = keep_prob ** 2 + (1 - keep_prob) ** 2
   others = [SEED ^ np.array([1, 0], np.uint32), SEED ^ np.array([0, 1], np.uint32),
-            np.asarray(pallas_layer_norm.shard_seed(jnp.asarray(SEED), jnp.int32(0))),
-            np.asarray(pallas_layer_norm.shard_seed(jnp.asarray(SEED), jnp.int32(1)))]
+            np.asarray(dropout.shard_seed(jnp.asarray(SEED), jnp.int32(0))),
+            np.asarray(dropout.shard_seed(jnp.asarray(SEED), jnp.int32(1)))]
   masks = [base] + [mask(s) for s in others]
   for i in range(len(masks)):
     for j in range(i + 1, len(masks)):

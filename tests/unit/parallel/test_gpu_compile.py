@@ -19,6 +19,7 @@ The compiles run in one fresh subprocess (JAX registers plugins once, when it st
 test reads its part of the result.
 """
 
+import collections
 import json
 
 import pytest
@@ -50,6 +51,11 @@ CASES = {
     "paper_cudnn_fused_ln": ("h100", {"model.attention_implementation": "cudnn",
                                       "model.attention_probs_dropout_prob": 0.1,
                                       "model.layer_norm_implementation": "pallas"}),
+    # Attention dropout inside our Triton kernels, with the fused sites, stacked layers.
+    "paper_pallas": ("h100", {"model.attention_implementation": "pallas",
+                              "model.attention_probs_dropout_prob": 0.1,
+                              "model.layer_norm_implementation": "pallas",
+                              "model.scan_layers": True, "model.stack_unrolled": True}),
     "fp8": ("h100", {"model.quantization": "fp8"}),
     "dp8": ("h100x8", {"model.attention_implementation": "cudnn"}),
     "a100": ("a100", {}),
@@ -83,6 +89,7 @@ def tiny(overrides, hidden=64):
   config.global_batch_size = 64
   return pretrain_helpers.set_fields(config, overrides)
 
+import re
 for name, (machine, overrides) in cases.items():
   try:
     report = compile_check.check(tiny(overrides), machine, config_name=name)
@@ -93,6 +100,7 @@ for name, (machine, overrides) in cases.items():
   out[name] = {**report.as_dict(), "lines": report.lines(),
                "f8e4m3fn": text.count("f8e4m3fn"), "f8e5m2": text.count("f8e5m2"),
                "hlo_bytes": len(text),
+               "pallas_kernels": re.findall(r'name = "(\w+)", num_stages', text),
                "operand_types": hlo_costs.matmul_operand_types(hlo_costs.parse(text))}
 
 # The same step with one change swapped back at a time (GELU differentiated as it is or with
@@ -277,10 +285,12 @@ def test_each_case_compiles_and_fits_its_gpus(compiled, case):
   machine = gpu_targets.parse(CASES[case][0])
   assert row["fits"] and row["slice"] == machine.name and row["devices"] == machine.devices
   assert 0 < row["hbm_bytes"] < row["hbm_capacity"] == machine.chip.usable_hbm_per_device
-  # The HLO's dots against the analytic count: all of it, or (cuDNN) all but attention's.
+  # The HLO's dots against the analytic count: all of it, or (a fused attention kernel: cuDNN's
+  # or ours) all but attention's.
   ratio = row["matmul_flops"] / (row["analytic_flops"] / row["devices"])
-  cudnn = "cudnn" in json.dumps(CASES[case][1]) or case == "h200_defaults"
-  assert (0.6 < ratio < 1.0) if cudnn else abs(ratio - 1) < 0.1, ratio
+  fused = (CASES[case][1].get("model.attention_implementation") in ("cudnn", "pallas")
+           or case == "h200_defaults")
+  assert (0.6 < ratio < 1.0) if fused else abs(ratio - 1) < 0.1, ratio
   assert 0 < row["mfu"] <= 1
   kinds = row["traffic"]
   assert kinds["matmul"]["count"] >= 6 * LAYERS and kinds["other"]["bytes"] > 0
@@ -407,6 +417,23 @@ def test_a_gpu_runs_the_fused_program_unless_told_otherwise(compiled):
   assert row["custom_calls"].get("__cudnn$fmhaSoftmaxDropout") == LAYERS, row["custom_calls"]
   assert row["custom_calls"].get("__gpu$xla.gpu.triton") == 2 * 2 * LAYERS
   assert row["num_parameters"] == unrolled["num_parameters"]
+
+
+def test_our_triton_attention_takes_the_dropout_on_a_gpu(compiled):
+  """`attention_implementation="pallas"` built for an H100: every layer's attention is our
+  Triton kernel forward and backward (`model/triton_attention.py`), beside the fused sites'
+  kernels, and no attention kernel of cuDNN's or XLA's softmax is left."""
+  row = compiled["paper_pallas"]
+  assert "error" not in row, row.get("error")
+  names = collections.Counter(row["pallas_kernels"])
+  assert names == {"flash_attention_dropout_fwd": LAYERS, "flash_attention_dropout_bwd": LAYERS,
+                   "dropout_residual_layer_norm_fwd": 2 * LAYERS,
+                   "dropout_residual_layer_norm_bwd": 2 * LAYERS}, names
+  assert not any("fmha" in target for target in row["custom_calls"]), row["custom_calls"]
+  assert row["custom_calls"]["__gpu$xla.gpu.triton"] == 6 * LAYERS
+  # The cuDNN step compiled alike names its own kernels: the count above can fail.
+  cudnn = collections.Counter(compiled["h200_defaults"]["pallas_kernels"])
+  assert "flash_attention_dropout_fwd" not in cudnn and cudnn, cudnn
 
 
 def test_fine_tuning_in_bfloat16_runs_the_fused_kernels_on_a_recent_gpu(compiled):
