@@ -448,9 +448,24 @@ def _fan_out_bwd(uses, _, grads):
 fan_out.defvjp(_fan_out_fwd, _fan_out_bwd)
 
 
-# An attention block's input is read four times: by the residual, and by the query, key and
-# value projections (`fan_out`, `sites_take_copies`), in that order.
-ATTENTION_INPUT_USES = 4
+def joined_projection(config: BertConfig) -> bool:
+  """Whether a block's query, key and value are one GEMM against their three kernels side by
+  side, whose output our Triton attention kernels read in place
+  (`triton_attention.joined_flash_attention`): `attention_implementation="pallas"` on a GPU,
+  plain dense layers (FP8 and int8 have their own). One GEMM of three times the width instead
+  of three, the block input read once, and backward one weight-gradient GEMM and one
+  input-gradient GEMM over the three gradients, which the kernel writes side by side. cuDNN's
+  attention takes dense q, k and v, so with it the joined output would be copied apart (and
+  XLA's dot merger, which joins such GEMMs by itself, is kept from it: `fan_out`)."""
+  return (config.attention_implementation == "pallas" and config.quantization == "none"
+          and target.target_platform() == "gpu")
+
+
+def attention_input_uses(config: BertConfig) -> int:
+  """How many times an attention block's input is read: by the residual, and by the query, key
+  and value projections (`fan_out`, `sites_take_copies`), in that order; by the residual and
+  the joined projection (`joined_projection`)."""
+  return 2 if joined_projection(config) else 4
 
 
 def fused_activation(config: BertConfig) -> str | None:
@@ -569,6 +584,31 @@ def _triton_attention(query, key, value, input_mask, sequence_ids, dropout_rate,
                                             seed=seed, bits=dropout_bits)
 
   return _attention_per_shard(kernel, query, key, value, ids, seed)
+
+
+def joined_attention(qkv: jax.Array, input_mask: jax.Array, *, dropout_rate: float,
+                     dropout_rng: jax.Array | None, sequence_ids: jax.Array | None = None,
+                     dropout_bits: int = 16) -> jax.Array:
+  """`dot_product_attention` of a joined projection's output, `qkv` (batch, length, 3, heads,
+  head_dim): our Triton kernels on a GPU (`joined_projection`), reading each part in place.
+  `dropout_rate` 0: no dropout (evaluation)."""
+  from bert_jax.model import triton_attention
+  ids = _segment_ids(input_mask, sequence_ids)
+  seed = (_key_words(dropout_rng) if dropout_rate > 0.0 else jnp.zeros((2,), jnp.uint32))
+
+  def kernel(qkv, ids, seed, shard=None):
+    if shard is not None:
+      seed = dropout_lib.shard_seed(seed, shard)
+    return triton_attention.joined_flash_attention(qkv, ids, dropout_rate=dropout_rate,
+                                                   seed=seed, bits=dropout_bits)
+
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return kernel(qkv, ids, seed)
+  axes = target.dividing_mesh_axes(mesh, qkv.shape, (BATCH, None, None, HEADS, None))
+  P = jax.sharding.PartitionSpec
+  return target.per_shard(kernel, (qkv, ids, seed), (P(*axes), P(*axes[:2]), P()),
+                          P(axes[0], None, axes[3], None), (axes[0], axes[3]))
 
 
 def _attention_per_shard(kernel, query, key, value, ids, seed):
@@ -810,10 +850,13 @@ class BertSelfAttention(nn.Module):
     """`x`: the block's input (batch, length, hidden), or a copy of it for each of the query,
     key and value projections, as `BertAttention` passes them (`fan_out`)."""
     cfg = self.config
-    inputs = dict(zip(("query", "key", "value"), x if isinstance(x, tuple) else (x,) * 3))
-    batch, length, _ = inputs["query"].shape
     heads = cfg.num_attention_heads if self.num_heads is None else self.num_heads
     width = heads * cfg.head_dim
+    if joined_projection(cfg):
+      return self._joined(x[0] if isinstance(x, tuple) else x, input_mask, deterministic,
+                          sequence_ids, heads)
+    inputs = dict(zip(("query", "key", "value"), x if isinstance(x, tuple) else (x,) * 3))
+    batch, length, _ = inputs["query"].shape
 
     def project(name, shared=None):
       # The key's bias adds q·b_k to every score of query q: the same for all of its keys, so
@@ -846,10 +889,60 @@ class BertSelfAttention(nn.Module):
         deterministic=deterministic, implementation=cfg.attention_implementation,
         sequence_ids=sequence_ids, dropout_bits=cfg.dropout_bits,
         cudnn_seed=cudnn_dropout_seed(self.scope.path))
+    return self._output(out)
+
+  def _output(self, out):
+    """The heads' outputs (batch, length, heads, head_dim), gated where asked, as one row."""
     out = nn.with_logical_constraint(out, (BATCH, LENGTH, HEADS, KV))
     if self.has_variable(HEAD_GATES, "gates"):
       out = out * self.get_variable(HEAD_GATES, "gates").astype(out.dtype)[:, None]
-    return out.reshape(batch, length, width)
+    return out.reshape(*out.shape[:2], -1)
+
+  def _joined(self, x, input_mask, deterministic, sequence_ids, heads):
+    """The joined projection (`joined_projection`) and our Triton kernels reading it in place.
+    The three layers' parameters are those of the separate path (`query`, `key`, `value`, each
+    a kernel and a bias, initialised alike), so checkpoints and conversions are unchanged; the
+    key's bias is not added, as there."""
+    cfg = self.config
+    batch, length, hidden = x.shape
+    kernels, biases = zip(*(_ProjectionParams(cfg, heads * cfg.head_dim, name=name)(hidden)
+                            for name in ("query", "key", "value")))
+    dtype = _dtype(cfg.dtype)
+    with jax.named_scope("query_key_value"):  # the op_name `hlo_costs.model_part` reads
+      kernel = jnp.concatenate([k.astype(dtype) for k in kernels], axis=1)
+      bias = jnp.concatenate([biases[0], jnp.zeros_like(biases[1]), biases[2]]).astype(dtype)
+      qkv = jnp.dot(x.astype(dtype), kernel) + bias
+    qkv = nn.with_logical_constraint(qkv.reshape(batch, length, 3, heads, cfg.head_dim),
+                                     (BATCH, LENGTH, None, HEADS, KV))
+    if self.is_mutable_collection(ATTENTION_MAPS) and not self.is_initializing():
+      self.sow(ATTENTION_MAPS, "probabilities",
+               attention_probabilities(qkv[:, :, 0], qkv[:, :, 1],
+                                       attention_mask(input_mask, sequence_ids)))
+    rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
+    out = joined_attention(qkv, input_mask, dropout_rate=rate,
+                           dropout_rng=self.make_rng("dropout") if rate > 0.0 else None,
+                           sequence_ids=sequence_ids, dropout_bits=cfg.dropout_bits)
+    return self._output(out)
+
+
+class _ProjectionParams(nn.Module):
+  """The kernel and bias of one of the joined projection's layers, declared as `nn.Dense`
+  declares them (same names, initialisers, logical axes and random draws), returned
+  unapplied."""
+  config: BertConfig
+  features: int
+
+  @nn.compact
+  def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array]:
+    cfg = self.config
+    axes = ("embed", "joined_kv")
+    kernel = self.param("kernel", nn.with_logical_partitioning(
+        bert_initializer(cfg.initializer_range), axes), (in_features, self.features),
+                        _dtype(cfg.param_dtype))
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                           axes[1:]),
+                      (self.features,), _dtype(cfg.param_dtype))
+    return kernel, bias
 
 
 class BertResidualOutput(nn.Module):
@@ -941,7 +1034,7 @@ class BertAttention(nn.Module):
       if target.target_platform() == "gpu" and self.num_heads != 0:
         # Where XLA's GPU compiler folds each input gradient into its GEMM (`fan_out`); a
         # TPU's program moves more with it (1.2 GB per BERT-base step on a v4-8).
-        residual, *copies = fan_out(x, ATTENTION_INPUT_USES)
+        residual, *copies = fan_out(x, attention_input_uses(self.config))
         projected = tuple(copies)
     if self.num_heads == 0:  # every head pruned: nothing attends
       context = jnp.zeros(residual.shape[:-1] + (0,), residual.dtype)
@@ -980,7 +1073,7 @@ class BertLayer(nn.Module):
   shared: "SharedLayerParts | None" = None
   num_heads: int | None = None  # this layer's attention heads (pruned); None: the config's
   # Copies of the output for the next block's residual, query, key and value
-  # (`ATTENTION_INPUT_USES`), when the encoder hands them over (`sites_take_copies`); 1: the
+  # (`attention_input_uses`), when the encoder hands them over (`sites_take_copies`); 1: the
   # output itself.
   output_uses: int = 1
 
@@ -1071,7 +1164,7 @@ class BertEncoder(nn.Module):
     hidden_states = []
     for i in range(cfg.num_hidden_layers):
       # A block's output goes to the next block as its copies (`sites_take_copies`).
-      uses = (ATTENTION_INPUT_USES if sites_take_copies(cfg) and i + 1 < cfg.num_hidden_layers
+      uses = (attention_input_uses(cfg) if sites_take_copies(cfg) and i + 1 < cfg.num_hidden_layers
               and cfg.heads_in_layer(i + 1) != 0 else 1)
       x = layer_cls(cfg, shared=shared, num_heads=cfg.heads_in_layer(i), output_uses=uses,
                     name=f"layer_{i}")(x, input_mask, deterministic, sequence_ids)

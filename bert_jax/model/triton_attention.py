@@ -42,7 +42,7 @@ from jax.experimental.pallas import triton as plgpu
 from bert_jax.model import dropout
 from bert_jax.model import target
 
-__all__ = ["Tiling", "flash_attention", "keep_mask", "reference"]
+__all__ = ["Tiling", "flash_attention", "joined_flash_attention", "keep_mask", "reference"]
 
 _LOG2_E = math.log2(math.e)
 # Masked scores, in the base-2 domain: finite, so that a query whose keys are all masked (a row
@@ -89,6 +89,15 @@ class _Static:
   exact: bool  # float32 operands: full-precision dots (no TF32)
   interpret: bool
   tiling: Tiling
+  joined: bool  # q, k and v side by side in one (tokens, 3 * heads * head_dim) operand
+
+  def refs(self, refs) -> tuple:
+    """(q, k, v) refs of the kernels' one or three operands (their gradients' likewise)."""
+    return tuple(refs) * 3 if self.joined else tuple(refs)
+
+  def offset(self, part: int) -> int:
+    """Where part `part` (0 q, 1 k, 2 v) starts in a row of its operand."""
+    return part * self.heads * self.head_dim if self.joined else 0
 
 
 def _rows(static: _Static, batch, head, queries) -> jax.Array:
@@ -101,12 +110,13 @@ def _kept(static: _Static, seed_ref, rows, keys) -> jax.Array:
                                              keys[None, :]), static.cut, static.bits)
 
 
-def _load(static: _Static, ref, batch, head, positions):
-  """Rows `positions` of one (batch, head): the (len, head_pad) block, zero past the end, with
-  its indices and mask (to store a block of the same rows)."""
+def _load(static: _Static, ref, batch, head, positions, part: int = 0):
+  """Rows `positions` of one (batch, head) of part `part` of its operand (`_Static.offset`):
+  the (len, head_pad) block, zero past the end, with its indices and mask (to store a block of
+  the same rows)."""
   cols = jnp.arange(static.head_pad)
   idx = ((batch * static.length + positions)[:, None],
-         (head * static.head_dim + cols)[None, :])
+         (static.offset(part) + head * static.head_dim + cols)[None, :])
   mask = (positions < static.length)[:, None] & (cols < static.head_dim)[None, :]
   return plgpu.load(ref.at[idx], mask=mask, other=0.0), idx, mask
 
@@ -127,8 +137,9 @@ def _scores(static: _Static, q, k, q_ids, k_ids):
   return jnp.where(q_ids[:, None] == k_ids[None, :], s, _MASKED)
 
 
-def _forward_kernel(seed_ref, ids_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *,
-                    static: _Static):
+def _forward_kernel(seed_ref, ids_ref, *refs, static: _Static):
+  *inputs, o_ref, lse_ref = refs
+  q_ref, k_ref, v_ref = static.refs(inputs)
   block, batch, head = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   bq, bk = static.tiling.block_q, static.tiling.block_k
   queries = block * bq + jnp.arange(bq)
@@ -139,7 +150,8 @@ def _forward_kernel(seed_ref, ids_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *,
   def body(step, carry):
     acc, top, total = carry
     keys = step * bk + jnp.arange(bk)
-    k, v = (_load(static, ref, batch, head, keys)[0] for ref in (k_ref, v_ref))
+    k, v = _load(static, k_ref, batch, head, keys, 1)[0], _load(static, v_ref, batch, head,
+                                                                  keys, 2)[0]
     s = _scores(static, q, k, q_ids, _ids(static, ids_ref, batch, keys, _NO_KEY))
     new_top = jnp.maximum(top, jnp.max(s, axis=-1))
     shrink = jnp.exp2(top - new_top)
@@ -171,8 +183,11 @@ def _score_gradient(static: _Static, p, keep, d_dropped, delta):
   return p * (d_p - delta[:, None]) * static.scale
 
 
-def _backward_kernel(seed_ref, ids_ref, q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref,
-                     dq_ref, dk_ref, dv_ref, *, static: _Static):
+def _backward_kernel(seed_ref, ids_ref, *refs, static: _Static):
+  parts = 1 if static.joined else 3
+  inputs, (o_ref, do_ref, lse_ref), outputs = refs[:parts], refs[parts:parts + 3], refs[-parts:]
+  q_ref, k_ref, v_ref = static.refs(inputs)
+  dq_ref, dk_ref, dv_ref = static.refs(outputs)
   block, batch, head = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   size, step_size = static.tiling.backward_block, static.tiling.backward_step
   steps = pl.cdiv(static.length, step_size)
@@ -186,8 +201,8 @@ def _backward_kernel(seed_ref, ids_ref, q_ref, k_ref, v_ref, o_ref, do_ref, lse_
     return q, q_ids, d_o, delta, idx, mask
 
   # The gradients of this program's keys and values, over every block of queries.
-  k, k_idx, k_mask = _load(static, k_ref, batch, head, own)
-  v = _load(static, v_ref, batch, head, own)[0]
+  k, k_idx, k_mask = _load(static, k_ref, batch, head, own, 1)
+  v, v_idx, _ = _load(static, v_ref, batch, head, own, 2)
   k_ids = _ids(static, ids_ref, batch, own, _NO_KEY)
 
   def key_body(step, carry):
@@ -206,7 +221,7 @@ def _backward_kernel(seed_ref, ids_ref, q_ref, k_ref, v_ref, o_ref, do_ref, lse_
   zeros = jnp.zeros((size, static.head_pad), jnp.float32)
   d_k, d_v = jax.lax.fori_loop(0, steps, key_body, (zeros, zeros))
   plgpu.store(dk_ref.at[k_idx], d_k.astype(dk_ref.dtype), mask=k_mask)
-  plgpu.store(dv_ref.at[k_idx], d_v.astype(dv_ref.dtype), mask=k_mask)
+  plgpu.store(dv_ref.at[v_idx], d_v.astype(dv_ref.dtype), mask=k_mask)
 
   # The gradient of the queries of the same index, over every block of keys.
   q, q_ids, d_o, delta, q_idx, q_mask = queries_of(own)
@@ -214,7 +229,8 @@ def _backward_kernel(seed_ref, ids_ref, q_ref, k_ref, v_ref, o_ref, do_ref, lse_
 
   def query_body(step, d_q):
     keys = step * step_size + jnp.arange(step_size)
-    k, v = (_load(static, ref, batch, head, keys)[0] for ref in (k_ref, v_ref))
+    k, v = _load(static, k_ref, batch, head, keys, 1)[0], _load(static, v_ref, batch, head,
+                                                                  keys, 2)[0]
     k_ids = _ids(static, ids_ref, batch, keys, _NO_KEY)
     p, keep = _probabilities(static, seed_ref, lse_ref, q, k, q_ids, k_ids, rows, keys,
                              own < static.length)
@@ -239,34 +255,35 @@ def _call(kernel, static: _Static, grid, out_shape, name, *operands):
       interpret=static.interpret, name=name)(*operands)
 
 
-def _forward(static: _Static, q, k, v, ids, seed):
+def _forward(static: _Static, inputs, ids, seed):
   grid = (pl.cdiv(static.length, static.tiling.block_q), static.batch, static.heads)
-  out_shape = (jax.ShapeDtypeStruct(q.shape, q.dtype),
+  tokens, width = static.batch * static.length, static.heads * static.head_dim
+  out_shape = (jax.ShapeDtypeStruct((tokens, width), inputs[0].dtype),
                jax.ShapeDtypeStruct((static.batch * static.heads * static.length,),
                                     jnp.float32))
   return _call(_forward_kernel, static, grid, out_shape, "flash_attention_dropout_fwd",
-               seed, ids, q, k, v)
+               seed, ids, *inputs)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(static: _Static, q, k, v, ids, seed):
-  return _forward(static, q, k, v, ids, seed)[0]
+def _attention(static: _Static, inputs: tuple, ids, seed):
+  """`inputs`: (q, k, v), each (tokens, heads * head_dim), or (q k v side by side,)."""
+  return _forward(static, inputs, ids, seed)[0]
 
 
-def _attention_fwd(static, q, k, v, ids, seed):
-  out, lse = _forward(static, q, k, v, ids, seed)
-  return out, (q, k, v, ids, seed, out, lse)
+def _attention_fwd(static, inputs, ids, seed):
+  out, lse = _forward(static, inputs, ids, seed)
+  return out, (inputs, ids, seed, out, lse)
 
 
 def _attention_bwd(static, saved, d_out):
-  q, k, v, ids, seed, out, lse = saved
+  inputs, ids, seed, out, lse = saved
   grid = (pl.cdiv(static.length, static.tiling.backward_block), static.batch, static.heads)
-  out_shape = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
-  d_q, d_k, d_v = _call(_backward_kernel, static, grid, out_shape,
-                        "flash_attention_dropout_bwd", seed, ids, q, k, v, out,
-                        d_out.astype(q.dtype), lse)
+  out_shape = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs)
+  d_inputs = _call(_backward_kernel, static, grid, out_shape, "flash_attention_dropout_bwd",
+                   seed, ids, *inputs, out, d_out.astype(out.dtype), lse)
   float0 = lambda x: np.zeros(x.shape, jax.dtypes.float0)
-  return d_q, d_k, d_v, float0(ids), float0(seed)
+  return tuple(d_inputs), float0(ids), float0(seed)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -280,22 +297,43 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, ids: jax
   `ids` (batch, length) integers; `seed` two uint32 words (needed when `dropout_rate` > 0);
   `bits` bits per keep/drop decision (`dropout.threshold`). The result has q's shape and dtype.
   `interpret` None: compiled on GPUs, interpreted elsewhere."""
-  batch, length, heads, head_dim = query.shape
   if key.shape != query.shape or value.shape != query.shape:
     raise ValueError(f"flash_attention: query {query.shape}, key {key.shape} and value "
                      f"{value.shape} must have one (batch, length, heads, head_dim) shape.")
   if key.dtype != query.dtype or value.dtype != query.dtype:
     raise ValueError(f"flash_attention: query, key and value must share a dtype, got "
                      f"{query.dtype}, {key.dtype}, {value.dtype}.")
+  return _attend((query, key, value), query.shape, ids, dropout_rate=dropout_rate, seed=seed,
+                 bits=bits, interpret=interpret, tiling=tiling)
+
+
+def joined_flash_attention(qkv: jax.Array, ids: jax.Array, **kwargs) -> jax.Array:
+  """`flash_attention` of a joined projection's output: `qkv` (batch, length, 3, heads,
+  head_dim), the queries, keys and values side by side in each row, as one GEMM against the
+  three projections' kernels side by side writes them. The kernels read each part where it
+  lies and the backward kernel writes the three gradients into one array of the same layout,
+  the operand of one weight-gradient GEMM and one input-gradient GEMM; kept apart, each part
+  would be copied out forward and the gradients copied together backward."""
+  batch, length, parts, heads, head_dim = qkv.shape
+  if parts != 3:
+    raise ValueError(f"joined_flash_attention: qkv {qkv.shape}; expected (batch, length, 3, "
+                     "heads, head_dim).")
+  return _attend((qkv,), (batch, length, heads, head_dim), ids, **kwargs)
+
+
+def _attend(inputs: tuple, shape: tuple[int, int, int, int], ids: jax.Array, *,
+            dropout_rate: float = 0.0, seed: jax.Array | None = None, bits: int = 16,
+            interpret: bool | None = None, tiling: Tiling = Tiling()) -> jax.Array:
+  batch, length, heads, head_dim = shape
   if ids.shape != (batch, length):
     raise ValueError(f"flash_attention: ids {ids.shape}; expected (batch, length) = "
                      f"{(batch, length)}.")
   if head_dim > 256:
     raise ValueError(f"flash_attention: heads of {head_dim} values; the kernels take up to "
                      "256.")
-  if batch * heads * length >= 2**31 or query.size >= 2**31:
-    raise ValueError(f"flash_attention: {query.shape} on one device; the kernels address "
-                     "fewer than 2^31 rows and elements. Split the batch over more devices.")
+  if batch * heads * length >= 2**31 or sum(x.size for x in inputs) >= 2**31:
+    raise ValueError(f"flash_attention: {shape} on one device; the kernels address fewer than "
+                     "2^31 rows and elements. Split the batch over more devices.")
   if bits not in dropout.DROPOUT_BITS:
     raise ValueError(f"flash_attention: bits={bits}; expected one of {dropout.DROPOUT_BITS}.")
   if not 0.0 <= dropout_rate < 1.0:
@@ -312,13 +350,12 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, ids: jax
   static = _Static(batch=batch, length=length, heads=heads, head_dim=head_dim,
                    head_pad=max(16, pl.next_power_of_2(head_dim)),
                    scale=1.0 / math.sqrt(head_dim), cut=cut, bits=bits,
-                   inv_keep=1.0 / keep_prob, exact=query.dtype == jnp.float32,
-                   interpret=bool(interpret), tiling=tiling)
+                   inv_keep=1.0 / keep_prob, exact=inputs[0].dtype == jnp.float32,
+                   interpret=bool(interpret), tiling=tiling, joined=len(inputs) == 1)
   seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
-  flat = lambda x: x.reshape(batch * length, heads * head_dim)
-  out = _attention(static, flat(query), flat(key), flat(value),
-                   ids.reshape(-1).astype(jnp.int32), seed)
-  return out.reshape(query.shape)
+  flat = tuple(x.reshape(batch * length, -1) for x in inputs)
+  out = _attention(static, flat, ids.reshape(-1).astype(jnp.int32), seed)
+  return out.reshape(shape)
 
 
 def keep_mask(seed: jax.Array, shape: tuple[int, int, int, int], rate: float, bits: int = 16

@@ -440,9 +440,13 @@ OP_NAME = re.compile(r'op_name="([^"]*)"')
 _COMPONENTS = (
     ("layer norm", re.compile(r"LayerNorm")),
     ("dropout", re.compile(r"/dropout", re.I)),
-    ("attention", re.compile(r"dot_product_attention|/attention/self/(?!query/|key/|value/)")),
+    # The joined projection (`modeling.joined_projection`) runs in a method: its op_names read
+    # ".../attention/self/self._joined/query_key_value/...".
+    ("attention", re.compile(r"dot_product_attention|"
+                             r"/attention/self/(?!query/|key/|value/)(?!.*/query_key_value/)")),
     ("q, k, v, output projections",
-     re.compile(r"/self/(?:query|key|value)/|/attention/output/dense/|/attention/fan_out/")),
+     re.compile(r"/self/(?:query|key|value)/|/query_key_value/|/attention/output/dense/|"
+                r"/attention/fan_out/")),
     ("feed-forward", re.compile(r"/intermediate/|/output/dense/")),
     ("heads and loss", re.compile(r"/cls/|/pooler/|jvp\((?:jit\([\w]+\))?\)")),
     ("embeddings", re.compile(r"embed")),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -122,6 +123,23 @@ def test_with_dropout_the_kernels_are_the_explicit_path_under_their_mask(bits):
   assert _max_abs(other[0], want[0]) > 0.1
 
 
+def test_the_joined_projection_is_read_in_place():
+  """`joined_flash_attention` of q, k, v side by side gives `flash_attention`'s output, and its
+  gradient is theirs side by side, with and without dropout."""
+  length = 80
+  input_mask, sequence_ids = _rows("packed", length)
+  q, k, v, cotangent = _qkv(length, seed=5)
+  ids = _ids(input_mask, sequence_ids)
+  for rate in (0.0, RATE):
+    apart = _kernel(q, k, v, cotangent, ids, input_mask, SEED, rate=rate)
+    joined = jax.jit(functools.partial(_loss_and_grads, lambda qkv, _, __: (
+        triton_attention.joined_flash_attention(qkv, ids, dropout_rate=rate, seed=SEED,
+                                                interpret=True))))(
+        jnp.stack([q, k, v], axis=2), None, None, cotangent, input_mask)
+    np.testing.assert_array_equal(joined[0], apart[0])
+    np.testing.assert_array_equal(joined[1][0], jnp.stack(apart[1], axis=2))
+
+
 def test_bfloat16_operands_are_the_reference_within_their_rounding():
   length = 64
   input_mask, sequence_ids = _rows("unpacked", length)
@@ -181,18 +199,24 @@ def test_the_mask_keeps_the_right_fraction_scaled_exactly_and_follows_seed_and_p
     assert 0.15 < disagree(block(0, 0, 0), other) < 0.21
 
 
+def _interpreted_on_a_gpu(monkeypatch) -> list:
+  """Make the model's target a GPU, its Triton kernels interpreted; returns the list of the
+  kernels' calls, (which, dropout rate), as they come."""
+  calls = []
+  monkeypatch.setattr(target, "target_platform", lambda: "gpu")
+  for name in ("flash_attention", "joined_flash_attention"):
+    def interpreted(*args, kernel=getattr(triton_attention, name), name=name, **kwargs):
+      calls.append((name, kwargs["dropout_rate"]))
+      return kernel(*args, interpret=True, **kwargs)
+    monkeypatch.setattr(triton_attention, name, interpreted)
+  return calls
+
+
 def test_the_model_runs_the_triton_kernels_where_its_target_is_a_gpu(monkeypatch):
   """`attention_implementation="pallas"` in a model built for a GPU: without dropout the model
   is the explicit path's model; with it, a step's masks follow its dropout key (the same key,
   the same output: a resumed run), and scanned layers take them too."""
-  calls = []
-  kernel = triton_attention.flash_attention
-
-  def interpreted(*args, **kwargs):
-    calls.append(kwargs["dropout_rate"])
-    return kernel(*args, interpret=True, **kwargs)
-  monkeypatch.setattr(target, "target_platform", lambda: "gpu")
-  monkeypatch.setattr(triton_attention, "flash_attention", interpreted)
+  calls = _interpreted_on_a_gpu(monkeypatch)
   config = modeling.get_preset("tiny").replace(attention_probs_dropout_prob=RATE,
                                                hidden_dropout_prob=0.0)
   length = 40
@@ -211,9 +235,24 @@ def test_the_model_runs_the_triton_kernels_where_its_target_is_a_gpu(monkeypatch
   explicit = run(config.replace(attention_implementation="xla"), True)
   pallas = config.replace(attention_implementation="pallas")
   np.testing.assert_allclose(run(pallas, True), explicit, atol=TOLERANCE)
-  assert calls == [0.0] * config.num_hidden_layers
+  assert calls == [("joined_flash_attention", 0.0)] * config.num_hidden_layers
+  # The joined projection keeps the three layers' parameters (names, shapes, initial values)
+  # and gives each its own gradient.
+  grads = {}
+  for name, cfg in (("xla", config.replace(attention_implementation="xla")), ("pallas", pallas)):
+    model = modeling.BertModel(cfg)
+    params = nn.unbox(model.init(jax.random.PRNGKey(0), ids, input_mask, segments))
+    loss = lambda p: jnp.sum(jnp.sin(model.apply(p, ids, input_mask, segments)[
+        "sequence_output"]) * jnp.asarray(input_mask)[:, :, None])
+    grads[name] = (params, jax.grad(loss)(params))
+  assert (jax.tree.structure(grads["xla"][0]) == jax.tree.structure(grads["pallas"][0]))
+  assert _max_abs(grads["xla"][0], grads["pallas"][0]) == 0.0
+  for want, got in zip(jax.tree.leaves(grads["xla"][1]), jax.tree.leaves(grads["pallas"][1])):
+    assert _max_abs(want, got) <= TOLERANCE * max(1.0, float(jnp.max(jnp.abs(want))))
+  query = grads["pallas"][1]["params"]["encoder"]["layer_0"]["attention"]["self"]["query"]
+  assert float(jnp.max(jnp.abs(query["kernel"]))) > 1e-3
   dropped = run(pallas, False)
-  assert calls == [RATE] * config.num_hidden_layers
+  assert calls == [("joined_flash_attention", RATE)] * config.num_hidden_layers
   np.testing.assert_array_equal(run(pallas, False), dropped)
   assert np.abs(run(pallas, False, key=1) - dropped).max() > 1e-2
   assert np.abs(dropped - explicit).max() > 1e-2
@@ -251,13 +290,9 @@ def test_under_a_mesh_every_shard_draws_its_own_masks(monkeypatch):
   over 4 devices: the kernels run per shard in `shard_map`, each shard folds its index into the
   seed (`dropout.shard_seed`), so 4 identical rows, one per device, come out different; the same
   key gives the same outputs, another key other ones."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
   from bert_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
-  kernel = triton_attention.flash_attention
-  monkeypatch.setattr(target, "target_platform", lambda: "gpu")
-  monkeypatch.setattr(triton_attention, "flash_attention",
-                      functools.partial(kernel, interpret=True))
+  _interpreted_on_a_gpu(monkeypatch)
   cfg = modeling.get_preset("tiny").replace(hidden_dropout_prob=0.0,
                                             attention_probs_dropout_prob=RATE,
                                             attention_implementation="pallas",

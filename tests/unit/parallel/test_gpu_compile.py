@@ -422,7 +422,8 @@ def test_a_gpu_runs_the_fused_program_unless_told_otherwise(compiled):
 def test_our_triton_attention_takes_the_dropout_on_a_gpu(compiled):
   """`attention_implementation="pallas"` built for an H100: every layer's attention is our
   Triton kernel forward and backward (`model/triton_attention.py`), beside the fused sites'
-  kernels, and no attention kernel of cuDNN's or XLA's softmax is left."""
+  kernels, and no attention kernel of cuDNN's or XLA's softmax is left; the kernels read the
+  joined projection's output in place."""
   row = compiled["paper_pallas"]
   assert "error" not in row, row.get("error")
   names = collections.Counter(row["pallas_kernels"])
@@ -431,6 +432,11 @@ def test_our_triton_attention_takes_the_dropout_on_a_gpu(compiled):
                    "dropout_residual_layer_norm_bwd": 2 * LAYERS}, names
   assert not any("fmha" in target for target in row["custom_calls"]), row["custom_calls"]
   assert row["custom_calls"]["__gpu$xla.gpu.triton"] == 6 * LAYERS
+  # The query, key and value are one GEMM each way (`modeling.joined_projection`), read in
+  # place by the kernels: per layer two forward GEMMs, two input-gradient GEMMs and two
+  # weight-gradient GEMMs fewer than with cuDNN's attention, whose three projections are apart.
+  apart = compiled["paper_cudnn_stacked"]["traffic"]["matmul"]["count"]
+  assert row["traffic"]["matmul"]["count"] == apart - 6 * LAYERS, (row["traffic"], apart)
   # The cuDNN step compiled alike names its own kernels: the count above can fail.
   cudnn = collections.Counter(compiled["h200_defaults"]["pallas_kernels"])
   assert "flash_attention_dropout_fwd" not in cudnn and cudnn, cudnn
