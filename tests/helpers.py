@@ -175,3 +175,44 @@ def run_device_checks(script: str, out, *args: str) -> str:
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
   with open(out, encoding="utf-8") as f:
     return f.read()
+
+
+def sharded_dropout_outputs(cfg, length: int, init_context=contextlib.nullcontext):
+  """A one-layer encoder of `cfg` (attention dropout inside a kernel) applied with dropout,
+  data-parallel over 4 devices, to 4 identical rows: the outputs of two applications under one
+  key and one under another. Every shard folding its index into its seed, the rows differ;
+  the same key repeats them, another key changes them. `init_context`: what `init`, which
+  runs the kernel without dropout, needs (the TPU interpreter, say)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  from bert_jax.model import modeling  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
+  model = modeling.BertModel(cfg, add_pooling_layer=False)
+  ids = np.tile(np.random.RandomState(0).randint(5, cfg.vocab_size, (1, length)), (4, 1))
+  ids = ids.astype(np.int32)
+  with init_context():
+    params = nn.unbox(model.init(jax.random.PRNGKey(0), ids)["params"])
+  mesh = sharding.create_mesh([4, 1, 1], devices=jax.devices()[:4])
+  rows = NamedSharding(mesh, PartitionSpec(sharding.MESH_AXES[0]))
+
+  @jax.jit
+  def run(params, ids, key):
+    with nn.logical_axis_rules(sharding.DEFAULT_LOGICAL_AXIS_RULES):
+      return model.apply({"params": params}, ids, deterministic=False,
+                         rngs={"dropout": key})["sequence_output"]
+
+  with jax.set_mesh(mesh):
+    ids = jax.device_put(ids, rows)
+    return tuple(np.asarray(run(params, ids, jax.random.PRNGKey(seed))) for seed in (1, 1, 2))
+
+
+def assert_every_shard_draws_its_own_masks(outputs) -> None:
+  """`sharded_dropout_outputs`' three outputs: the same key repeats, another changes, and no
+  two shards' rows are alike."""
+  a, b, c = outputs
+  np.testing.assert_array_equal(a, b)
+  assert np.abs(a - c).max() > 1e-3
+  for i in range(len(a)):
+    for j in range(i + 1, len(a)):
+      assert np.abs(a[i] - a[j]).max() > 1e-3, (i, j)

@@ -18,6 +18,7 @@ import pytest
 from jax.extend import core as jax_core
 
 from bert_jax.model import modeling, pallas_attention
+from tests import helpers
 
 BATCH, LENGTH, HEADS, HEAD_DIM = 2, 256, 2, 16  # two query blocks of 128 per row
 RATE = 0.1
@@ -265,34 +266,10 @@ def test_the_model_under_a_mesh_gives_every_shard_its_own_masks():
   outputs, and another key other ones. (Four of the 8 fake devices: the TPU interpreter, which
   runs every shard's kernel on the host, stalls with 8 shards on a 2-core machine.)"""
   from bert_jax.model import configuration  # pylint: disable=g-import-not-at-top
-  from bert_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
   cfg = configuration.get_preset("test", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.1,
                                  attention_implementation="pallas", max_position_embeddings=128,
                                  num_hidden_layers=1)
-  model = modeling.BertModel(cfg, add_pooling_layer=False)
-  ids = np.tile(np.random.RandomState(0).randint(5, cfg.vocab_size, (1, 128)), (4, 1))
-  ids = ids.astype(np.int32)
-  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-  with pltpu.force_tpu_interpret_mode():  # the kernel without dropout (init) runs interpreted
-    params = nn.unbox(model.init(jax.random.PRNGKey(0), ids)["params"])
-  mesh = sharding.create_mesh([4, 1, 1], devices=jax.devices()[:4])
-  rows = NamedSharding(mesh, PartitionSpec(sharding.MESH_AXES[0]))
-
-  @jax.jit
-  def run(params, ids, key):
-    with nn.logical_axis_rules(sharding.DEFAULT_LOGICAL_AXIS_RULES):
-      return model.apply({"params": params}, ids, deterministic=False,
-                         rngs={"dropout": key})["sequence_output"]
-
-  with jax.set_mesh(mesh):
-    ids = jax.device_put(ids, rows)
-    a = np.asarray(run(params, ids, jax.random.PRNGKey(1)))
-    b = np.asarray(run(params, ids, jax.random.PRNGKey(1)))
-    c = np.asarray(run(params, ids, jax.random.PRNGKey(2)))
-  np.testing.assert_array_equal(a, b)
-  assert np.abs(a - c).max() > 1e-3
-  for i in range(4):
-    for j in range(i + 1, 4):
-      assert np.abs(a[i] - a[j]).max() > 1e-3, (i, j)
+  # The kernel without dropout (init) runs in the TPU interpreter.
+  helpers.assert_every_shard_draws_its_own_masks(
+      helpers.sharded_dropout_outputs(cfg, 128, pltpu.force_tpu_interpret_mode))

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from bert_jax.model import dropout, modeling, target, triton_attention
+from tests import helpers
 
 BATCH, HEADS, HEAD_DIM = 2, 2, 32
 RATE = 0.1
@@ -290,33 +291,9 @@ def test_under_a_mesh_every_shard_draws_its_own_masks(monkeypatch):
   over 4 devices: the kernels run per shard in `shard_map`, each shard folds its index into the
   seed (`dropout.shard_seed`), so 4 identical rows, one per device, come out different; the same
   key gives the same outputs, another key other ones."""
-  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-  from bert_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
   _interpreted_on_a_gpu(monkeypatch)
   cfg = modeling.get_preset("tiny").replace(hidden_dropout_prob=0.0,
                                             attention_probs_dropout_prob=RATE,
                                             attention_implementation="pallas",
                                             num_hidden_layers=1)
-  model = modeling.BertModel(cfg, add_pooling_layer=False)
-  ids = np.tile(np.random.RandomState(0).randint(5, cfg.vocab_size, (1, 48)), (4, 1))
-  ids = ids.astype(np.int32)
-  params = nn.unbox(model.init(jax.random.PRNGKey(0), ids)["params"])
-  mesh = sharding.create_mesh([4, 1, 1], devices=jax.devices()[:4])
-  rows = NamedSharding(mesh, PartitionSpec(sharding.MESH_AXES[0]))
-
-  @jax.jit
-  def run(params, ids, key):
-    with nn.logical_axis_rules(sharding.DEFAULT_LOGICAL_AXIS_RULES):
-      return model.apply({"params": params}, ids, deterministic=False,
-                         rngs={"dropout": key})["sequence_output"]
-
-  with jax.set_mesh(mesh):
-    ids = jax.device_put(ids, rows)
-    a = np.asarray(run(params, ids, jax.random.PRNGKey(1)))
-    b = np.asarray(run(params, ids, jax.random.PRNGKey(1)))
-    c = np.asarray(run(params, ids, jax.random.PRNGKey(2)))
-  np.testing.assert_array_equal(a, b)
-  assert np.abs(a - c).max() > 1e-3
-  for i in range(4):
-    for j in range(i + 1, 4):
-      assert np.abs(a[i] - a[j]).max() > 1e-3, (i, j)
+  helpers.assert_every_shard_draws_its_own_masks(helpers.sharded_dropout_outputs(cfg, 48))
