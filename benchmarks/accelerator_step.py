@@ -102,6 +102,10 @@ _TASK = flags.DEFINE_enum(
     "task", "pretrain", ["pretrain", "glue", "squad"],
     "The step timed: pre-training (MLM + NSP), or fine-tuning at the paper's shapes "
     "(`finetune_compile.TASKS`): a GLUE pair task (MNLI's three labels) or SQuAD's spans.")
+_ATTENTION_TILING = flags.DEFINE_string(
+    "attention_tiling", None, "Our Triton attention kernels' tiling "
+    "(block_q:block_k:backward_block:backward_step:num_warps; `triton_attention.Tiling`) for "
+    "the variants that run them (paper-pallas-*); unset: the kernels' default.")
 _BATCH_FILE = flags.DEFINE_string(
     "batch_file", None, "A real batch (.npz of the input pipeline's arrays, packed or not) "
     "instead of random full rows; its shape overrides the preset's.")
@@ -465,6 +469,9 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
                 losses=(first_loss, last_loss),
                 memory=_peak_memory(), hlo=hlo, profile=profile,
                 device=jax.devices()[0].device_kind)
+  if config.attention_implementation == "pallas":
+    from bert_jax.model import triton_attention  # pylint: disable=g-import-not-at-top
+    result["attention_tiling"] = str(triton_attention.default_tiling())
   del state, compiled, step, batch
   gc.collect()
   return result
@@ -668,6 +675,12 @@ def main(argv):
                            f"expected some of {', '.join(known)}.")
   if _TASK.value != "pretrain" and _BATCH_FILE.value:
     raise app.UsageError("--batch_file holds pre-training rows; --task=pretrain reads it.")
+  if _ATTENTION_TILING.value:
+    from bert_jax.model import triton_attention  # pylint: disable=g-import-not-at-top
+    try:
+      triton_attention.set_default_tiling(triton_attention.Tiling.parse(_ATTENTION_TILING.value))
+    except ValueError as e:
+      raise app.UsageError(f"--attention_tiling: {e}") from e
   cudnn_runtime.prepare()  # before JAX starts its backends
   profile_without_command_buffers()
   if _PRNG.value:

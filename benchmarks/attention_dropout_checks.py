@@ -24,7 +24,9 @@ With `--implementation=pallas` on a GPU (Triton's kernels, `model/triton_attenti
    at BERT's shapes (`--shapes`, batch:length:heads:head_dim): output and dQ, dK, dV;
 6. forward + backward timed (`--steps`, `--repeats`; the median) against cuDNN's kernel with
    its dropout, for the default tiling and each of `--tilings`
-   (block_q:block_k:backward_block:backward_step:num_warps).
+   (block_q:block_k:backward_block:backward_step:num_warps); `--fastest_out` keeps each
+   shape's fastest tiling for the steps the GPU suite times next.
+`--triton` runs 5 and 6 off a GPU too, interpreted (6 without cuDNN: the plumbing only).
 
 Each line says PASS or FAIL with its numbers; the exit status is the number of failures.
 """
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
+import json
 import math
 import os
 import sys
@@ -92,7 +94,8 @@ def _dropped(out):
 def _triton_checks(args, checks: checklist.Checklist, dtype, tolerance: float) -> None:
   """Checks 5 and 6: Triton's kernels against their reference, then timed against cuDNN's."""
   tilings = [triton_attention.Tiling()] + [
-      triton_attention.Tiling(*map(int, t.split(":"))) for t in args.tilings.split(",") if t]
+      triton_attention.Tiling.parse(t) for t in args.tilings.split(",") if t]
+  fastest = {}
   on_gpu = jax.default_backend() == "gpu"
   seed = jnp.asarray([0x5EED, 0xB127], jnp.uint32)
   for shape in args.shapes.split(","):
@@ -121,8 +124,6 @@ def _triton_checks(args, checks: checklist.Checklist, dtype, tolerance: float) -
     checks.check(max(errors) <= tolerance,
                  f"Triton's kernels at {shape}: output, dQ, dK, dV equal the reference under "
                  f"their mask (relative errors {', '.join(f'{e:.1e}' for e in errors)})")
-    if not on_gpu:
-      continue
     cudnn_seed = modeling.cudnn_dropout_seed(("bert", "encoder", "layer_0"))
 
     def cudnn(q, k, v, ids, dropout_rate, seed):
@@ -130,9 +131,12 @@ def _triton_checks(args, checks: checklist.Checklist, dtype, tolerance: float) -
       return modeling.dot_product_attention(q, k, v, ids, dropout_rate=dropout_rate,
                                             dropout_rng=None, deterministic=False,
                                             implementation="cudnn", cudnn_seed=cudnn_seed)
-    timed = {"cuDNN": checklist.timed_ms(step(cudnn), (q, k, v), args.steps, args.repeats)}
+    # Off a GPU (`--triton`) the tilings are timed in the interpreter: numbers of no meaning,
+    # the plumbing the same.
+    timed = ({"cuDNN": checklist.timed_ms(step(cudnn), (q, k, v), args.steps, args.repeats)}
+             if on_gpu else {})
     for tiling in tilings:
-      name = ":".join(str(getattr(tiling, f.name)) for f in dataclasses.fields(tiling))
+      name = str(tiling)
       try:
         timed[f"Triton {name}"] = checklist.timed_ms(
             step(triton_attention.flash_attention, tiling), (q, k, v), args.steps,
@@ -141,10 +145,16 @@ def _triton_checks(args, checks: checklist.Checklist, dtype, tolerance: float) -
         checks.note(f"- Triton {name} at {shape}: failed ({type(e).__name__}: "
                     f"{str(e).splitlines()[0][:200]})")
     best = min((t for t in timed if t != "cuDNN"), key=timed.get, default=None)
+    if best:
+      fastest[shape] = dict(tiling=best.split()[-1], ms=timed[best],
+                            cudnn_ms=timed.get("cuDNN"))
     checks.note(f"- forward + backward at {shape}, ms: "
                 + ", ".join(f"{name} {ms:.3f}" for name, ms in timed.items())
                 + (f"; fastest Triton tiling {best}: cuDNN ÷ it = "
-                   f"**{timed['cuDNN'] / timed[best]:.2f}×**" if best else ""))
+                   f"**{timed['cuDNN'] / timed[best]:.2f}×**" if best and on_gpu else ""))
+  if args.fastest_out and fastest:
+    with open(args.fastest_out, "w", encoding="utf-8") as f:
+      json.dump(fastest, f, indent=1)
 
 
 def main() -> int:
@@ -159,6 +169,9 @@ def main() -> int:
                       "64:64:128:64:8,64:64:32:32:4",
                       help="More tilings of Triton's kernels to time, comma-separated "
                       "(triton_attention.Tiling's fields, colon-separated).")
+  parser.add_argument("--fastest_out", default=None,
+                      help="Write each shape's fastest Triton tiling here (JSON), for the "
+                      "steps timed after (accelerator_step.py --attention_tiling).")
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--triton", action="store_true",

@@ -124,7 +124,7 @@ export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
 mkdir -p "$WORK/autotune"
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=$WORK/autotune"
 
-BASE=base LARGE=large LARGE_BATCH=64 CHECK_IMPL=cudnn
+BASE=base LARGE=large LARGE_BATCH=64 CHECK_IMPL=cudnn BASE_LENGTH=128 LARGE_LENGTH=512
 # With Triton's GEMMs off, XLA wraps each slice of the stacked layers' weights and the cuBLAS
 # GEMM reading it in a "dynamic slice fusion" (108 per BERT-base step), a runtime thunk of its
 # own: the stacked "everything" step so built ran 80.5 ms on the H200 with the device idle 39 ms
@@ -141,7 +141,7 @@ HEAD_CHECK_ARGS=(--positions=5120 --vocab=30522 --hidden=768)
 FP8_CHECK_ARGS=(--rows=32768 --width=1024 --features=4096)
 PALLAS_CHECK_ARGS=()
 if [[ ${SUITE_SMOKE:-0} == 1 ]]; then
-  BASE=tiny LARGE=tiny LARGE_BATCH=4 CHECK_IMPL=pallas
+  BASE=tiny LARGE=tiny LARGE_BATCH=4 CHECK_IMPL=pallas BASE_LENGTH=64 LARGE_LENGTH=64
   OURS_ARGS=(--steps=1 --repeats=1 --warmup=1 --batch=tiny=4)
   PEER_ARGS=(--steps=1 --repeats=1 --warmup=1 --batch=tiny=4 --dtype=float32 --device=cpu
              --modes=eager)
@@ -289,8 +289,9 @@ def what(r):
   if r["impl"] == "jax":
     layers = r.get("layers", "unrolled")
     task = "" if r.get("task", "pretrain") == "pretrain" else f" ({r['task']} fine-tuning)"
+    tiling = f", attention tiling {r['attention_tiling']}" if r.get("attention_tiling") else ""
     return (f"ours {r['variant']}" + ("" if layers == "unrolled" else f", {layers} layers")
-            + task)
+            + tiling + task)
   return f"peer {r['recipe']} {r['mode']} (MLM head {r['mlm']})"
 
 def grouped(rows, key):
@@ -470,8 +471,20 @@ if want checks; then
   # kernels against their reference at BERT-base's and BERT-large's shapes, and timed against
   # cuDNN's (several tilings).
   run checks-pallas 120 "$PY" benchmarks/attention_dropout_checks.py --implementation=pallas \
-    "${PALLAS_CHECK_ARGS[@]}" --out="$OUT/attention_pallas_checks.md"
+    "${PALLAS_CHECK_ARGS[@]}" --out="$OUT/attention_pallas_checks.md" \
+    --fastest_out="$WORK/attention_tilings.json"
 fi
+# The fastest tiling checks-pallas found for rows of length $1 (nothing if it has not run): the
+# steps with our attention are timed with it.
+attention_tiling() {
+  [[ -f $WORK/attention_tilings.json ]] || return 0
+  "$PY" - "$WORK/attention_tilings.json" "$1" <<'EOF2'
+import json, sys
+fastest = json.load(open(sys.argv[1]))
+print(next((f"--attention_tiling={v['tiling']}" for shape, v in fastest.items()
+            if shape.split(":")[1] == sys.argv[2]), ""))
+EOF2
+}
 if want a; then
   ours a-ours 170 "$BASE" paper-cudnn,fast-cudnn --profile_dir="$WORK/profile"
   peer a-peer 160 --configs="$BASE" --recipes=paper --modes=eager,compile --mlm=full
@@ -503,7 +516,8 @@ if want e; then
   # computes inside the first feed-forward GEMM, beside the peer compiled with that GELU; then
   # each other flag alone.
   sweep "default|paper-cudnn||" "stacked|paper-cudnn||stacked" \
-    "fusedln|paper-cudnn-fusedln||stacked" "pallas|paper-pallas-fusedln||stacked"
+    "fusedln|paper-cudnn-fusedln||stacked" \
+    "pallas|paper-pallas-fusedln||stacked|$(attention_tiling "$BASE_LENGTH")"
   everything=$(with_fused_sites e-fusedln paper-cudnn-tanh-fusedln paper-cudnn-tanh)
   sweep "everything|$everything|$EPILOGUES $PDL|stacked|--profile_dir=$WORK/profile-e" \
     "pdl|paper-cudnn|$PDL|" \
@@ -529,8 +543,9 @@ if want c; then
   # then the layouts.
   ours c-large-fusedln 190 "$LARGE" paper-cudnn-fusedln --layers=stacked \
     --batch="$LARGE=$LARGE_BATCH"
+  # shellcheck disable=SC2046  # the tiling is one word or none
   ours c-large-pallas 190 "$LARGE" paper-pallas-fusedln --layers=stacked \
-    --batch="$LARGE=$LARGE_BATCH"
+    --batch="$LARGE=$LARGE_BATCH" $(attention_tiling "$LARGE_LENGTH")
   fp8=$(with_fused_sites c-large-fusedln paper-cudnn-fp8-fusedln paper-cudnn-fp8)
   ours c-fp8 190 "$LARGE" "$fp8" --layers=stacked --batch="$LARGE=$LARGE_BATCH"
   everything=$(with_fused_sites c-large-fusedln paper-cudnn-tanh-fusedln paper-cudnn-tanh)

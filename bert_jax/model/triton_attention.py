@@ -42,7 +42,8 @@ from jax.experimental.pallas import triton as plgpu
 from bert_jax.model import dropout
 from bert_jax.model import target
 
-__all__ = ["Tiling", "flash_attention", "joined_flash_attention", "keep_mask", "reference"]
+__all__ = ["Tiling", "flash_attention", "joined_flash_attention", "keep_mask", "reference",
+           "default_tiling", "set_default_tiling"]
 
 _LOG2_E = math.log2(math.e)
 # Masked scores, in the base-2 domain: finite, so that a query whose keys are all masked (a row
@@ -72,6 +73,35 @@ class Tiling:
       if value < least or value & (value - 1):
         raise ValueError(f"Tiling: {field.name}={value}; expected a power of two of at least "
                          f"{least}.")
+
+
+  @classmethod
+  def parse(cls, text: str) -> "Tiling":
+    """A tiling written as its fields' values, colon-separated
+    (block_q:block_k:backward_block:backward_step:num_warps), as the checks print them."""
+    values = text.split(":")
+    if len(values) != len(dataclasses.fields(cls)) or not all(v.isdigit() for v in values):
+      raise ValueError(f"Tiling {text!r}: expected {len(dataclasses.fields(cls))} whole "
+                       "numbers, block_q:block_k:backward_block:backward_step:num_warps.")
+    return cls(*map(int, values))
+
+  def __str__(self) -> str:
+    return ":".join(str(getattr(self, f.name)) for f in dataclasses.fields(self))
+
+
+# The tiling a call without one takes: `Tiling()`, or what `set_default_tiling` chose (the GPU
+# benchmarks time a step with the tiling the kernel checks found fastest on that GPU).
+_default_tiling = Tiling()
+
+
+def default_tiling() -> Tiling:
+  return _default_tiling
+
+
+def set_default_tiling(tiling: Tiling) -> None:
+  """The tiling of every later call that names none (a program traced afterwards takes it)."""
+  global _default_tiling
+  _default_tiling = tiling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,12 +321,13 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, ids: jax.Array, *,
                     dropout_rate: float = 0.0, seed: jax.Array | None = None, bits: int = 16,
-                    interpret: bool | None = None, tiling: Tiling = Tiling()) -> jax.Array:
+                    interpret: bool | None = None, tiling: Tiling | None = None) -> jax.Array:
   """softmax(q·k/√d) · v over the keys of each query's own id, with the probabilities dropped
   at `dropout_rate` inside the kernel. q, k, v: (batch, length, heads, head_dim), one dtype;
   `ids` (batch, length) integers; `seed` two uint32 words (needed when `dropout_rate` > 0);
   `bits` bits per keep/drop decision (`dropout.threshold`). The result has q's shape and dtype.
-  `interpret` None: compiled on GPUs, interpreted elsewhere."""
+  `interpret` None: compiled on GPUs, interpreted elsewhere. `tiling` None: the default
+  (`set_default_tiling`)."""
   if key.shape != query.shape or value.shape != query.shape:
     raise ValueError(f"flash_attention: query {query.shape}, key {key.shape} and value "
                      f"{value.shape} must have one (batch, length, heads, head_dim) shape.")
@@ -323,8 +354,9 @@ def joined_flash_attention(qkv: jax.Array, ids: jax.Array, **kwargs) -> jax.Arra
 
 def _attend(inputs: tuple, shape: tuple[int, int, int, int], ids: jax.Array, *,
             dropout_rate: float = 0.0, seed: jax.Array | None = None, bits: int = 16,
-            interpret: bool | None = None, tiling: Tiling = Tiling()) -> jax.Array:
+            interpret: bool | None = None, tiling: Tiling | None = None) -> jax.Array:
   batch, length, heads, head_dim = shape
+  tiling = _default_tiling if tiling is None else tiling
   if ids.shape != (batch, length):
     raise ValueError(f"flash_attention: ids {ids.shape}; expected (batch, length) = "
                      f"{(batch, length)}.")

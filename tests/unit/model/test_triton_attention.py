@@ -297,3 +297,24 @@ def test_under_a_mesh_every_shard_draws_its_own_masks(monkeypatch):
                                             attention_implementation="pallas",
                                             num_hidden_layers=1)
   helpers.assert_every_shard_draws_its_own_masks(helpers.sharded_dropout_outputs(cfg, 48))
+
+
+def test_the_gpu_attention_checks_pass_in_the_interpreter(tmp_path):
+  """`benchmarks/attention_dropout_checks.py --implementation=pallas`, which the GPU suite runs
+  with its checks, on the CPU (`--triton`: the Triton kernels interpreted at small shapes):
+  every check passes, every tiling is timed, and the fastest is kept for the steps after."""
+  import json  # pylint: disable=g-import-not-at-top
+  fastest = tmp_path / "fastest.json"
+  text = helpers.run_device_checks(
+      "attention_dropout_checks.py", tmp_path / "checks.md", "--implementation=pallas",
+      "--triton", "--shapes=2:64:2:32,1:40:1:16", "--tilings=32:16:32:16:2", "--steps=1",
+      "--repeats=1", f"--fastest_out={fastest}")
+  assert text.count("- PASS") == 10 and "FAIL" not in text, text
+  assert text.count("forward + backward at") == 2, text
+  kept = json.loads(fastest.read_text())
+  assert set(kept) == {"2:64:2:32", "1:40:1:16"}, kept
+  for shape in kept.values():
+    assert triton_attention.Tiling.parse(shape["tiling"]) in (
+        triton_attention.Tiling(), triton_attention.Tiling(32, 16, 32, 16, 2))
+  with pytest.raises(ValueError, match="expected 5 whole numbers"):
+    triton_attention.Tiling.parse("64:64:64")
