@@ -66,7 +66,8 @@
 #   (t) fine-tuning steps (`accelerator_step.py --task`), one process each: SQuAD 32×384 on
 #       base and on large, GLUE (MNLI) 32×128 on base; XLA's kernels ("paper": what a bfloat16
 #       fine-tuning run computed before) against the fused ones it now takes on a recent GPU
-#       (paper-cudnn-fusedln); GLUE's also with stacked layers
+#       (paper-cudnn-fusedln) and with our Triton attention (paper-pallas-fusedln, SQuAD);
+#       GLUE's also with stacked layers
 #   (f) real rows, if .bench_batches/*.npz exist (128_* on base, 512_* on large): ours
 #       paper-cudnn and the peer compiled, paper recipe. `python benchmarks/bench_batches.py`
 #       writes them from a real corpus (git ignores them: copy the folder along)
@@ -87,7 +88,7 @@
 # (base) and 140 s (large) for an H200 before its random draws went through JAX's threefry
 # kernel (10 and 19 s, compiled on a 2-core machine: RESULTS.md, "The initial state's
 # program"); each process's SETUP lines now say what every phase takes.
-#   (h) ≈ 40 s   (f) ≈ 140 s per file present   (t) not yet run: ≈ 120 + 200 + 200 s expected
+#   (h) ≈ 40 s   (f) ≈ 140 s per file present   (t) not yet run: ≈ 160 + 260 + 200 s expected
 # All of it: ≈ 1,600 s without (f). SUITE_BUDGET_S=565 within a 600 s limit covers (checks), (a),
 # (b) and part of (e); the rest needs another run (SUITE_PARTS="e c d g h f"), which leaves out
 # the labels a run finished with SUITE_SKIP, e.g. SUITE_SKIP="e-default e-pdl" (its
@@ -571,8 +572,9 @@ if want h; then
 fi
 if want t; then
   # Fine-tuning's step before (XLA's kernels) and now (cuDNN's attention, the fused sites).
-  ours t-squad-base 150 "$BASE" paper,paper-cudnn-fusedln --task=squad
-  ours t-squad-large 220 "$LARGE" paper,paper-cudnn-fusedln --task=squad
+  # With our Triton attention too (any length: SQuAD's 384 included).
+  ours t-squad-base 190 "$BASE" paper,paper-cudnn-fusedln,paper-pallas-fusedln --task=squad
+  ours t-squad-large 280 "$LARGE" paper,paper-cudnn-fusedln,paper-pallas-fusedln --task=squad
   # GLUE's step also with the layers stacked and run unrolled, as pre-training runs them on a
   # recent GPU: compiled for an H200 without one, that halves the kernels outside the matmuls
   # (777 -> 359 at base) for the same bytes, and GLUE's short step has more kernels than time.

@@ -261,6 +261,29 @@ out["finetune"] = finetune_compile.compile_row("tiny", "glue", "fused", "h200", 
 out["finetune_packed"] = finetune_compile.compile_row("tiny", "glue", "fused", "h200", tiny_model,
                                                       max_sequences_per_row=4)
 
+# Our attention kernels, forward and backward, compiled for an H200 at every head width and
+# dtype (Triton's own compile runs here: shared memory is checked against the H200's), with the
+# default tiling fitted to the heads, and with the unfitted default at float32 heads of 128.
+from bert_jax.model import triton_attention
+def attention_compiles(head_dim, dtype, tiling=None):
+  device = gpu_targets.topology_devices("h200")[0]
+  whole = jax.sharding.NamedSharding(jax.sharding.Mesh([device], ("data",)),
+                                     jax.sharding.PartitionSpec())
+  def grads(q, k, v, ids, seed):
+    loss = lambda q, k, v: jnp.sum(triton_attention.flash_attention(
+        q, k, v, ids, dropout_rate=0.1, seed=seed, interpret=False, tiling=tiling))
+    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+  qkv = jax.ShapeDtypeStruct((2, 128, 2, head_dim), dtype, sharding=whole)
+  try:
+    jax.jit(grads).lower(qkv, qkv, qkv, jax.ShapeDtypeStruct((2, 128), jnp.int32, sharding=whole),
+                         jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=whole)).compile()
+    return "ok"
+  except Exception as e:
+    return f"{type(e).__name__}: {str(e)[:300]}"
+out["attention_widths"] = {f"{d} {dt}": attention_compiles(d, dt)
+                           for d in (32, 64, 96, 128, 256) for dt in ("bfloat16", "float32")}
+out["attention_unfitted"] = attention_compiles(128, "float32", triton_attention.Tiling())
+
 big = tiny({})
 big.global_batch_size = 1 << 17
 try:
@@ -440,6 +463,15 @@ def test_our_triton_attention_takes_the_dropout_on_a_gpu(compiled):
   # The cuDNN step compiled alike names its own kernels: the count above can fail.
   cudnn = collections.Counter(compiled["h200_defaults"]["pallas_kernels"])
   assert "flash_attention_dropout_fwd" not in cudnn and cudnn, cudnn
+
+
+def test_our_attention_kernels_compile_for_every_head_width(compiled):
+  """Our Triton attention forward and backward compile for an H200 (Triton's compile checks
+  their shared memory against the GPU's) at heads of 32 to 256 values in bfloat16 and float32,
+  the default tiling cut to fit wide heads (`triton_attention._fitted`); uncut, float32 heads
+  of 128 values ask for more than the GPU has."""
+  assert set(compiled["attention_widths"].values()) == {"ok"}, compiled["attention_widths"]
+  assert "Shared memory" in compiled["attention_unfitted"], compiled["attention_unfitted"]
 
 
 def test_fine_tuning_in_bfloat16_runs_the_fused_kernels_on_a_recent_gpu(compiled):
