@@ -166,7 +166,7 @@ def main() -> int:
                       help="Triton's kernels (--implementation=pallas on a GPU): the shapes "
                       "checked and timed, batch:length:heads:head_dim, comma-separated.")
   parser.add_argument("--tilings", default="128:64:64:64:4,64:128:64:64:4,128:128:64:64:8,"
-                      "64:64:128:64:8,64:64:32:32:4",
+                      "64:64:128:64:8,64:64:64:64:8",
                       help="More tilings of Triton's kernels to time, comma-separated "
                       "(triton_attention.Tiling's fields, colon-separated).")
   parser.add_argument("--fastest_out", default=None,
