@@ -152,6 +152,20 @@ def hash_keep(h: jax.Array, cut: int, bits: int) -> jax.Array:
   return draw >= jnp.uint32(cut)
 
 
+def hash_keep_words(h: jax.Array, cut: int, bits: int) -> jax.Array:
+  """The keep/drop decisions of `bits` bits each that every word of `h` (uint32, (..., n))
+  holds, 32 // bits of them: the word's top `bits` bits decide first. (..., n * 32 // bits):
+  one word's decisions side by side, as `_uniform_ints` cuts its words; one hash per
+  decision would cost two (16 bits) or four (8) times the integer work."""
+  per_word = 32 // bits
+  if per_word == 1:
+    return hash_keep(h, cut, bits)
+  field = jnp.uint32((1 << bits) - 1)
+  parts = [((h >> jnp.uint32(32 - bits * (i + 1))) & field) >= jnp.uint32(cut)
+           for i in range(per_word)]
+  return jnp.stack(parts, axis=-1).reshape(*h.shape[:-1], h.shape[-1] * per_word)
+
+
 def shard_seed(seed: jax.Array, shard: jax.Array) -> jax.Array:
   """`seed` (two uint32 words) for one shard of a kernel split over devices: each shard's rows
   count from 0, so its index goes into the seed, and no two shards draw the same mask."""

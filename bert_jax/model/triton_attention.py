@@ -5,7 +5,8 @@ Why a kernel of our own beside cuDNN's: cuDNN's dropout seed is static and its m
 lives in the process (`modeling._cudnn_attention`), so a run resumed from a checkpoint draws
 other masks than the uninterrupted run, and a layer applied several times per step (scanned or
 shared layers: ALBERT) cannot take it at all. Here the mask is a hash of (seed, row, key)
-(`dropout.hash_bits`, the fused LayerNorm sites' draw), the seed taken from the layer's
+(`dropout.hash_bits`, the fused LayerNorm sites' draw; one 32-bit hash per two keys at the
+default 16 bits per decision, `dropout.hash_keep_words`), the seed taken from the layer's
 "dropout" key: every layer, step and call draws its own mask, a resumed run the same ones, and
 the backward kernel draws it again instead of storing it. BERT's rows are short (128 or 512
 tokens of 64-value heads), where the kernels' grids are wide and their loops short; whether this
@@ -147,9 +148,13 @@ def _rows(static: _Static, batch, head, queries) -> jax.Array:
   return (batch * static.heads + head) * static.length + queries
 
 
-def _kept(static: _Static, seed_ref, rows, keys) -> jax.Array:
-  return dropout.hash_keep(dropout.hash_bits(seed_ref[0], seed_ref[1], rows[:, None],
-                                             keys[None, :]), static.cut, static.bits)
+def _kept(static: _Static, seed_ref, rows, first, count: int) -> jax.Array:
+  """The keep mask of queries `rows` (their hash rows) against `count` keys from `first`: one
+  hash per 32 // bits keys (`dropout.hash_keep_words`), as `keep_mask` lays them out."""
+  per_word = 32 // static.bits
+  words = first // per_word + jnp.arange(count // per_word)
+  bits = dropout.hash_bits(seed_ref[0], seed_ref[1], rows[:, None], words[None, :])
+  return dropout.hash_keep_words(bits, static.cut, static.bits)
 
 
 def _load(static: _Static, ref, batch, head, positions, part: int = 0):
@@ -200,7 +205,7 @@ def _forward_kernel(seed_ref, ids_ref, *refs, static: _Static):
     p = jnp.exp2(s - new_top[:, None])
     total = total * shrink + jnp.sum(p, axis=-1)
     if static.cut:
-      p = jnp.where(_kept(static, seed_ref, rows, keys), p, 0.0)
+      p = jnp.where(_kept(static, seed_ref, rows, step * bk, bk), p, 0.0)
     acc = acc * shrink[:, None] + _dot(static, p.astype(v.dtype), v)
     return acc, new_top, total
 
@@ -212,11 +217,12 @@ def _forward_kernel(seed_ref, ids_ref, *refs, static: _Static):
   plgpu.store(lse_ref.at[rows], top + jnp.log2(total), mask=queries < static.length)
 
 
-def _probabilities(static: _Static, seed_ref, lse_ref, q, k, q_ids, k_ids, rows, keys, q_ok):
-  """(P, P's dropout mask or None) of a block of queries against a block of keys."""
+def _probabilities(static: _Static, seed_ref, lse_ref, q, k, q_ids, k_ids, rows, first, q_ok):
+  """(P, P's dropout mask or None) of a block of queries against the block of keys from
+  `first`."""
   lse = plgpu.load(lse_ref.at[rows], mask=q_ok, other=0.0)
   p = jnp.exp2(_scores(static, q, k, q_ids, k_ids) - lse[:, None])
-  return p, (_kept(static, seed_ref, rows, keys) if static.cut else None)
+  return p, (_kept(static, seed_ref, rows, first, k.shape[0]) if static.cut else None)
 
 
 def _score_gradient(static: _Static, p, keep, d_dropped, delta):
@@ -252,7 +258,7 @@ def _backward_kernel(seed_ref, ids_ref, *refs, static: _Static):
     queries = step * step_size + jnp.arange(step_size)
     q, q_ids, d_o, delta, _, _ = queries_of(queries)
     rows = _rows(static, batch, head, queries)
-    p, keep = _probabilities(static, seed_ref, lse_ref, q, k, q_ids, k_ids, rows, own,
+    p, keep = _probabilities(static, seed_ref, lse_ref, q, k, q_ids, k_ids, rows, block * size,
                              queries < static.length)
     dropped = p if keep is None else jnp.where(keep, p * static.inv_keep, 0.0)
     d_v = d_v + _dot(static, dropped.astype(d_o.dtype), d_o, trans_a=True)
@@ -274,8 +280,8 @@ def _backward_kernel(seed_ref, ids_ref, *refs, static: _Static):
     k, v = _load(static, k_ref, batch, head, keys, 1)[0], _load(static, v_ref, batch, head,
                                                                   keys, 2)[0]
     k_ids = _ids(static, ids_ref, batch, keys, _NO_KEY)
-    p, keep = _probabilities(static, seed_ref, lse_ref, q, k, q_ids, k_ids, rows, keys,
-                             own < static.length)
+    p, keep = _probabilities(static, seed_ref, lse_ref, q, k, q_ids, k_ids, rows,
+                             step * step_size, own < static.length)
     d_s = _score_gradient(static, p, keep, _dot(static, d_o, v, trans_b=True), delta)
     return d_q + _dot(static, d_s.astype(k.dtype), k)
 
@@ -416,7 +422,12 @@ def keep_mask(seed: jax.Array, shape: tuple[int, int, int, int], rate: float, bi
   j = jax.lax.broadcasted_iota(jnp.int32, shape, 3)
   seed = jnp.asarray(seed, jnp.uint32)
   rows = (b * heads + h) * length + i
-  return dropout.hash_keep(dropout.hash_bits(seed[0], seed[1], rows, j), cut, bits), keep_prob
+  # Key j's decision: bits field j % per_word (from the top) of the hash of word j // per_word.
+  per_word = 32 // bits
+  words = dropout.hash_bits(seed[0], seed[1], rows, j // per_word)
+  field = (words >> (32 - bits * (j % per_word + 1)).astype(jnp.uint32)) & jnp.uint32(
+      (1 << bits) - 1 if bits < 32 else 0xFFFFFFFF)
+  return field >= jnp.uint32(cut), keep_prob
 
 
 def reference(query, key, value, ids, *, dropout_rate: float = 0.0, seed=None, bits: int = 16
