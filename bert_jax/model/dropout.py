@@ -15,7 +15,8 @@ run draws exactly the masks an uninterrupted one would.
 
 The GPU kernels that drop values themselves (the fused LayerNorm sites, the Triton attention)
 never store a mask: each element's bits are a hash of (seed, row, column) (`hash_bits`), drawn
-again in the backward pass, and decided by the same threshold rule (`hash_keep`).
+again in the backward pass, and decided by the same threshold rule, 32 // bits decisions per
+hash (`hash_keep_words`, `hash_keep_at`).
 """
 
 from __future__ import annotations
@@ -145,25 +146,31 @@ def hash_bits(key0: jax.Array, key1: jax.Array, rows: jax.Array, cols: jax.Array
                  + key1.astype(jnp.uint32))
 
 
-def hash_keep(h: jax.Array, cut: int, bits: int) -> jax.Array:
-  """Keep where the top `bits` bits of `h`, as an unsigned number, are at least `cut`
-  (`threshold(rate, bits)`'s)."""
-  draw = h >> (32 - bits) if bits < 32 else h
-  return draw >= jnp.uint32(cut)
-
-
 def hash_keep_words(h: jax.Array, cut: int, bits: int) -> jax.Array:
   """The keep/drop decisions of `bits` bits each that every word of `h` (uint32, (..., n))
   holds, 32 // bits of them: the word's top `bits` bits decide first. (..., n * 32 // bits):
   one word's decisions side by side, as `_uniform_ints` cuts its words; one hash per
-  decision would cost two (16 bits) or four (8) times the integer work."""
+  decision would cost two (16 bits) or four (8) times the integer work. What the kernels draw
+  a block at a time; `hash_keep_at` is the same rule element by element."""
   per_word = 32 // bits
   if per_word == 1:
-    return hash_keep(h, cut, bits)
+    return h >= jnp.uint32(cut)
   field = jnp.uint32((1 << bits) - 1)
   parts = [((h >> jnp.uint32(32 - bits * (i + 1))) & field) >= jnp.uint32(cut)
            for i in range(per_word)]
   return jnp.stack(parts, axis=-1).reshape(*h.shape[:-1], h.shape[-1] * per_word)
+
+
+def hash_keep_at(seed: jax.Array, rows: jax.Array, cols: jax.Array, cut: int, bits: int
+                 ) -> jax.Array:
+  """Whether element (row, col) is kept under `seed` (two uint32 words): field col % per_word
+  (from the top) of the hash of (row, col // per_word), per_word = 32 // bits; the kernels'
+  masks (`hash_keep_words`), computed element by element for their references."""
+  per_word = 32 // bits
+  words = hash_bits(seed[0], seed[1], rows, cols // per_word)
+  shift = (32 - bits * (cols % per_word + 1)).astype(jnp.uint32)
+  field = jnp.uint32((1 << bits) - 1 if bits < 32 else 0xFFFFFFFF)
+  return ((words >> shift) & field) >= jnp.uint32(cut)
 
 
 def shard_seed(seed: jax.Array, shard: jax.Array) -> jax.Array:

@@ -22,9 +22,9 @@ no extra traffic.
 
 The dropout mask is never stored. Both kernels draw it again from a counter-based hash of
 (seed, row, column) (`dropout.hash_bits`: two rounds of MurmurHash3's 32-bit finaliser, the
-seed's two words mixed in), keep/drop decided on the hash's top `bits` bits against
-`dropout.threshold(rate, bits)`, the same quantised rate and exact rescaling as
-`model/dropout.py`. Its masks are not the XLA path's (those come from `jax.random`); their
+seed's two words mixed in), one hash per 32 // bits columns (`dropout.hash_keep_words`), each
+column's `bits` bits against `dropout.threshold(rate, bits)`, the same quantised rate and exact
+rescaling as `model/dropout.py`. Its masks are not the XLA path's (those come from `jax.random`); their
 statistics are (tests). The seed comes from the layer's "dropout" RNG stream, so every layer and
 step gets its own masks and a resumed run draws the same ones.
 
@@ -81,8 +81,7 @@ def keep_mask(seed: jax.Array, shape: tuple[int, int], rate: float, bits: int = 
   cut, keep_prob = dropout.threshold(rate, bits)
   rows = jax.lax.broadcasted_iota(jnp.int32, shape, 0)
   cols = jax.lax.broadcasted_iota(jnp.int32, shape, 1)
-  seed = jnp.asarray(seed, jnp.uint32)
-  return dropout.hash_keep(dropout.hash_bits(seed[0], seed[1], rows, cols), cut, bits), keep_prob
+  return dropout.hash_keep_at(jnp.asarray(seed, jnp.uint32), rows, cols, cut, bits), keep_prob
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,11 +110,14 @@ def _block(static: _Static, block, num_rows):
   return rows, cols, row_ok, col_ok, mask, (rows[:, None], cols[None, :])
 
 
-def _kept(static: _Static, seed_ref, rows, cols) -> jax.Array | None:
+def _kept(static: _Static, seed_ref, rows) -> jax.Array | None:
+  """The keep mask of `rows` over the padded width: one hash per 32 // bits columns
+  (`dropout.hash_keep_words`), as `keep_mask` lays them out."""
   if not static.cut:
     return None
-  return dropout.hash_keep(
-      dropout.hash_bits(seed_ref[0], seed_ref[1], rows[:, None], cols[None, :]), static.cut,
+  words = jnp.arange(static.padded // (32 // static.bits))
+  return dropout.hash_keep_words(
+      dropout.hash_bits(seed_ref[0], seed_ref[1], rows[:, None], words[None, :]), static.cut,
       static.bits)
 
 
@@ -127,7 +129,7 @@ def _forward_kernel(seed_ref, x_ref, r_ref, params_ref, y_ref, total_ref, stats_
       plgpu.load(params_ref.at[i, cols], mask=col_ok, other=0.0) for i in range(3))
   x = plgpu.load(x_ref.at[idx], mask=mask, other=0.0).astype(jnp.float32) + dense_bias[None, :]
   r = plgpu.load(r_ref.at[idx], mask=mask, other=0.0).astype(jnp.float32)
-  keep = _kept(static, seed_ref, rows, cols)
+  keep = _kept(static, seed_ref, rows)
   if keep is not None:
     x = jnp.where(keep, x * static.inv_keep, 0.0)
   v = jnp.where(mask, x + r, 0.0)
@@ -163,7 +165,7 @@ def _backward_kernel(seed_ref, *refs, static: _Static, num_blocks: int, programs
     d_total = jnp.where(mask, rstd[:, None] * (gs - mean_gs[:, None]
                                                - normed * mean_gsn[:, None]), 0.0)
     plgpu.store(dr_ref.at[idx], d_total.astype(dr_ref.dtype), mask=mask)
-    keep = _kept(static, seed_ref, rows, cols)
+    keep = _kept(static, seed_ref, rows)
     d_x = d_total if keep is None else jnp.where(keep, d_total * static.inv_keep, 0.0)
     plgpu.store(dx_ref.at[idx], d_x.astype(dx_ref.dtype), mask=mask)
     d_dense_bias, d_scale, d_bias = sums
@@ -285,7 +287,7 @@ def dropout_residual_layer_norm(x: jax.Array, dense_bias: jax.Array | None,
     raise ValueError(f"dropout_residual_layer_norm: {x.size:,} elements of {x.shape} on one "
                      "device; the kernels address fewer than 2^31. Split the batch over more "
                      "devices, or use layer_norm_implementation='xla'.")
-  padded = pl.next_power_of_2(width)
+  padded = max(4, pl.next_power_of_2(width))  # whole hash words of decisions (4 at 8 bits)
   static = _Static(width=width, padded=padded,
                    block_rows=max(1, tiling.block_elements // padded), cut=cut, bits=bits,
                    inv_keep=1.0 / keep_prob, epsilon=float(epsilon), x_dtype=x.dtype,

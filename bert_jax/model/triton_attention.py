@@ -422,12 +422,7 @@ def keep_mask(seed: jax.Array, shape: tuple[int, int, int, int], rate: float, bi
   j = jax.lax.broadcasted_iota(jnp.int32, shape, 3)
   seed = jnp.asarray(seed, jnp.uint32)
   rows = (b * heads + h) * length + i
-  # Key j's decision: bits field j % per_word (from the top) of the hash of word j // per_word.
-  per_word = 32 // bits
-  words = dropout.hash_bits(seed[0], seed[1], rows, j // per_word)
-  field = (words >> (32 - bits * (j % per_word + 1)).astype(jnp.uint32)) & jnp.uint32(
-      (1 << bits) - 1 if bits < 32 else 0xFFFFFFFF)
-  return field >= jnp.uint32(cut), keep_prob
+  return dropout.hash_keep_at(seed, rows, j, cut, bits), keep_prob
 
 
 def reference(query, key, value, ids, *, dropout_rate: float = 0.0, seed=None, bits: int = 16
