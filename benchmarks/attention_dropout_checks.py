@@ -21,7 +21,8 @@ the one attention call site (`modeling.dot_product_attention`) on whatever devic
 With `--implementation=pallas` on a GPU (Triton's kernels, `model/triton_attention.py`), also:
 
 5. the compiled kernels against their reference under their own mask (`triton_attention.reference`)
-   at BERT's shapes (`--shapes`, batch:length:heads:head_dim): output and dQ, dK, dV;
+   at BERT's shapes (`--shapes`, batch:length:heads:head_dim): output and dQ, dK, dV; and on
+   the joined projection's layout (`joined_flash_attention`), equal to the separate operands';
 6. forward + backward timed (`--steps`, `--repeats`; the median) against cuDNN's kernel with
    its dropout, for the default tiling and each of `--tilings`
    (block_q:block_k:backward_block:backward_step:num_warps); `--fastest_out` keeps each
@@ -124,6 +125,17 @@ def _triton_checks(args, checks: checklist.Checklist, dtype, tolerance: float) -
     checks.check(max(errors) <= tolerance,
                  f"Triton's kernels at {shape}: output, dQ, dK, dV equal the reference under "
                  f"their mask (relative errors {', '.join(f'{e:.1e}' for e in errors)})")
+    # The joined projection's layout (`modeling.joined_projection`): the same kernels reading
+    # q, k, v side by side in one operand, and writing their gradients so.
+    joined = lambda q, k, v, ids, **kwargs: triton_attention.joined_flash_attention(
+        jnp.stack([q, k, v], axis=2), ids, **kwargs)
+    (_, joined_out), joined_grads = step(joined)(q, k, v)
+    differ = max(float(jnp.linalg.norm(a.astype(jnp.float32) - b.astype(jnp.float32))
+                       / jnp.linalg.norm(b.astype(jnp.float32)))
+                 for a, b in zip((joined_out, *joined_grads), (out, *grads)))
+    checks.check(differ <= tolerance / 10, f"Triton's kernels at {shape} on the joined "
+                 f"projection's layout: output and gradients equal the separate operands' "
+                 f"(largest relative difference {differ:.1e}; the same arithmetic: 0 expected)")
     cudnn_seed = modeling.cudnn_dropout_seed(("bert", "encoder", "layer_0"))
 
     def cudnn(q, k, v, ids, dropout_rate, seed):
