@@ -25,6 +25,10 @@ their instance's id (packed rows) or 1, padding 0: real queries never see paddin
 instance, and padding queries see padding keys (their rows are never read). Any length and any
 head width up to 256 are taken; blocks are powers of two, their ragged ends masked.
 
+The kernels read q, k and v either as three arrays or side by side in one, as the joined
+projection writes them (`joined_flash_attention`, `modeling.joined_projection`), and write their
+gradients the same way.
+
 Compiled on GPUs; interpreted elsewhere (the CPU tests). TPUs have `pallas_attention`.
 """
 
@@ -74,7 +78,6 @@ class Tiling:
       if value < least or value & (value - 1):
         raise ValueError(f"Tiling: {field.name}={value}; expected a power of two of at least "
                          f"{least}.")
-
 
   @classmethod
   def parse(cls, text: str) -> "Tiling":
@@ -153,8 +156,8 @@ def _kept(static: _Static, seed_ref, rows, first, count: int) -> jax.Array:
   hash per 32 // bits keys (`dropout.hash_keep_words`), as `keep_mask` lays them out."""
   per_word = 32 // static.bits
   words = first // per_word + jnp.arange(count // per_word)
-  bits = dropout.hash_bits(seed_ref[0], seed_ref[1], rows[:, None], words[None, :])
-  return dropout.hash_keep_words(bits, static.cut, static.bits)
+  hashes = dropout.hash_bits(seed_ref[0], seed_ref[1], rows[:, None], words[None, :])
+  return dropout.hash_keep_words(hashes, static.cut, static.bits)
 
 
 def _load(static: _Static, ref, batch, head, positions, part: int = 0):
