@@ -469,7 +469,7 @@ def run_one(name: str, variant: str, layers: str, batch_size: int) -> dict:
                 losses=(first_loss, last_loss),
                 memory=_peak_memory(), hlo=hlo, profile=profile,
                 device=jax.devices()[0].device_kind)
-  if config.attention_implementation == "pallas":
+  if config.attention_implementation == "pallas" and jax.default_backend() == "gpu":
     from bert_jax.model import triton_attention  # pylint: disable=g-import-not-at-top
     result["attention_tiling"] = str(triton_attention.default_tiling())
   del state, compiled, step, batch
