@@ -74,8 +74,9 @@ def fused_kernel_fields(config: configuration.BertConfig, given: set[str],
       fields["attention_implementation"] = "cudnn"
     else:
       logging.warning("Attention runs XLA's kernel: cuDNN's, with its dropout, needs this "
-                      "process started with XLA_FLAGS='%s' (the bert_jax commands set it).",
-                      cudnn_runtime.CUDNN_OUTSIDE_COMMAND_BUFFERS)
+                      "process started with XLA_FLAGS='%s' (the bert_jax commands set it); "
+                      "attention_implementation='pallas' (our Triton kernels, dropout inside) "
+                      "needs no flag.", cudnn_runtime.CUDNN_OUTSIDE_COMMAND_BUFFERS)
   if ("layer_norm_implementation" not in given and narrow
       and config.low_precision_layer_norm):
     fields["layer_norm_implementation"] = "pallas"
