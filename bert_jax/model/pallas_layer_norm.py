@@ -24,9 +24,9 @@ The dropout mask is never stored. Both kernels draw it again from a counter-base
 (seed, row, column) (`dropout.hash_bits`: two rounds of MurmurHash3's 32-bit finaliser, the
 seed's two words mixed in), one hash per 32 // bits columns (`dropout.hash_keep_words`), each
 column's `bits` bits against `dropout.threshold(rate, bits)`, the same quantised rate and exact
-rescaling as `model/dropout.py`. Its masks are not the XLA path's (those come from `jax.random`); their
-statistics are (tests). The seed comes from the layer's "dropout" RNG stream, so every layer and
-step gets its own masks and a resumed run draws the same ones.
+rescaling as `model/dropout.py`. Its masks are not the XLA path's (those come from
+`jax.random`); their statistics are (tests). The seed comes from the layer's "dropout" RNG
+stream, so every layer and step gets its own masks and a resumed run draws the same ones.
 
 Compiled for GPUs; interpreted elsewhere (CPU tests). TPUs are refused: this is Triton. JAX
 0.11 deprecates Pallas' Triton backend in favour of Mosaic GPU (it warns at each compile) but
