@@ -217,6 +217,31 @@ def test_dropout_keeps_the_quantised_fraction_and_scales_exactly(bits, rate):
   assert abs(both - keep ** 2) <= 5 * np.sqrt(keep ** 2 * (1 - keep ** 2) / n)
 
 
+@pytest.mark.parametrize("bits", [8, 16, 32])
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_the_kernels_hash_keeps_the_quantised_fraction_with_independent_neighbours(bits, rate):
+  """The GPU kernels' mask (`dropout.hash_keep_at`; `hash_keep_words` draws it a block at a
+  time): 32 // bits decisions from each hash, every one keeping the quantised fraction, and
+  neighbours, whether they share a hash or not, independent: P(both kept) = keep² for every
+  offset within and across words. The block form equals it element for element."""
+  seed = jnp.asarray([0x1234, 0xBEEF], jnp.uint32)
+  cut, keep = dropout.threshold(rate, bits)
+  rows = jax.lax.broadcasted_iota(jnp.int32, (512, 1024), 0)
+  cols = jax.lax.broadcasted_iota(jnp.int32, (512, 1024), 1)
+  kept = np.asarray(dropout.hash_keep_at(seed, rows, cols, cut, bits))
+  n = kept.size
+  assert abs(kept.mean() - keep) <= 5 * np.sqrt(keep * (1 - keep) / n)
+  for offset in (1, 2, 3, 4, 5):
+    both = (kept[:, :-offset] & kept[:, offset:]).mean()
+    assert abs(both - keep ** 2) <= 5 * np.sqrt(keep ** 2 * (1 - keep ** 2) / n), offset
+  words = dropout.hash_bits(seed[0], seed[1], rows[:, :1024 // (32 // bits)],
+                            cols[:, :1024 // (32 // bits)])
+  np.testing.assert_array_equal(np.asarray(dropout.hash_keep_words(words, cut, bits)), kept)
+  # Another seed is another mask.
+  other = np.asarray(dropout.hash_keep_at(seed ^ jnp.uint32(1), rows, cols, cut, bits))
+  assert abs((other == kept).mean() - (keep ** 2 + (1 - keep) ** 2)) < 0.01
+
+
 def test_dropout_masks_follow_the_key_and_keep_the_dtype():
   x = jnp.ones((64, 64), jnp.bfloat16)
   a = dropout.dropout(x, 0.1, jax.random.PRNGKey(1))
