@@ -318,3 +318,44 @@ def test_the_gpu_attention_checks_pass_in_the_interpreter(tmp_path):
         triton_attention.Tiling(), triton_attention.Tiling(32, 16, 32, 16, 2))
   with pytest.raises(ValueError, match="expected 5 whole numbers"):
     triton_attention.Tiling.parse("64:64:64")
+
+
+@pytest.mark.mesh
+def test_the_joined_projection_split_over_data_and_heads_equals_one_device(monkeypatch):
+  """The encoder with the joined projection and the Triton kernels (its target a GPU), its
+  parameters and activations split by the logical rules over 2 data × 2 model devices (heads
+  split): the stacked kernel's heads axis is split as each projection's columns are, each
+  device's kernels take their rows and heads, and the output and the parameters' gradients
+  are the single device's."""
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
+  _interpreted_on_a_gpu(monkeypatch)
+  cfg = modeling.get_preset("tiny").replace(attention_implementation="pallas",
+                                            num_hidden_layers=1)
+  model = modeling.BertModel(cfg, add_pooling_layer=False)
+  ids = jax.random.randint(jax.random.PRNGKey(1), (4, 40), 5, cfg.vocab_size)
+  input_mask = jnp.asarray(np.arange(40)[None, :] < np.array([[40], [31], [17], [40]]),
+                           jnp.int32)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), ids, input_mask)["params"])
+
+  def loss(params, ids, input_mask):
+    with nn.logical_axis_rules(sharding.DEFAULT_LOGICAL_AXIS_RULES):
+      out = model.apply({"params": params}, ids, input_mask)["sequence_output"]
+    return jnp.sum(jnp.sin(out) * input_mask[:, :, None]), out
+
+  step = jax.jit(jax.value_and_grad(loss, has_aux=True))
+  (_, want), want_grads = step(params, ids, input_mask)
+  mesh = sharding.create_mesh([2, 1, 2], devices=jax.devices()[:4])
+  with jax.set_mesh(mesh):
+    specs = nn.get_partition_spec(model.init(jax.random.PRNGKey(0), ids, input_mask))["params"]
+    placed = jax.tree.map(lambda p, s: jax.device_put(p, NamedSharding(
+        mesh, nn.logical_to_mesh_axes(s, sharding.DEFAULT_LOGICAL_AXIS_RULES))), params, specs)
+    rows = NamedSharding(mesh, PartitionSpec(sharding.MESH_AXES[0]))
+    (_, got), got_grads = step(placed, jax.device_put(ids, rows),
+                               jax.device_put(input_mask, rows))
+  query = placed["encoder"]["layer_0"]["attention"]["self"]["query"]["kernel"]
+  assert "model" in str(query.sharding.spec), query.sharding  # the heads are split
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=TOLERANCE)
+  for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b),
+                               atol=TOLERANCE * max(1.0, float(jnp.max(jnp.abs(b)))))
