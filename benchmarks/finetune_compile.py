@@ -2,7 +2,8 @@
 the program fine-tuning ran in bfloat16 before it took the fused kernels (XLA's attention, the
 explicit softmax with its dropout, and XLA's LayerNorm) against the one it runs now on a GPU of
 compute capability 8.0 or newer (`runs/finetune_job.compute_config`: cuDNN's attention with its
-dropout inside the kernel, the Triton dropout + residual + LayerNorm sites).
+dropout inside the kernel, the Triton dropout + residual + LayerNorm sites), and against the
+same with our Triton attention ("pallas": its dropout inside, the joined projection).
 
     python benchmarks/finetune_compile.py --target=h200 \
         --out=benchmarks/results/gpu_finetune_compile.jsonl [--rows=base:glue,base:squad]
@@ -36,6 +37,8 @@ KERNELS = {
     "xla": {"attention_implementation": "xla", "layer_norm_implementation": "xla"},
     # Left unset: what `finetune_job.compute_config` picks for the GPU.
     "fused": {},
+    # Our Triton attention with its dropout and the joined projection, the fused sites as above.
+    "pallas": {"attention_implementation": "pallas"},
 }
 DEFAULT_ROWS = "base:glue,base:squad,large:squad"
 
