@@ -302,18 +302,12 @@ def hlo_summary(text: str, hidden: int, rows: set[int]) -> dict:
     return (len(sizes) >= 2 and sizes[-1] == hidden and reduced == [len(sizes) - 1]
             and math.prod(sizes[:-1]) in rows)
 
-  kinds, backend_kinds, targets, per_site, pallas = {}, {}, {}, {}, {}
+  kinds, backend_kinds, targets, per_site = {}, {}, {}, {}
   kernels = ln_reduce = ln_rsqrt = ln_named = 0
   for name, lines in computations.items():
     for line in lines:
       for target in _HLO_TARGET.findall(line):
         targets[target] = targets.get(target, 0) + 1
-        # A Pallas kernel's name (`fp8_quantize`, `dropout_residual_layer_norm_fwd`), all
-        # under the one Triton target: the scope its op_name gives before `pallas_call`.
-        for op in hlo_costs.OP_NAME.findall(line) if "triton" in target else ():
-          if op.endswith("/pallas_call"):
-            kernel = op.rsplit("/", 2)[-2]
-            pallas[kernel] = pallas.get(kernel, 0) + 1
       if name in fused or not _HLO_FUSION.search(line):
         continue
       kernels += 1
@@ -333,8 +327,8 @@ def hlo_summary(text: str, hidden: int, rows: set[int]) -> dict:
       for site in sites:
         per_site[site] = per_site.get(site, 0) + 1
   return dict(kernels=kernels, kinds=kinds, custom_fusions=backend_kinds, custom_calls=targets,
-              pallas_kernels=pallas, ln_kernels=ln_named, ln_per_site=per_site,
-              ln_reduce_kernels=ln_reduce, ln_rsqrt_kernels=ln_rsqrt)
+              pallas_kernels=hlo_costs.pallas_kernels(text), ln_kernels=ln_named,
+              ln_per_site=per_site, ln_reduce_kernels=ln_reduce, ln_rsqrt_kernels=ln_rsqrt)
 
 
 def describe_hlo(h: dict, layer_norm_sites: int) -> str:

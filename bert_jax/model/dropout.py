@@ -50,13 +50,21 @@ def _uniform_ints(rng: jax.Array, shape: tuple[int, ...], bits: int) -> jax.Arra
   which XLA fuses into the consumer; the result is uint32 holding values < 2^bits.
   """
   size = math.prod(shape)
+  words = jax.random.bits(rng, (-(-size // (32 // bits)),), jnp.uint32)
+  return word_fields(words, bits)[:size].reshape(shape)
+
+
+def word_fields(words: jax.Array, bits: int) -> jax.Array:
+  """The `bits`-bit fields of each uint32 word, lowest first, side by side on the last axis:
+  (..., n) -> (..., n * 32 // bits), uint32 values below 2^bits. How every word of random bits
+  is cut into keep/drop decisions, `jax.random`'s here and the kernels' hashes
+  (`hash_keep_words`); written in operations both XLA and Triton lower."""
   per_word = 32 // bits
-  words = jax.random.bits(rng, (-(-size // per_word),), jnp.uint32)
   if per_word == 1:
-    return words.reshape(shape)
-  mask = jnp.uint32((1 << bits) - 1)
-  parts = [(words >> jnp.uint32(bits * i)) & mask for i in range(per_word)]
-  return jnp.stack(parts, axis=-1).reshape(-1)[:size].reshape(shape)
+    return words
+  field = jnp.uint32((1 << bits) - 1)
+  parts = [(words >> jnp.uint32(bits * i)) & field for i in range(per_word)]
+  return jnp.stack(parts, axis=-1).reshape(*words.shape[:-1], words.shape[-1] * per_word)
 
 
 def keep_mask(rng: jax.Array, shape: tuple[int, ...], rate: float, bits: int = 16
@@ -147,28 +155,21 @@ def hash_bits(key0: jax.Array, key1: jax.Array, rows: jax.Array, cols: jax.Array
 
 
 def hash_keep_words(h: jax.Array, cut: int, bits: int) -> jax.Array:
-  """The keep/drop decisions of `bits` bits each that every word of `h` (uint32, (..., n))
-  holds, 32 // bits of them: the word's top `bits` bits decide first. (..., n * 32 // bits):
-  one word's decisions side by side, as `_uniform_ints` cuts its words; one hash per
-  decision would cost two (16 bits) or four (8) times the integer work. What the kernels draw
-  a block at a time; `hash_keep_at` is the same rule element by element."""
-  per_word = 32 // bits
-  if per_word == 1:
-    return h >= jnp.uint32(cut)
-  field = jnp.uint32((1 << bits) - 1)
-  parts = [((h >> jnp.uint32(32 - bits * (i + 1))) & field) >= jnp.uint32(cut)
-           for i in range(per_word)]
-  return jnp.stack(parts, axis=-1).reshape(*h.shape[:-1], h.shape[-1] * per_word)
+  """The keep/drop decisions that every hash of `h` (uint32, (..., n)) holds, 32 // bits of
+  them (`word_fields`): (..., n * 32 // bits). One hash per decision would cost two (16 bits)
+  or four (8) times the integer work. What the kernels draw a block at a time; `hash_keep_at`
+  is the same rule element by element."""
+  return word_fields(h, bits) >= jnp.uint32(cut)
 
 
 def hash_keep_at(seed: jax.Array, rows: jax.Array, cols: jax.Array, cut: int, bits: int
                  ) -> jax.Array:
   """Whether element (row, col) is kept under `seed` (two uint32 words): field col % per_word
-  (from the top) of the hash of (row, col // per_word), per_word = 32 // bits; the kernels'
+  (lowest first) of the hash of (row, col // per_word), per_word = 32 // bits; the kernels'
   masks (`hash_keep_words`), computed element by element for their references."""
   per_word = 32 // bits
   words = hash_bits(seed[0], seed[1], rows, cols // per_word)
-  shift = (32 - bits * (cols % per_word + 1)).astype(jnp.uint32)
+  shift = (bits * (cols % per_word)).astype(jnp.uint32)
   field = jnp.uint32((1 << bits) - 1 if bits < 32 else 0xFFFFFFFF)
   return ((words >> shift) & field) >= jnp.uint32(cut)
 

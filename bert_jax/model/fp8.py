@@ -95,11 +95,6 @@ def _divided(x, scale, interpret: bool):
       result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, jnp.float32)])[0]
 
 
-# Activations the kernel applies to its operand before quantizing it (`Fp8Dense(activation=)`):
-# the name `BertConfig.hidden_act` gives, and the float32 form the kernel computes.
-KERNEL_ACTIVATIONS = ("gelu",)
-
-
 def _activation(name: str) -> Callable[[jax.Array], jax.Array]:
   """The model's own activation `name` (`modeling.activation_fn`): XLA's form, and the one
   whose derivative the backward pass takes."""
@@ -126,7 +121,10 @@ def _kernel_gelu(v: jax.Array) -> jax.Array:
   return 0.5 * v * _erfc(v * -(1 / math.sqrt(2)))
 
 
+# Activations the kernel applies to its operand before quantizing it (`Fp8Dense(activation=)`):
+# the name `BertConfig.hidden_act` gives, and the float32 form the kernel computes.
 _KERNEL_FORMS = {"gelu": _kernel_gelu}
+KERNEL_ACTIVATIONS = tuple(_KERNEL_FORMS)
 
 
 def _quantize_kernel(scale_ref, x_ref, q_ref, qt_ref, amax_ref, *sums_ref, q_max: float,

@@ -360,7 +360,7 @@ class DropoutResidualLayerNorm(nn.Module):
     axes = target.dividing_mesh_axes(mesh, x.shape, (BATCH, LENGTH, None))
     spec, whole = jax.sharding.PartitionSpec(*axes), jax.sharding.PartitionSpec()
     return target.per_shard(kernel, operands, (spec, whole, spec, whole, whole, whole),
-                      spec if uses == 1 else (spec,) * uses, axes)
+                            spec if uses == 1 else (spec,) * uses, axes)
 
 
 def _key_words(key: jax.Array) -> jax.Array:
@@ -537,7 +537,7 @@ def _pallas_attention(query, key, value, input_mask, sequence_ids, dropout_rate,
   Each shard folds its index into the seed, so shards never repeat each other's masks.
   """
   if target.target_platform() == "gpu":
-    return _triton_attention(query, key, value, input_mask, sequence_ids, dropout_rate,
+    return _triton_attention((query, key, value), input_mask, sequence_ids, dropout_rate,
                              dropout_rng, dropout_bits)
   from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
   from bert_jax.model import pallas_attention
@@ -551,7 +551,7 @@ def _pallas_attention(query, key, value, input_mask, sequence_ids, dropout_rate,
   seed = (jnp.zeros((), jnp.int32) if dropout_rate == 0.0 else
           jax.lax.bitcast_convert_type(jax.random.bits(dropout_rng, (), jnp.uint32), jnp.int32))
 
-  def kernel(q, k, v, ids, seed, shard=None):
+  def kernel(q, k, v, ids, seed, shard):
     if dropout_rate > 0.0:
       if shard is not None:
         seed = seed ^ (shard * jnp.int32(-1640531535))  # 0x9E3779B1: spreads shard indices
@@ -564,66 +564,48 @@ def _pallas_attention(query, key, value, input_mask, sequence_ids, dropout_rate,
         sm_scale=1.0 / math.sqrt(q.shape[-1]))
     return to_heads_first(out)
 
-  return _attention_per_shard(kernel, query, key, value, ids, seed)
+  return _attention_per_shard(kernel, (query, key, value), ids, seed)
 
 
-def _triton_attention(query, key, value, input_mask, sequence_ids, dropout_rate, dropout_rng,
+def _triton_attention(operands: tuple, input_mask, sequence_ids, dropout_rate, dropout_rng,
                       dropout_bits):
-  """The GPU's Pallas kernels (`triton_attention.flash_attention`): attention-probability
-  dropout drawn inside the kernel from the layer's dropout key, as the fused LayerNorm sites
-  draw theirs (every step, layer and call its own masks; a resumed run the same ones; scanned
-  and shared layers too), at any length."""
+  """The GPU's Pallas kernels: attention-probability dropout drawn inside the kernel from the
+  layer's dropout key, as the fused LayerNorm sites draw theirs (every step, layer and call its
+  own masks; a resumed run the same ones; scanned and shared layers too), at any length.
+  `operands`: (q, k, v), each (batch, length, heads, head_dim)
+  (`triton_attention.flash_attention`), or the joined projection's output alone, (batch,
+  length, 3, heads, head_dim) (`joined_flash_attention`, `joined_projection`)."""
   from bert_jax.model import triton_attention
+  attend = (triton_attention.flash_attention if len(operands) == 3
+            else triton_attention.joined_flash_attention)
   ids = _segment_ids(input_mask, sequence_ids)
   seed = (_key_words(dropout_rng) if dropout_rate > 0.0 else jnp.zeros((2,), jnp.uint32))
 
-  def kernel(q, k, v, ids, seed, shard=None):
+  def kernel(*args):
+    *inputs, ids, seed, shard = args
     if shard is not None:
       seed = dropout_lib.shard_seed(seed, shard)
-    return triton_attention.flash_attention(q, k, v, ids, dropout_rate=dropout_rate,
-                                            seed=seed, bits=dropout_bits)
+    return attend(*inputs, ids, dropout_rate=dropout_rate, seed=seed, bits=dropout_bits)
 
-  return _attention_per_shard(kernel, query, key, value, ids, seed)
+  return _attention_per_shard(kernel, operands, ids, seed)
 
 
-def joined_attention(qkv: jax.Array, input_mask: jax.Array, *, dropout_rate: float,
-                     dropout_rng: jax.Array | None, sequence_ids: jax.Array | None = None,
-                     dropout_bits: int = 16) -> jax.Array:
-  """`dot_product_attention` of a joined projection's output, `qkv` (batch, length, 3, heads,
-  head_dim): our Triton kernels on a GPU (`joined_projection`), reading each part in place.
-  `dropout_rate` 0: no dropout (evaluation)."""
-  from bert_jax.model import triton_attention
-  ids = _segment_ids(input_mask, sequence_ids)
-  seed = (_key_words(dropout_rng) if dropout_rate > 0.0 else jnp.zeros((2,), jnp.uint32))
-
-  def kernel(qkv, ids, seed, shard=None):
-    if shard is not None:
-      seed = dropout_lib.shard_seed(seed, shard)
-    return triton_attention.joined_flash_attention(qkv, ids, dropout_rate=dropout_rate,
-                                                   seed=seed, bits=dropout_bits)
-
+def _attention_per_shard(kernel, operands: tuple, ids, seed):
+  """`kernel(*operands, ids, seed, shard)` on the whole arrays (`shard` None), or under a mesh
+  on each device's rows and heads (batch and heads split as the rules split these activations,
+  where they divide; every device keeps whole sequences, which attention needs). `operands`:
+  q, k, v (batch, length, heads, head_dim), or the joined (batch, length, 3, heads, head_dim);
+  the output is (batch, length, heads, head_dim)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    return kernel(qkv, ids, seed)
-  axes = target.dividing_mesh_axes(mesh, qkv.shape, (BATCH, None, None, HEADS, None))
-  P = jax.sharding.PartitionSpec
-  return target.per_shard(kernel, (qkv, ids, seed), (P(*axes), P(*axes[:2]), P()),
-                          P(axes[0], None, axes[3], None), (axes[0], axes[3]))
-
-
-def _attention_per_shard(kernel, query, key, value, ids, seed):
-  """`kernel(q, k, v, ids, seed[, shard])` on the whole arrays, or under a mesh on each
-  device's rows and heads (batch and heads split as the rules split these activations, where
-  they divide; every device keeps whole sequences, which attention needs)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return kernel(query, key, value, ids, seed)
-  axes = target.dividing_mesh_axes(mesh, query.shape, (BATCH, None, HEADS, None))
-  spec = jax.sharding.PartitionSpec(*axes)
-  ids_spec = jax.sharding.PartitionSpec(*axes[:2])
-  return target.per_shard(kernel, (query, key, value, ids, seed),
-                          (spec, spec, spec, ids_spec, jax.sharding.PartitionSpec()), spec,
-                          (axes[0], axes[2]))
+    return kernel(*operands, ids, seed, None)
+  shape = operands[0].shape
+  axes = target.dividing_mesh_axes(mesh, shape, (BATCH,) + (None,) * (len(shape) - 3)
+                                   + (HEADS, None))
+  spec = jax.sharding.PartitionSpec
+  return target.per_shard(kernel, (*operands, ids, seed),
+                          (spec(*axes),) * len(operands) + (spec(*axes[:2]), spec()),
+                          spec(axes[0], None, axes[-2], None), (axes[0], axes[-2]))
 
 
 def cudnn_dropout_seed(module_path: tuple[str, ...]) -> int:
@@ -851,10 +833,10 @@ class BertSelfAttention(nn.Module):
     key and value projections, as `BertAttention` passes them (`fan_out`)."""
     cfg = self.config
     heads = cfg.num_attention_heads if self.num_heads is None else self.num_heads
-    width = heads * cfg.head_dim
     if joined_projection(cfg):
       return self._joined(x[0] if isinstance(x, tuple) else x, input_mask, deterministic,
                           sequence_ids, heads)
+    width = heads * cfg.head_dim
     inputs = dict(zip(("query", "key", "value"), x if isinstance(x, tuple) else (x,) * 3))
     batch, length, _ = inputs["query"].shape
 
@@ -923,9 +905,8 @@ class BertSelfAttention(nn.Module):
                attention_probabilities(qkv[:, :, 0], qkv[:, :, 1],
                                        attention_mask(input_mask, sequence_ids)))
     rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
-    out = joined_attention(qkv, input_mask, dropout_rate=rate,
-                           dropout_rng=self.make_rng("dropout") if rate > 0.0 else None,
-                           sequence_ids=sequence_ids, dropout_bits=cfg.dropout_bits)
+    out = _triton_attention((qkv,), input_mask, sequence_ids, rate,
+                            self.make_rng("dropout") if rate > 0.0 else None, cfg.dropout_bits)
     return self._output(out)
 
 

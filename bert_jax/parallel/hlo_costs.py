@@ -394,6 +394,21 @@ def custom_calls(module: Module) -> dict[str, int]:
   return out
 
 
+def pallas_kernels(hlo_text: str) -> dict[str, int]:
+  """How many calls of each Pallas kernel a program's text holds, by name (`fp8_quantize`,
+  `dropout_residual_layer_norm_fwd`, `flash_attention_dropout_bwd`): they share one Triton
+  custom-call target, and their name is the scope their op_name gives before `pallas_call`."""
+  out: dict[str, int] = {}
+  for line in hlo_text.splitlines():
+    if 'custom_call_target="__gpu$xla.gpu.triton"' not in line:
+      continue
+    for op in OP_NAME.findall(line):
+      if op.endswith("/pallas_call"):
+        name = op.rsplit("/", 2)[-2]
+        out[name] = out.get(name, 0) + 1
+  return out
+
+
 def matmul_operand_types(module: Module) -> dict[str, int]:
   """How many matmuls a step runs per pair of operand element types ("bf16 x bf16"): the dots
   (in or out of fusions: a Triton GEMM's dot reads what its fusion converted) and the library

@@ -89,7 +89,6 @@ def tiny(overrides, hidden=64):
   config.global_batch_size = 64
   return pretrain_helpers.set_fields(config, overrides)
 
-import re
 for name, (machine, overrides) in cases.items():
   try:
     report = compile_check.check(tiny(overrides), machine, config_name=name)
@@ -100,7 +99,7 @@ for name, (machine, overrides) in cases.items():
   out[name] = {**report.as_dict(), "lines": report.lines(),
                "f8e4m3fn": text.count("f8e4m3fn"), "f8e5m2": text.count("f8e5m2"),
                "hlo_bytes": len(text),
-               "pallas_kernels": re.findall(r'name = "(\w+)", num_stages', text),
+               "pallas_kernels": hlo_costs.pallas_kernels(text),
                "operand_types": hlo_costs.matmul_operand_types(hlo_costs.parse(text))}
 
 # The same step with one change swapped back at a time (GELU differentiated as it is or with
